@@ -1,0 +1,58 @@
+# llm-scheduler: every target bootstraps what it needs (.venv for the project, .cache/engines for real engines).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ENGINE ?= sim
+export PYTHONUNBUFFERED := 1
+
+.PHONY: help venv protos check lint typecheck test test-fast engines run demo bench bench-check clean
+
+help:
+	@echo "make run [ENGINE=sim|vllm|llamacpp]  start an engine and the scheduler on 127.0.0.1:50051"
+	@echo "make test                              the whole suite, real engines included (installs them once)"
+	@echo "make check                             fast inner loop: lint, types, generated code, tests without real engines"
+	@echo "make demo                              scenario S1: a flood and two latecomers, direct vs scheduled"
+	@echo "make protos                            regenerate Python code from protos/"
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+protos: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check: lint typecheck
+	$(BIN)/python scripts/gen_protos.py --check
+	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
+
+engines: $(STAMP)
+	bash scripts/engines/install_vllm.sh
+	bash scripts/engines/install_llamacpp.sh
+
+test: lint typecheck engines
+	$(BIN)/python scripts/gen_protos.py --check
+	$(BIN)/pytest -q
+
+test-fast: $(STAMP)
+	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
+
+run: $(STAMP)
+	bash scripts/run_local.sh $(ENGINE)
+
+demo: $(STAMP)
+	$(BIN)/python -m bench.s1_demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

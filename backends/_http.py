@@ -1,0 +1,124 @@
+"""The HTTP plumbing every adapter shares: one aiohttp session, metric scrapes, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from backends._prom import MetricSamples
+from backends.base import BackendLoad
+from backends.errors import (
+    BackendError,
+    BackendOverloaded,
+    BackendProtocolError,
+    BackendRejectedRequest,
+    BackendUnavailable,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    """Connection settings shared by all adapters."""
+
+    metrics_path: str = "/metrics"
+    metrics_timeout: float = 1.0
+    connect_timeout: float = 5.0
+    max_connections: int = 1024
+
+
+class HttpEngine:
+    """An engine's base URL with a lazily created aiohttp session (it must be created inside a loop)."""
+
+    def __init__(self, *, name: str, url: str, settings: HttpSettings, force_close: bool = False) -> None:
+        self.name = name
+        self.base_url = url.rstrip("/")
+        self._metrics_url = self.base_url + settings.metrics_path
+        self._metrics_timeout = aiohttp.ClientTimeout(total=settings.metrics_timeout)
+        self._request_timeout = aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout)
+        self._max_connections = settings.max_connections
+        self._force_close = force_close
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_connections, force_close=self._force_close)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._request_timeout)
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def scrape(self, parse: Callable[[MetricSamples, float], BackendLoad]) -> BackendLoad:
+        """Read the metrics endpoint once; any failure becomes an ok=False reading, never an exception."""
+        read_at = time.monotonic()
+        try:
+            async with self.session.get(self._metrics_url, timeout=self._metrics_timeout) as response:
+                if response.status != 200:
+                    return BackendLoad(ok=False, read_at=read_at, error=f"HTTP {response.status}")
+                text = await response.text()
+            return parse(MetricSamples.parse(text), read_at)
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+            return BackendLoad(ok=False, read_at=read_at, error=f"{type(exc).__name__}: {exc}")
+
+    async def post_stream(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """POST and return the response once its headers say success; map failures to BackendErrors.
+
+        The caller owns the response and must close it (closing early aborts the request in the engine).
+        """
+        try:
+            response = await self.session.post(self.base_url + path, json=body)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise BackendUnavailable(f"cannot reach engine {self.name}: {exc}", backend=self.name) from exc
+        if response.status == 200:
+            return response
+        try:
+            text = await response.text()
+        except aiohttp.ClientError:
+            text = ""
+        finally:
+            response.release()
+        raise http_error(response.status, text, self.name)
+
+
+def http_error(status: int, body: str, backend: str) -> BackendError:
+    """The BackendError for a non-200 answer, carrying the engine's own message."""
+    message = f"engine {backend} answered HTTP {status}: {error_message(body)}"
+    if status == 429:
+        return BackendOverloaded(message, backend=backend)
+    if status in (400, 413, 422):
+        return BackendRejectedRequest(message, backend=backend)
+    if status >= 500 or status == 404:
+        return BackendUnavailable(message, backend=backend)
+    return BackendProtocolError(message, backend=backend)
+
+
+def error_message(body: str) -> str:
+    """The human part of an engine's JSON error body (vLLM/OpenAI, TGI and llama.cpp shapes)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body[:500]
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            return str(err.get("message") or err)[:500]
+        if isinstance(err, str):
+            return err[:500]
+        if "message" in data:
+            return str(data["message"])[:500]
+    return body[:500]
+
+
+def stream_failure(exc: Exception, backend: str) -> BackendUnavailable:
+    """A connection that broke while the engine was streaming."""
+    return BackendUnavailable(f"engine {backend} dropped the stream: {type(exc).__name__}: {exc}", backend=backend)

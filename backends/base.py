@@ -1,0 +1,125 @@
+"""The one contract every engine adapter follows.
+
+An adapter turns an engine's HTTP API into a stream of `GenerationEvent`s and the engine's own Prometheus
+metrics into one `BackendLoad` snapshot. Metric names and wire formats live in the adapter modules and
+nowhere else; the scheduler only ever sees the types defined here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message of a chat conversation."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling settings passed through to the engine unchanged."""
+
+    max_tokens: int = 256
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """What the scheduler asks an engine to generate.
+
+    Exactly one of `prompt` and `messages` is set. There is no model field: an adapter is built for one
+    engine model and always asks for it. `engine_priority` is only sent by adapters configured for an
+    engine with priority scheduling; for vLLM a lower value is served earlier.
+    """
+
+    request_id: str
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)
+    engine_priority: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A chunk of generated text; `tokens` is how many tokens it carries (usually 1)."""
+
+    text: str
+    tokens: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last event of a successful generation."""
+
+    finish_reason: str
+    prompt_tokens: int | None
+    completion_tokens: int
+
+
+GenerationEvent = TextDelta | Finished
+
+
+@dataclass(frozen=True, slots=True)
+class BackendLoad:
+    """One reading of an engine's load, taken from its own metrics endpoint.
+
+    `read_at` is a `time.monotonic()` value taken just before the scrape was sent, so that anything the
+    scheduler dispatched after it is known not to be reflected in the numbers. `ok` is False when the
+    endpoint could not be read or parsed; the numbers are then meaningless.
+    """
+
+    ok: bool
+    read_at: float
+    waiting: int = 0
+    running: int = 0
+    tpot_seconds: float | None = None
+    kv_cache_usage: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendCapabilities:
+    """What an engine can do and which load signals it exposes."""
+
+    supports_priority: bool = False
+    has_tpot: bool = False
+    has_kv_usage: bool = False
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """An inference engine reached over HTTP."""
+
+    @property
+    def name(self) -> str:
+        """The backend's configured name, unique within a model."""
+        ...
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """Static facts about the engine."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Stream one generation. Closing the iterator early aborts the request inside the engine.
+
+        Raises `backends.errors.BackendError` subclasses; the last event is always `Finished`.
+        """
+        ...
+
+    async def load(self) -> BackendLoad:
+        """Scrape the engine's metrics once. Never raises for an unreachable endpoint: returns ok=False."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

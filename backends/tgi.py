@@ -1,0 +1,150 @@
+"""HuggingFace Text Generation Inference: `/generate_stream` SSE and `tgi_*` metrics; no priorities.
+
+TGI reports errors INSIDE the event stream, possibly after HTTP 200 (`{"error": ..., "error_type": ...}`),
+so every event is checked. Chat requests go to its OpenAI-compatible `/v1/chat/completions`.
+Its time-per-token histogram is recorded only when a request ends, so the TPOT signal lags.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from backends._http import HttpEngine, HttpSettings, stream_failure
+from backends._prom import MetricSamples, RateTracker
+from backends._sse import iter_sse_data
+from backends.base import (
+    BackendCapabilities,
+    BackendLoad,
+    Finished,
+    GenerationEvent,
+    GenerationRequest,
+    TextDelta,
+)
+from backends.errors import (
+    BackendError,
+    BackendOverloaded,
+    BackendProtocolError,
+    BackendRejectedRequest,
+    BackendUnavailable,
+)
+from backends.openai_compat import openai_body, stream_openai
+
+WAITING = "tgi_queue_size"
+RUNNING = "tgi_batch_current_size"
+TPOT_HISTOGRAM = "tgi_request_mean_time_per_token_duration"
+_FINISH_REASONS = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+
+
+def tgi_body(request: GenerationRequest) -> dict[str, Any]:
+    """The `/generate_stream` body. TGI rejects temperature <= 0 and top_p outside (0, 1): those mean
+    greedy / no nucleus sampling, so they are left out instead of sent."""
+    params = request.params
+    parameters: dict[str, Any] = {"max_new_tokens": params.max_tokens, "details": True}
+    if params.temperature is not None and params.temperature > 0:
+        parameters["temperature"] = params.temperature
+        parameters["do_sample"] = True
+    if params.top_p is not None and 0 < params.top_p < 1:
+        parameters["top_p"] = params.top_p
+    if params.seed is not None:
+        parameters["seed"] = params.seed
+    if params.stop:
+        parameters["stop"] = list(params.stop)
+    return {"inputs": request.prompt, "parameters": parameters}
+
+
+def _stream_error(event: dict[str, Any], backend: str) -> BackendError:
+    message = f"engine {backend} reported {event.get('error_type', 'an error')}: {event.get('error')}"
+    kind = event.get("error_type")
+    if kind == "overloaded":
+        return BackendOverloaded(message, backend=backend)
+    if kind == "validation":
+        return BackendRejectedRequest(message, backend=backend)
+    return BackendUnavailable(message, backend=backend)
+
+
+class TgiBackend:
+    """Adapter for a TGI server: pure gating, no priorities."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        url: str,
+        engine_model: str,
+        http: HttpSettings | None = None,
+        priority_scheduling: bool = False,
+    ) -> None:
+        self._engine = HttpEngine(name=name, url=url, settings=http or HttpSettings())
+        self._engine_model = engine_model
+        self._tpot = RateTracker()
+        self._capabilities = BackendCapabilities(supports_priority=False, has_tpot=True, has_kv_usage=False)
+
+    @property
+    def name(self) -> str:
+        return self._engine.name
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        return self._capabilities
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        if request.messages is not None:
+            path, body = openai_body(request, self._engine_model)
+            return stream_openai(self._engine, path, body)
+        return self._generate_stream(request)
+
+    async def _generate_stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        name = self._engine.name
+        response = await self._engine.post_stream("/generate_stream", tgi_body(request))
+        details: dict[str, Any] | None = None
+        tokens = 0
+        clean = False
+        try:
+            try:
+                async for data in iter_sse_data(response):
+                    try:
+                        event = json.loads(data)
+                    except ValueError as exc:
+                        raise BackendProtocolError(f"engine {name} sent {data[:200]!r}", backend=name) from exc
+                    if "error" in event:
+                        raise _stream_error(event, name)
+                    token = event.get("token") or {}
+                    if token and not token.get("special"):
+                        tokens += 1
+                        if token.get("text"):
+                            yield TextDelta(token["text"])
+                    if event.get("details"):
+                        details = event["details"]
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise stream_failure(exc, name) from exc
+            if details is None:
+                raise BackendUnavailable(f"engine {name} ended the stream without details", backend=name)
+            clean = True
+        finally:
+            if clean:
+                response.release()
+            else:
+                response.close()
+        yield Finished(
+            finish_reason=_FINISH_REASONS.get(details.get("finish_reason", ""), "stop"),
+            prompt_tokens=details.get("input_length"),
+            completion_tokens=int(details.get("generated_tokens", tokens)),
+        )
+
+    async def load(self) -> BackendLoad:
+        return await self._engine.scrape(self._parse)
+
+    def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:
+        waiting = samples.total(WAITING)
+        running = samples.total(RUNNING)
+        if waiting is None or running is None:
+            raise KeyError(f"{WAITING} / {RUNNING} not exposed: is this a TGI server?")
+        tpot = self._tpot.update(samples.total(TPOT_HISTOGRAM + "_sum"), samples.total(TPOT_HISTOGRAM + "_count"))
+        return BackendLoad(ok=True, read_at=read_at, waiting=int(waiting), running=int(running), tpot_seconds=tpot)
+
+    async def aclose(self) -> None:
+        await self._engine.aclose()

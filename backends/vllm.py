@@ -1,0 +1,78 @@
+"""vLLM's OpenAI-compatible server: streamed generation, numeric priorities, `vllm:*` metrics."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from backends._http import HttpEngine, HttpSettings
+from backends._prom import MetricSamples, RateTracker
+from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest
+from backends.openai_compat import openai_body, stream_openai
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the second before vLLM 0.10
+# time per output token: the inter-token histogram, or its older name before vLLM 0.11
+TPOT_HISTOGRAMS = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+
+
+class VllmBackend:
+    """Adapter for a vLLM server. With `priority_scheduling` (server started with
+    `--scheduling-policy priority`) each request carries `priority` (lower is served first)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        url: str,
+        engine_model: str,
+        http: HttpSettings | None = None,
+        priority_scheduling: bool = False,
+    ) -> None:
+        self._engine = HttpEngine(name=name, url=url, settings=http or HttpSettings())
+        self._engine_model = engine_model
+        self._priority_scheduling = priority_scheduling
+        self._tpot = RateTracker()
+        self._capabilities = BackendCapabilities(
+            supports_priority=priority_scheduling, has_tpot=True, has_kv_usage=True
+        )
+
+    @property
+    def name(self) -> str:
+        return self._engine.name
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        return self._capabilities
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        path, body = openai_body(request, self._engine_model)
+        if self._priority_scheduling and request.engine_priority is not None:
+            body["priority"] = request.engine_priority
+        return stream_openai(self._engine, path, body)
+
+    async def load(self) -> BackendLoad:
+        return await self._engine.scrape(self._parse)
+
+    def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:
+        labels = {"model_name": self._engine_model}
+        if samples.total(WAITING, **labels) is None:
+            labels = {}  # served under another name: take the whole engine
+        waiting = samples.total(WAITING, **labels)
+        running = samples.total(RUNNING, **labels)
+        if waiting is None or running is None:
+            raise KeyError(f"{WAITING} / {RUNNING} not exposed: is this a vLLM server?")
+        names = next((n for n in TPOT_HISTOGRAMS if samples.has(n + "_count")), TPOT_HISTOGRAMS[0])
+        tpot = self._tpot.update(samples.total(names + "_sum", **labels), samples.total(names + "_count", **labels))
+        kv = next((v for n in KV_USAGE if (v := samples.maximum(n, **labels)) is not None), None)
+        return BackendLoad(
+            ok=True,
+            read_at=read_at,
+            waiting=int(waiting),
+            running=int(running),
+            tpot_seconds=tpot,
+            kv_cache_usage=kv,
+        )
+
+    async def aclose(self) -> None:
+        await self._engine.aclose()

@@ -1,0 +1,162 @@
+"""Processes and probes the benchmarks share: engines and the scheduler run as real subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import grpc
+
+from backends._prom import MetricSamples
+from clients import pb, pb_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    """A child process with its log file."""
+
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+def spawn(args: Sequence[str], name: str) -> Proc:
+    log_dir = Path(tempfile.gettempdir()) / "llmsched-bench"
+    log_dir.mkdir(exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log = log_path.open("wb")
+    popen = subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
+    return Proc(popen, log_path)
+
+
+async def wait_http(url: str, proc: Proc, timeout: float = 60.0) -> None:
+    """Wait until `url` answers 200 (the process must stay alive meanwhile)."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"process exited early; see {proc.log_path}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)  # polling a child process for readiness: no event to wait on
+    raise TimeoutError(f"{url} not ready after {timeout}s; see {proc.log_path}")
+
+
+async def wait_grpc(target: str, proc: Proc, timeout: float = 30.0) -> None:
+    async with grpc.aio.insecure_channel(target) as channel:
+        try:
+            await asyncio.wait_for(channel.channel_ready(), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"scheduler at {target} not ready; see {proc.log_path}") from None
+
+
+@asynccontextmanager
+async def simulator(*flags: str) -> AsyncIterator[str]:
+    """A `llmsched sim` subprocess; yields its base URL."""
+    port = free_port()
+    proc = spawn([sys.executable, "-m", "scheduler_svc.cli", "sim", "--port", str(port), *flags], f"sim-{port}")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await wait_http(url + "/health", proc)
+        yield url
+    finally:
+        proc.stop()
+
+
+@asynccontextmanager
+async def scheduler(config_toml: str) -> AsyncIterator[str]:
+    """A `llmsched serve` subprocess for the given config (its listen address is replaced); yields target."""
+    port = free_port()
+    text = config_toml.replace("{GRPC_PORT}", str(port))
+    path = Path(tempfile.gettempdir()) / "llmsched-bench" / f"scheduler-{port}.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    proc = spawn([sys.executable, "-m", "scheduler_svc.cli", "serve", "--config", str(path)], f"scheduler-{port}")
+    try:
+        target = f"127.0.0.1:{port}"
+        await wait_grpc(target, proc)
+        yield target
+    finally:
+        proc.stop()
+
+
+async def engine_counter(url: str, name: str) -> float:
+    """A counter summed over the engine's series (e.g. vllm:generation_tokens_total)."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
+        samples = MetricSamples.parse(await response.text())
+    return samples.total(name) or 0.0
+
+
+async def direct_ttft(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int) -> float:
+    """Seconds to the first streamed token, straight to a vLLM-style engine."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    start = time.monotonic()
+    async with session.post(url + "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.content:
+            if not line.startswith(b"data: {"):
+                continue
+            choices = json.loads(line[6:]).get("choices") or []
+            if choices and choices[0].get("text"):
+                return time.monotonic() - start
+    raise RuntimeError("stream ended without a token")
+
+
+async def direct_complete(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+    async with session.post(url + "/v1/completions", json=body) as response:
+        await response.read()
+
+
+async def scheduled_ttft(
+    stub: pb_grpc.SchedulerServiceStub, user: str, model: str, prompt: str, max_tokens: int
+) -> float:
+    """Seconds to the first delta through the scheduler."""
+    start = time.monotonic()
+    request = pb.StreamRequest(model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
+    call = stub.Stream(request, metadata=(("x-user-id", user),))
+    try:
+        async for event in call:
+            if event.HasField("delta"):
+                return time.monotonic() - start
+    finally:
+        call.cancel()
+    raise RuntimeError("stream ended without a token")
+
+
+async def scheduled_complete(
+    stub: pb_grpc.SchedulerServiceStub, user: str, model: str, prompt: str, max_tokens: int
+) -> None:
+    request = pb.SubmitRequest(model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
+    await stub.Submit(request, metadata=(("x-user-id", user),))

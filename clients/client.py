@@ -1,0 +1,105 @@
+"""`SchedulerClient`: identity on every call, typed requests, and helpers to read error details."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
+from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
+
+
+class SchedulerClient:
+    """Talks to one llm-scheduler. Pass `user` (sent as `x-user-id`) or `api_key` (sent as a bearer key)."""
+
+    def __init__(self, target: str, *, user: str | None = None, api_key: str | None = None) -> None:
+        self._channel = grpc.aio.insecure_channel(target)
+        self._stub = pb_grpc.SchedulerServiceStub(self._channel)
+        metadata: list[tuple[str, str]] = []
+        if user:
+            metadata.append(("x-user-id", user))
+        if api_key:
+            metadata.append(("authorization", f"Bearer {api_key}"))
+        self._metadata = tuple(metadata)
+
+    async def __aenter__(self) -> SchedulerClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+    async def submit(
+        self,
+        model: str,
+        prompt: str = "",
+        *,
+        messages: Sequence[tuple[str, str]] = (),
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> pb.SubmitResponse:
+        """Run one generation and return the whole answer. `fields`: any SubmitRequest field."""
+        request = pb.SubmitRequest(
+            model=model,
+            prompt=prompt,
+            messages=[pb.ChatMessage(role=r, content=c) for r, c in messages],
+            **fields,
+        )
+        response: pb.SubmitResponse = await self._stub.Submit(request, metadata=self._metadata, timeout=timeout)
+        return response
+
+    def stream(
+        self,
+        model: str,
+        prompt: str = "",
+        *,
+        messages: Sequence[tuple[str, str]] = (),
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]:
+        """Start a streamed generation; iterate the returned call for events, `.cancel()` it to abort."""
+        request = pb.StreamRequest(
+            model=model,
+            prompt=prompt,
+            messages=[pb.ChatMessage(role=r, content=c) for r, c in messages],
+            **fields,
+        )
+        return self._stub.Stream(request, metadata=self._metadata, timeout=timeout)
+
+    async def stream_text(self, model: str, prompt: str = "", **kwargs: Any) -> AsyncIterator[str]:
+        """Just the generated text chunks of a streamed generation."""
+        async for event in self.stream(model, prompt, **kwargs):
+            if event.HasField("delta"):
+                yield event.delta.text
+
+
+def _details(error: grpc.aio.AioRpcError) -> list[Any]:
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    return list(status.details) if status is not None else []
+
+
+def retry_delay(error: grpc.aio.AioRpcError) -> float | None:
+    """The server's suggested retry delay in seconds (google.rpc.RetryInfo), if it sent one."""
+    for detail in _details(error):
+        info = error_details_pb2.RetryInfo()
+        if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
+            return float(info.retry_delay.ToNanoseconds()) / 1e9
+    return None
+
+
+def error_reason(error: grpc.aio.AioRpcError) -> str | None:
+    """The machine-readable reason (google.rpc.ErrorInfo.reason), e.g. "QUEUE_FULL"."""
+    for detail in _details(error):
+        info = error_details_pb2.ErrorInfo()
+        if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
+            return str(info.reason)
+    return None

@@ -1,0 +1,82 @@
+"""Turn an incoming Submit/Stream request into a validated `QueuedRequest`, or a clear error."""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+
+from backends.base import ChatMessage, SamplingParams
+from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
+from scheduler_svc.config import Config
+from scheduler_svc.errors import InvalidRequest, ModelNotFound
+from scheduler_svc.request import QueuedRequest
+
+ROLES = ("system", "user", "assistant", "tool")
+MAX_STOP_STRINGS = 16
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+
+GenerateRequest = pb.SubmitRequest | pb.StreamRequest
+
+
+def build_request(
+    message: GenerateRequest, *, user: str, config: Config, now: float, timeout: float | None
+) -> QueuedRequest:
+    """Validate `message` for `user`; `timeout` is the call's remaining deadline in seconds, if any."""
+    if not message.model:
+        raise InvalidRequest("model is required")
+    model = config.model(message.model)
+    if model is None:
+        raise ModelNotFound(f"unknown model {message.model!r}; served models: {[m.name for m in config.models]}")
+    if message.prompt and message.messages:
+        raise InvalidRequest("set either prompt or messages, not both")
+    messages: tuple[ChatMessage, ...] | None = None
+    if message.messages:
+        for i, m in enumerate(message.messages):
+            if m.role not in ROLES:
+                raise InvalidRequest(f"messages[{i}].role must be one of {ROLES}, got {m.role!r}")
+        messages = tuple(ChatMessage(m.role, m.content) for m in message.messages)
+        if not any(m.content.strip() for m in messages):
+            raise InvalidRequest("messages are all empty")
+    elif not message.prompt.strip():
+        raise InvalidRequest("prompt is empty: set prompt or messages")
+    max_tokens = message.max_tokens if message.HasField("max_tokens") else model.default_max_tokens
+    if not 1 <= max_tokens <= model.max_tokens_limit:
+        raise InvalidRequest(f"max_tokens must be between 1 and {model.max_tokens_limit}, got {max_tokens}")
+    temperature = message.temperature if message.HasField("temperature") else None
+    if temperature is not None and not (math.isfinite(temperature) and 0 <= temperature <= 10):
+        raise InvalidRequest(f"temperature must be between 0 and 10, got {temperature}")
+    top_p = message.top_p if message.HasField("top_p") else None
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise InvalidRequest(f"top_p must be in (0, 1], got {top_p}")
+    if len(message.stop) > MAX_STOP_STRINGS or any(not s for s in message.stop):
+        raise InvalidRequest(f"stop: at most {MAX_STOP_STRINGS} non-empty strings")
+    class_name = message.priority_class or config.scheduling.default_class
+    known_classes = [c.name for c in config.scheduling.classes]
+    if class_name not in known_classes:
+        raise InvalidRequest(f"unknown priority_class {class_name!r}; known: {known_classes}")
+    request_id = message.request_id or uuid.uuid4().hex
+    if not _REQUEST_ID.match(request_id):
+        raise InvalidRequest("request_id: 1-128 characters of letters, digits and ._:/-")
+    if timeout is not None and timeout <= 0:
+        raise InvalidRequest("the call's deadline has already passed")
+    prompt_chars = len(message.prompt) if messages is None else sum(len(m.content) for m in messages)
+    return QueuedRequest(
+        request_id=request_id,
+        model=model.name,
+        user=user,
+        priority_class=class_name,
+        prompt=None if messages is not None else message.prompt,
+        messages=messages,
+        params=SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop=tuple(message.stop),
+            seed=message.seed if message.HasField("seed") else None,
+            ignore_eos=message.ignore_eos,
+        ),
+        admitted_at=now,
+        deadline=None if timeout is None else now + timeout,
+        prompt_chars=prompt_chars,
+    )

@@ -1,0 +1,148 @@
+"""`llmsched`: run the service or the engine simulator, and call a running service.
+
+llmsched serve --config FILE            run the scheduler
+llmsched sim --flavor vllm --port 8000  run a simulated engine (no GPU here)
+llmsched submit|stream --model M --user U "prompt"
+llmsched config-reference               every config field with its default and meaning
+llmsched policies                       the registered fairness / ordering / gate policies
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+
+import grpc
+
+from scheduler_svc.config import ConfigError, describe_fields, load_config
+from scheduler_svc.logs import configure_logging
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="llmsched", description="Fair, backpressure-aware LLM request scheduler")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the scheduler service")
+    serve.add_argument("--config", required=True, help="TOML configuration file")
+
+    sim = commands.add_parser("sim", help="run a simulated inference engine (vLLM or TGI API)")
+    from backends.sim import add_cli_arguments
+
+    add_cli_arguments(sim)
+
+    for name in ("submit", "stream"):
+        call = commands.add_parser(name, help=f"{name} one request to a running scheduler")
+        call.add_argument("prompt", nargs="?", default="", help="prompt text (or use --message)")
+        call.add_argument("--target", default="127.0.0.1:50051", help="scheduler address")
+        call.add_argument("--model", required=True)
+        call.add_argument("--user", help="sent as x-user-id")
+        call.add_argument("--api-key", help="sent as authorization: Bearer KEY")
+        call.add_argument("--message", action="append", default=[], metavar="ROLE:TEXT", help="chat message")
+        call.add_argument("--max-tokens", type=int)
+        call.add_argument("--temperature", type=float)
+        call.add_argument("--priority-class", default="")
+        call.add_argument("--timeout", type=float, help="call deadline in seconds")
+
+    commands.add_parser("config-reference", help="print every configuration field with default and meaning")
+    commands.add_parser("policies", help="list the registered policies")
+
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        _serve(args.config)
+    elif args.command == "sim":
+        from backends.sim import config_from_args, serve_forever
+
+        configure_logging()
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve_forever(config_from_args(args), args.host, args.port))
+    elif args.command in ("submit", "stream"):
+        sys.exit(asyncio.run(_call(args)))
+    elif args.command == "config-reference":
+        for name, default, doc in describe_fields():
+            print(f"{name:<48} {default:<24} {doc}")
+    elif args.command == "policies":
+        from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
+
+        for registry in (FAIRNESS_POLICIES, ORDERING_POLICIES, GATE_POLICIES):
+            for name, doc in registry.describe().items():
+                print(f"{registry.kind:<10} {name:<16} {doc}")
+
+
+def _serve(path: str) -> None:
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        sys.exit(f"configuration error: {exc}")
+    configure_logging(config.server.log_level, config.server.log_format)
+    from scheduler_svc.server import SchedulerServer
+
+    async def run() -> None:
+        server = SchedulerServer(config)
+        await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop()
+
+    asyncio.run(run())
+
+
+async def _call(args: argparse.Namespace) -> int:
+    from clients import SchedulerClient
+
+    fields: dict[str, object] = {"priority_class": args.priority_class}
+    if args.max_tokens is not None:
+        fields["max_tokens"] = args.max_tokens
+    if args.temperature is not None:
+        fields["temperature"] = args.temperature
+    messages = [tuple(m.split(":", 1)) for m in args.message]
+    if any(len(m) != 2 for m in messages):
+        print("--message must be ROLE:TEXT", file=sys.stderr)
+        return 2
+    async with SchedulerClient(args.target, user=args.user, api_key=args.api_key) as client:
+        try:
+            if args.command == "submit":
+                started = time.monotonic()
+                response = await client.submit(
+                    args.model, args.prompt, messages=messages, timeout=args.timeout, **fields
+                )
+                print(response.text)
+                t = response.timings
+                print(
+                    f"[{response.request_id} via {response.backend}: {response.usage.completion_tokens} tokens, "
+                    f"queued {t.queue_wait.ToNanoseconds() / 1e9:.3f}s, "
+                    f"first token {t.time_to_first_token.ToNanoseconds() / 1e9:.3f}s, "
+                    f"total {time.monotonic() - started:.3f}s]",
+                    file=sys.stderr,
+                )
+            else:
+                async for event in client.stream(
+                    args.model, args.prompt, messages=messages, timeout=args.timeout, **fields
+                ):
+                    kind = event.WhichOneof("event")
+                    if kind == "delta":
+                        print(event.delta.text, end="", flush=True)
+                    elif kind == "queued":
+                        print(
+                            f"[queued: position {event.queued.position_in_user_queue}, "
+                            f"{event.queued.model_queue_depth} queued for the model]",
+                            file=sys.stderr,
+                        )
+                    elif kind == "dispatched":
+                        print(f"[dispatched to {event.dispatched.backend}]", file=sys.stderr)
+                    elif kind == "finished":
+                        print(f"\n[finished: {event.finished.usage.completion_tokens} tokens]", file=sys.stderr)
+        except grpc.aio.AioRpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""The service's configuration: one TOML file, built and validated here and nowhere else.
+
+Every field is a frozen dataclass field declared with `_field(default, doc)`, so each one carries its
+default and a one-line description (a test checks this, and `llmsched config-reference` prints them).
+Unknown keys are errors, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+BACKEND_KINDS = ("vllm", "tgi", "llamacpp")
+
+
+class ConfigError(ValueError):
+    """The configuration file is invalid; the message says where and why."""
+
+
+def _field(default: Any, doc: str) -> Any:
+    """A dataclass field with a default and a docstring kept in its metadata."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where the service listens and how it shuts down."""
+
+    listen: str = _field("127.0.0.1:50051", "gRPC listen address (host:port; port 0 picks a free one).")
+    metrics_listen: str = _field(
+        "127.0.0.1:9464", "Prometheus /metrics HTTP address of the scheduler itself; empty disables it."
+    )
+    shutdown_grace_seconds: float = _field(
+        10.0, "On SIGTERM: how long queued and running requests may drain before they are cut."
+    )
+    queue_update_interval_seconds: float = _field(
+        1.0, "How often a streaming client waiting in the queue is told its new position (if changed)."
+    )
+    log_format: str = _field("console", 'Log output: "console" (human) or "json" (one object per line).')
+    log_level: str = _field("info", "Minimum log level: debug, info, warning, error.")
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """How callers are identified."""
+
+    api_keys: dict[str, str] = _field(
+        {},
+        "API key -> user id. When non-empty, every call needs `authorization: Bearer <key>` and the key "
+        "alone decides the user (x-user-id is ignored). When empty, the user comes from `x-user-id`.",
+    )
+
+
+@dataclass(frozen=True)
+class PriorityClassConfig:
+    """A priority class (band). Lower `rank` is served first; fairness applies among users within a band."""
+
+    name: str = _field("default", "Class name clients put in `priority_class`.")
+    rank: int = _field(0, "Strict band order: a lower rank is always dispatched before a higher one.")
+    engine_priority: int = _field(
+        0, "Numeric priority sent to engines with priority scheduling (vLLM: lower is served first)."
+    )
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """When the dispatcher may send one more request to a backend."""
+
+    policy: str = _field("queue_depth", "Gate policy name (see `llmsched policies`).")
+    waiting_target: int = _field(
+        3,
+        "Dispatch only while the engine's waiting queue (last reading, corrected for what was sent and "
+        "started since) stays below this.",
+    )
+    stale_after_seconds: float = _field(
+        1.0, "A metrics reading older than this (or a failed scrape) no longer opens the gate."
+    )
+    fallback_max_in_flight: int = _field(
+        4,
+        "While metrics are stale or unreadable, allow at most this many requests in flight to the "
+        "backend: a dead metrics endpoint degrades to a concurrency cap, not a flood or a stall.",
+    )
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """One inference engine serving a model."""
+
+    name: str = _field("", "Unique name of this backend within its model (shown to clients).")
+    kind: str = _field("vllm", f"Engine type: one of {', '.join(BACKEND_KINDS)}.")
+    url: str = _field("http://127.0.0.1:8000", "Base URL of the engine's HTTP server.")
+    engine_model: str = _field("", "Model name the engine serves; empty means the model's own name.")
+    priority_scheduling: bool = _field(
+        False, "The engine runs priority scheduling (vLLM --scheduling-policy priority): send priorities."
+    )
+    metrics_path: str = _field("/metrics", "Path of the engine's Prometheus metrics.")
+    scrape_interval_seconds: float = _field(0.2, "How often the engine's metrics are read.")
+    connect_timeout_seconds: float = _field(5.0, "TCP connect timeout towards the engine.")
+    max_connections: int = _field(1024, "Maximum simultaneous HTTP connections to the engine.")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model clients can ask for, with the engines that serve it."""
+
+    name: str = _field("", "Model name clients use in requests.")
+    default_max_tokens: int = _field(256, "max_tokens used when a request does not set it.")
+    max_tokens_limit: int = _field(8192, "Requests asking for more tokens than this are rejected.")
+    gate: GateConfig = _field(GateConfig(), "Gate settings for this model's backends.")
+    backends: list[BackendConfig] = _field([], "Engines serving the model (at least one).")
+
+
+@dataclass(frozen=True)
+class SchedulingConfig:
+    """How queued requests are chosen."""
+
+    fairness: str = _field("round_robin", "Fairness policy between users of a band.")
+    ordering: str = _field("fcfs", "Ordering policy within one user's queue.")
+    default_class: str = _field("default", "Class used when a request leaves `priority_class` empty.")
+    classes: list[PriorityClassConfig] = _field([PriorityClassConfig()], "The priority classes; names unique.")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole service configuration."""
+
+    server: ServerConfig = _field(ServerConfig(), "Listen addresses, shutdown and logging.")
+    auth: AuthConfig = _field(AuthConfig(), "Caller identification.")
+    scheduling: SchedulingConfig = _field(SchedulingConfig(), "Fairness, ordering and priority classes.")
+    models: list[ModelConfig] = _field([], "Served models (at least one).")
+
+    def model(self, name: str) -> ModelConfig | None:
+        """The model called `name`, if configured."""
+        return next((m for m in self.models if m.name == name), None)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML configuration file."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Build and validate a Config from parsed TOML."""
+    config = _build(Config, raw, "")
+    _validate(config)
+    return config
+
+
+def _build(cls: type[T], raw: Any, where: str) -> T:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where or 'top level'}: expected a table, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where or 'top level'}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    values = {name: _convert(hints[name], raw[name], f"{where}{name}") for name in raw}
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where + ".")  # type: ignore[arg-type]
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list")
+        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_type, value_type = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table")
+        return {_convert(key_type, k, where): _convert(value_type, v, f"{where}.{k}") for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(f"{where}: unsupported union type")  # not used by any field
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _validate(config: Config) -> None:
+    from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
+
+    if not config.models:
+        raise ConfigError("models: configure at least one [[models]] entry")
+    FAIRNESS_POLICIES.check(config.scheduling.fairness, "scheduling.fairness")
+    ORDERING_POLICIES.check(config.scheduling.ordering, "scheduling.ordering")
+    class_names = [c.name for c in config.scheduling.classes]
+    if not class_names or len(set(class_names)) != len(class_names) or "" in class_names:
+        raise ConfigError(f"scheduling.classes: need at least one, with unique non-empty names: {class_names}")
+    if config.scheduling.default_class not in class_names:
+        raise ConfigError(f"scheduling.default_class {config.scheduling.default_class!r} is not one of {class_names}")
+    names = [m.name for m in config.models]
+    if len(set(names)) != len(names) or "" in names:
+        raise ConfigError(f"models: names must be unique and non-empty: {names}")
+    for model in config.models:
+        where = f"models[{model.name}]"
+        GATE_POLICIES.check(model.gate.policy, f"{where}.gate.policy")
+        if model.gate.waiting_target < 1 or model.gate.fallback_max_in_flight < 1:
+            raise ConfigError(f"{where}.gate: waiting_target and fallback_max_in_flight must be >= 1")
+        if not 1 <= model.default_max_tokens <= model.max_tokens_limit:
+            raise ConfigError(f"{where}: need 1 <= default_max_tokens <= max_tokens_limit")
+        if not model.backends:
+            raise ConfigError(f"{where}: configure at least one backend")
+        backend_names = [b.name for b in model.backends]
+        if len(set(backend_names)) != len(backend_names) or "" in backend_names:
+            raise ConfigError(f"{where}.backends: names must be unique and non-empty: {backend_names}")
+        for backend in model.backends:
+            if backend.kind not in BACKEND_KINDS:
+                raise ConfigError(
+                    f"{where}.backends[{backend.name}].kind {backend.kind!r}: known kinds {BACKEND_KINDS}"
+                )
+            if not backend.url.startswith(("http://", "https://")):
+                raise ConfigError(f"{where}.backends[{backend.name}].url must be http(s)://...")
+            if backend.scrape_interval_seconds <= 0:
+                raise ConfigError(f"{where}.backends[{backend.name}]: scrape_interval_seconds must be > 0")
+
+
+def describe_fields(cls: type[Any] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default as TOML-ish text, doc) for every field, recursively."""
+    rows: list[tuple[str, str, str]] = []
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
+        hint = typing.get_type_hints(cls)[f.name]
+        item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
+        if dataclasses.is_dataclass(hint):
+            rows.append((name, "(table)", f.metadata["doc"]))
+            rows += describe_fields(hint, name + ".")  # type: ignore[arg-type]
+        elif item is not None and dataclasses.is_dataclass(item):
+            rows.append((name, "(array of tables)", f.metadata["doc"]))
+            rows += describe_fields(item, name + "[].")  # type: ignore[arg-type]
+        else:
+            rows.append((name, repr(default), f.metadata["doc"]))
+    return rows

@@ -1,0 +1,236 @@
+"""One dispatcher per model: picks the next request and sends it while a backend's gate is open.
+
+The loop wakes on events only (a new request, a first token, a finished request, a new metrics reading),
+never on a fixed tick. Each wake-up sends as many requests as the gates allow: strict priority bands
+first, then the band's fairness policy picks a user, then the ordering policy picks that user's request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from backends.base import Backend
+from scheduler_svc.clock import Clock
+from scheduler_svc.config import BackendConfig, ModelConfig, PriorityClassConfig, SchedulingConfig
+from scheduler_svc.errors import QueueTimeout, ShuttingDown
+from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, Gate, GateDecision, GateInputs
+from scheduler_svc.queues import ModelQueues
+from scheduler_svc.request import QueuedRequest
+from scheduler_svc.ticket import Outcome, Ticket
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(eq=False)
+class BackendHandle:
+    """A backend as a dispatcher sees it: the adapter, its gate, and what was sent to it."""
+
+    config: BackendConfig
+    backend: Backend
+    gate: Gate
+    ledger: DispatchLedger
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def sends_priority(self) -> bool:
+        """Whether requests to this backend carry a numeric engine priority."""
+        return self.config.priority_scheduling and self.backend.capabilities.supports_priority
+
+
+@dataclass(frozen=True)
+class BackendState:
+    """A backend's gate state for introspection."""
+
+    name: str
+    decision: GateDecision
+    inputs: GateInputs
+
+
+class ModelDispatcher:
+    """Queues and dispatch for one model."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        scheduling: SchedulingConfig,
+        backends: Sequence[BackendHandle],
+        clock: Clock,
+        metrics: SchedulerMetrics,
+    ) -> None:
+        self.model = model
+        self.clock = clock
+        self.backends = list(backends)
+        self.queues = ModelQueues(scheduling.classes)
+        self._classes = {c.name: c for c in scheduling.classes}
+        self._fairness = {c.name: FAIRNESS_POLICIES.create(scheduling.fairness) for c in scheduling.classes}
+        self._ordering = ORDERING_POLICIES.create(scheduling.ordering)
+        self._queued: dict[str, Ticket] = {}
+        self._running: dict[str, Ticket] = {}
+        self._metrics = metrics
+        self._wake = asyncio.Event()
+        self._settled = asyncio.Event()  # set whenever a request reaches its outcome
+
+    # -- admission and withdrawal ---------------------------------------------------------------------
+    def enqueue(self, request: QueuedRequest) -> Ticket:
+        """Queue an admitted request and return its ticket."""
+        ticket = Ticket(request, self)
+        band = self.queues.band(request.priority_class)
+        _, newly_backlogged = self.queues.push(request)
+        self._queued[request.request_id] = ticket
+        if newly_backlogged:
+            self._fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
+        self._metrics.admitted.labels(self.model.name, request.priority_class).inc()
+        self._set_depth(request.priority_class)
+        self.wake()
+        return ticket
+
+    def withdraw(self, ticket: Ticket) -> None:
+        """Take a still-queued request out of the queue (cancelled, expired, shutting down)."""
+        if self.queues.remove(ticket.request.request_id) is not None:
+            del self._queued[ticket.request.request_id]
+            self._set_depth(ticket.request.priority_class)
+
+    def expire(self, ticket: Ticket) -> None:
+        """End a queued request whose deadline passed; it is never dispatched."""
+        self.withdraw(ticket)
+        ticket.end_in_queue(Outcome.EXPIRED, QueueTimeout(f"request {ticket.request.request_id} expired in the queue"))
+
+    def reject_all_queued(self, reason: str) -> int:
+        """End every queued request with UNAVAILABLE (the service is stopping); returns how many."""
+        tickets = list(self._queued.values())
+        for ticket in tickets:
+            self.withdraw(ticket)
+            ticket.end_in_queue(Outcome.REJECTED, ShuttingDown(reason))
+        return len(tickets)
+
+    # -- events from running requests ---------------------------------------------------------------
+    def on_first_token(self, ticket: Ticket) -> None:
+        assert ticket.backend is not None and ticket.first_token_at is not None
+        ticket.backend.ledger.started(ticket.request.request_id)
+        self._metrics.ttft.labels(self.model.name, ticket.request.priority_class).observe(
+            ticket.first_token_at - ticket.request.admitted_at
+        )
+        self.wake()
+
+    def on_generated(self, ticket: Ticket, tokens: int) -> None:
+        self._fairness[ticket.request.priority_class].on_generated(ticket.request.user, tokens)
+        assert ticket.backend is not None
+        self._metrics.generated_tokens.labels(self.model.name, ticket.backend.name).inc(tokens)
+
+    def on_finished(self, ticket: Ticket) -> None:
+        assert ticket.backend is not None
+        ticket.backend.ledger.finished(ticket.request.request_id)
+        self._running.pop(ticket.request.request_id, None)
+        self._metrics.in_flight.labels(self.model.name, ticket.backend.name).set(ticket.backend.ledger.in_flight)
+        self.wake()
+
+    def on_outcome(self, ticket: Ticket) -> None:
+        self._metrics.outcomes.labels(self.model.name, ticket.outcome.value if ticket.outcome else "?").inc()
+        log.debug(
+            "request_done",
+            model=self.model.name,
+            request_id=ticket.request.request_id,
+            user=ticket.request.user,
+            outcome=ticket.outcome.value if ticket.outcome else None,
+            backend=ticket.backend.name if ticket.backend else None,
+            tokens=ticket.completion_tokens,
+        )
+        self._settled.set()
+
+    def on_reading(self) -> None:
+        """A backend's metrics were read (or failed to be)."""
+        self.wake()
+
+    # -- queries ------------------------------------------------------------------------------------
+    def position(self, ticket: Ticket) -> int:
+        flow = self.queues.flow_of(ticket.request.request_id)
+        return flow.position(ticket.request) if flow is not None else 0
+
+    def engine_priority(self, ticket: Ticket) -> int:
+        """The numeric priority sent to priority-scheduled engines (lower first, as vLLM reads it)."""
+        return self._classes[ticket.request.priority_class].engine_priority
+
+    @property
+    def busy(self) -> int:
+        """Requests queued or running."""
+        return len(self._queued) + len(self._running)
+
+    def backend_states(self) -> list[BackendState]:
+        now = self.clock.now()
+        cls = self.queues.bands[0].priority_class
+        states = []
+        for handle in self.backends:
+            inputs = handle.ledger.gate_inputs(now)
+            states.append(BackendState(handle.name, handle.gate.decide(inputs, cls), inputs))
+        return states
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Dispatch whenever something happened that may let a request go."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            self.dispatch_ready()
+
+    async def wait_settled(self) -> None:
+        """Wait until some request reaches its outcome (used to drain on shutdown)."""
+        self._settled.clear()
+        await self._settled.wait()
+
+    def dispatch_ready(self) -> int:
+        """Send every request the gates allow now; returns how many were sent."""
+        sent = 0
+        now = self.clock.now()
+        while self.queues.size:
+            band = next(self.queues.backlogged_bands())
+            handle = self._open_backend(band.priority_class, now)
+            if handle is None:
+                break
+            fairness = self._fairness[band.priority_class.name]
+            user = fairness.select(band.flow_views)
+            request = self._ordering.select(band.flows[user])
+            ticket = self._queued[request.request_id]
+            if request.deadline is not None and now >= request.deadline:
+                self.expire(ticket)
+                continue
+            self.withdraw(ticket)
+            fairness.on_dispatched(request)
+            ticket.assign(handle, now)
+            self._running[request.request_id] = ticket
+            self._metrics.dispatched.labels(self.model.name, handle.name).inc()
+            self._metrics.queue_wait.labels(self.model.name, request.priority_class).observe(now - request.admitted_at)
+            self._metrics.in_flight.labels(self.model.name, handle.name).set(handle.ledger.in_flight)
+            sent += 1
+        return sent
+
+    def _open_backend(self, priority_class: PriorityClassConfig, now: float) -> BackendHandle | None:
+        """The least loaded backend whose gate admits one more request of this class, if any."""
+        best: tuple[int, int] | None = None
+        chosen: BackendHandle | None = None
+        for handle in self.backends:
+            inputs = handle.ledger.gate_inputs(now)
+            decision = handle.gate.decide(inputs, priority_class)
+            labels = (self.model.name, handle.name)
+            self._metrics.gate_open.labels(*labels).set(1 if decision.open else 0)
+            self._metrics.metrics_fresh.labels(*labels).set(1 if decision.fresh else 0)
+            self._metrics.estimated_waiting.labels(*labels).set(inputs.estimated_waiting())
+            if decision.open:
+                key = (inputs.estimated_waiting(), inputs.in_flight)
+                if best is None or key < best:
+                    best, chosen = key, handle
+        return chosen
+
+    def _set_depth(self, priority_class: str) -> None:
+        self._metrics.queue_depth.labels(self.model.name, priority_class).set(self.queues.band(priority_class).size)

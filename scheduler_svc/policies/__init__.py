@@ -1,0 +1,21 @@
+"""Pluggable scheduling policies: fairness (between users), ordering (within a user), gates (backpressure)."""
+
+from scheduler_svc.policies.fairness import FAIRNESS_POLICIES, FairnessPolicy, RoundRobinFairness
+from scheduler_svc.policies.gate import GATE_POLICIES, Gate, GateDecision, GateInputs, QueueDepthGate
+from scheduler_svc.policies.ordering import ORDERING_POLICIES, FcfsOrdering, OrderingPolicy
+from scheduler_svc.policies.registry import Registry
+
+__all__ = [
+    "FAIRNESS_POLICIES",
+    "GATE_POLICIES",
+    "ORDERING_POLICIES",
+    "FairnessPolicy",
+    "FcfsOrdering",
+    "Gate",
+    "GateDecision",
+    "GateInputs",
+    "OrderingPolicy",
+    "QueueDepthGate",
+    "Registry",
+    "RoundRobinFairness",
+]

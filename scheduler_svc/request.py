@@ -1,0 +1,58 @@
+"""An admitted request and what policies may see of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from backends.base import ChatMessage, SamplingParams
+
+
+class RequestView(Protocol):
+    """What policies may read about a queued request (read-only)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def priority_class(self) -> str: ...
+    @property
+    def admitted_at(self) -> float: ...
+    @property
+    def deadline(self) -> float | None: ...
+    @property
+    def prompt_tokens_estimate(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+
+
+@dataclass(slots=True, eq=False)
+class QueuedRequest:
+    """A validated request with its caller's identity, as it sits in a queue.
+
+    Times are `time.monotonic()` values of the scheduler's clock. `seq` is the request's index in its
+    flow (user queue), used for cheap position estimates.
+    """
+
+    request_id: str
+    model: str
+    user: str
+    priority_class: str
+    prompt: str | None
+    messages: tuple[ChatMessage, ...] | None
+    params: SamplingParams
+    admitted_at: float
+    deadline: float | None = None
+    seq: int = 0
+    prompt_chars: int = field(default=0)
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        """A rough prompt length in tokens (4 characters a token) until the engine reports the truth."""
+        return max(1, self.prompt_chars // 4)
+
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens this request may generate."""
+        return self.params.max_tokens

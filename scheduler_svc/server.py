@@ -1,0 +1,134 @@
+"""Assemble and run the service: gRPC (scheduler, health, reflection), the scheduler loops, /metrics.
+
+Graceful shutdown, in this order: health flips to NOT_SERVING, admission stops, queued and running work
+drains for `shutdown_grace_seconds`, what is still queued gets UNAVAILABLE, then the gRPC server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import structlog
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
+from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
+from scheduler_svc.auth import Authenticator
+from scheduler_svc.clock import Clock
+from scheduler_svc.config import Config
+from scheduler_svc.scheduler import BackendFactory, Scheduler, default_backend_factory
+from scheduler_svc.servicer import SchedulerServicer
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class SchedulerServer:
+    """One running instance of the service."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backend_factory: BackendFactory = default_backend_factory,
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config
+        self.scheduler = Scheduler(config, backend_factory=backend_factory, clock=clock)
+        self._grpc = grpc.aio.server()
+        self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self._metrics_runner: web.AppRunner | None = None
+        self._scheduler_task: asyncio.Task[None] | None = None
+        self.port = 0
+        self.metrics_port = 0
+
+    @property
+    def address(self) -> str:
+        return f"{_split(self.config.server.listen)[0]}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind the ports and start serving."""
+        pb_grpc.add_SchedulerServiceServicer_to_server(
+            SchedulerServicer(
+                self.scheduler,
+                Authenticator(self.config.auth),
+                self.config.server.queue_update_interval_seconds,
+            ),
+            self._grpc,
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self._grpc,
+        )
+        self.port = self._grpc.add_insecure_port(self.config.server.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.server.listen}")
+        self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="scheduler")
+        await self._grpc.start()
+        if self.config.server.metrics_listen:
+            await self._start_metrics()
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "serving",
+            grpc=self.address,
+            metrics=f"{_split(self.config.server.metrics_listen)[0]}:{self.metrics_port}"
+            if self.metrics_port
+            else None,
+            models=[m.name for m in self.config.models],
+        )
+
+    async def _start_metrics(self) -> None:
+        registry = self.scheduler.metrics.registry
+
+        async def metrics(_: web.Request) -> web.Response:
+            response = web.Response(body=generate_latest(registry))
+            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+            return response
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        self._metrics_runner = web.AppRunner(app, access_log=None)
+        await self._metrics_runner.setup()
+        host, port = _split(self.config.server.metrics_listen)
+        site = web.TCPSite(self._metrics_runner, host, port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.metrics_port = sockets[0].getsockname()[1] if sockets else port
+
+    async def wait_for_termination(self) -> None:
+        await self._grpc.wait_for_termination()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain and stop; safe to call more than once."""
+        grace = self.config.server.shutdown_grace_seconds if grace is None else grace
+        await self._health.enter_graceful_shutdown()
+        await self.scheduler.drain(grace)
+        await self._grpc.stop(grace=1.0)
+        if self._scheduler_task is not None:
+            self._scheduler_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scheduler_task
+            self._scheduler_task = None
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+            self._metrics_runner = None
+        await self.scheduler.aclose()
+        log.info("stopped")

@@ -1,0 +1,174 @@
+"""The gRPC face of the scheduler: Submit and Stream.
+
+Each RPC runs in its own task: admit, wait for the dispatcher, then run the generation in this same task,
+so a cancelled call (client gone, deadline) cancels the engine request by ordinary asyncio cancellation.
+The ticket's `close()` in `finally` records the single outcome whatever happened.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+import grpc
+import structlog
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from backends.base import Finished, TextDelta
+from backends.errors import BackendError
+from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
+from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
+from scheduler_svc.admission import GenerateRequest, build_request
+from scheduler_svc.auth import Authenticator
+from scheduler_svc.errors import SchedulerError, to_grpc_status
+from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.ticket import Ticket
+
+log = structlog.get_logger(__name__)
+
+_FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+
+
+def _duration(seconds: float | None) -> duration_pb2.Duration:
+    value = duration_pb2.Duration()
+    if seconds is not None:
+        value.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
+    return value
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
+    status = to_grpc_status(exc)
+    await context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("unreachable: abort raises")
+
+
+class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
+    """Implements llmsched.v1.SchedulerService on top of a Scheduler."""
+
+    def __init__(self, scheduler: Scheduler, authenticator: Authenticator, queue_update_interval: float) -> None:
+        self._scheduler = scheduler
+        self._auth = authenticator
+        self._update_interval = queue_update_interval
+
+    def _admit(self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Ticket:
+        user = self._auth.identify(context.invocation_metadata())
+        request = build_request(
+            message,
+            user=user,
+            config=self._scheduler.config,
+            now=self._scheduler.clock.now(),
+            timeout=context.time_remaining(),
+        )
+        return self._scheduler.admit(request)
+
+    async def _reject(
+        self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any], exc: SchedulerError
+    ) -> NoReturn:
+        self._scheduler.metrics.rejected.labels(message.model or "-", exc.reason.lower()).inc()
+        log.info("request_rejected", model=message.model, reason=exc.reason, error=str(exc))
+        await _abort(context, exc)
+
+    def _timings(self, ticket: Ticket) -> pb.Timings:
+        start = ticket.request.admitted_at
+        end = ticket.finished_at if ticket.finished_at is not None else self._scheduler.clock.now()
+        return pb.Timings(
+            queue_wait=_duration(None if ticket.dispatched_at is None else ticket.dispatched_at - start),
+            time_to_first_token=_duration(None if ticket.first_token_at is None else ticket.first_token_at - start),
+            total=_duration(end - start),
+        )
+
+    async def Submit(
+        self,
+        request: pb.SubmitRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.SubmitResponse:
+        try:
+            ticket = self._admit(request, context)
+        except SchedulerError as exc:
+            await self._reject(request, context, exc)
+        try:
+            while not await ticket.wait_dispatched(None):
+                pass
+            parts: list[str] = []
+            finished: Finished | None = None
+            async for event in ticket.generate():
+                if isinstance(event, TextDelta):
+                    parts.append(event.text)
+                else:
+                    finished = event
+            assert finished is not None and ticket.backend is not None
+            return pb.SubmitResponse(
+                request_id=ticket.request.request_id,
+                text="".join(parts),
+                finish_reason=_FINISH.get(finished.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+                usage=pb.Usage(prompt_tokens=finished.prompt_tokens or 0, completion_tokens=finished.completion_tokens),
+                timings=self._timings(ticket),
+                backend=ticket.backend.name,
+            )
+        except (SchedulerError, BackendError) as exc:
+            await _abort(context, exc)
+        except Exception as exc:
+            log.exception("submit_failed", request_id=ticket.request.request_id)
+            await _abort(context, exc)
+        finally:
+            ticket.close()
+
+    async def Stream(
+        self,
+        request: pb.StreamRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.StreamResponse]:
+        try:
+            ticket = self._admit(request, context)
+        except SchedulerError as exc:
+            await self._reject(request, context, exc)
+        req = ticket.request
+        try:
+            position = ticket.position()
+            yield pb.StreamResponse(queued=self._queued(ticket, position))
+            while not await ticket.wait_dispatched(self._update_interval):
+                new_position = ticket.position()
+                if new_position != position and new_position > 0:
+                    position = new_position
+                    yield pb.StreamResponse(queued=self._queued(ticket, position))
+            assert ticket.backend is not None and ticket.dispatched_at is not None
+            sent_at = timestamp_pb2.Timestamp()
+            sent_at.FromNanoseconds(int((ticket.dispatched_wall or time.time()) * 1e9))
+            yield pb.StreamResponse(
+                dispatched=pb.Dispatched(
+                    backend=ticket.backend.name,
+                    dispatched_at=sent_at,
+                    queue_wait=_duration(ticket.dispatched_at - req.admitted_at),
+                )
+            )
+            async for event in ticket.generate():
+                if isinstance(event, TextDelta):
+                    yield pb.StreamResponse(delta=pb.Delta(text=event.text, tokens=event.tokens))
+                else:
+                    yield pb.StreamResponse(
+                        finished=pb.Finished(
+                            finish_reason=_FINISH.get(event.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+                            usage=pb.Usage(
+                                prompt_tokens=event.prompt_tokens or 0,
+                                completion_tokens=event.completion_tokens,
+                            ),
+                            timings=self._timings(ticket),
+                        )
+                    )
+        except (SchedulerError, BackendError) as exc:
+            await _abort(context, exc)
+        except Exception as exc:
+            log.exception("stream_failed", request_id=req.request_id)
+            await _abort(context, exc)
+        finally:
+            ticket.close()
+
+    def _queued(self, ticket: Ticket, position: int) -> pb.Queued:
+        dispatcher = self._scheduler.dispatchers[ticket.request.model]
+        return pb.Queued(
+            request_id=ticket.request.request_id,
+            position_in_user_queue=position,
+            model_queue_depth=len(dispatcher.queues),
+            priority_class=ticket.request.priority_class,
+        )

@@ -1,0 +1,150 @@
+"""A ticket follows one admitted request from the queue to its single final outcome.
+
+The servicer's task drives it: it waits on the ticket until the dispatcher assigns a backend, then runs
+the generation itself, so a cancelled RPC cancels the engine request by plain asyncio cancellation.
+Whatever happens, `close()` records exactly one outcome and gives back what the request held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import structlog
+
+from backends.base import Finished, GenerationEvent, GenerationRequest, TextDelta
+from scheduler_svc.errors import ShuttingDown
+
+if TYPE_CHECKING:
+    from scheduler_svc.dispatcher import BackendHandle, ModelDispatcher
+    from scheduler_svc.request import QueuedRequest
+
+log = structlog.get_logger(__name__)
+
+
+class Outcome(enum.Enum):
+    """How an admitted request ended. Each request gets exactly one."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    REJECTED = "rejected"
+
+
+class TicketState(enum.Enum):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    DONE = "done"
+
+
+class Ticket:
+    """One admitted request's lifecycle: queued -> dispatched -> done."""
+
+    def __init__(self, request: QueuedRequest, dispatcher: ModelDispatcher) -> None:
+        self.request = request
+        self.state = TicketState.QUEUED
+        self.outcome: Outcome | None = None
+        self.backend: BackendHandle | None = None
+        self.dispatched_at: float | None = None
+        self.dispatched_wall: float | None = None
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.completion_tokens = 0
+        self._dispatcher = dispatcher
+        self._woken = asyncio.Event()
+        self._close_reason: Exception | None = None
+
+    # -- called by the dispatcher -------------------------------------------------------------------
+    def assign(self, backend: BackendHandle, now: float) -> None:
+        """The dispatcher chose this request and a backend for it."""
+        self.state = TicketState.DISPATCHED
+        self.backend = backend
+        self.dispatched_at = now
+        self.dispatched_wall = time.time()
+        backend.ledger.dispatched(self.request.request_id, now)
+        self._woken.set()
+
+    def end_in_queue(self, outcome: Outcome, reason: Exception) -> None:
+        """Finish a request that never left the queue (expired, or the service is stopping)."""
+        self._close_reason = reason
+        self._record(outcome)
+        self._woken.set()
+
+    # -- called by the servicer ---------------------------------------------------------------------
+    async def wait_dispatched(self, timeout: float | None) -> bool:
+        """True once dispatched; False if `timeout` passed first. Raises if the request ended in the queue
+        (QueueTimeout once its deadline passes: an expired request is never dispatched)."""
+        if self.state is TicketState.QUEUED:
+            deadline = self.request.deadline
+            wait = timeout
+            if deadline is not None:
+                remaining = deadline - self._dispatcher.clock.now()
+                wait = remaining if wait is None else min(wait, remaining)
+            if wait is None or wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._woken.wait(), wait)
+            if self.state is TicketState.QUEUED:
+                if deadline is None or self._dispatcher.clock.now() < deadline:
+                    return False
+                self._dispatcher.expire(self)
+        if self.state is TicketState.DISPATCHED:
+            return True
+        raise self._close_reason or ShuttingDown("request ended before dispatch")
+
+    def position(self) -> int:
+        """1-based position in the user's queue for this class (0 once dispatched)."""
+        return self._dispatcher.position(self)
+
+    async def generate(self) -> AsyncIterator[GenerationEvent]:
+        """Run the generation on the assigned backend, keeping the accounting as tokens stream."""
+        assert self.backend is not None and self.state is TicketState.DISPATCHED
+        backend = self.backend
+        req = self.request
+        generation = GenerationRequest(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            messages=req.messages,
+            params=req.params,
+            engine_priority=self._dispatcher.engine_priority(self) if backend.sends_priority else None,
+        )
+        try:
+            async for event in backend.backend.generate(generation):
+                if isinstance(event, TextDelta):
+                    if self.first_token_at is None:
+                        self.first_token_at = self._dispatcher.clock.now()
+                        self._dispatcher.on_first_token(self)
+                    self.completion_tokens += event.tokens
+                    self._dispatcher.on_generated(self, event.tokens)
+                elif isinstance(event, Finished):
+                    self.completion_tokens = max(self.completion_tokens, event.completion_tokens)
+                yield event
+        except (asyncio.CancelledError, GeneratorExit):
+            self.close(Outcome.CANCELLED)
+            raise
+        except BaseException:
+            self.close(Outcome.FAILED)
+            raise
+        self.close(Outcome.COMPLETED)
+
+    def close(self, outcome: Outcome = Outcome.CANCELLED) -> None:
+        """Record the final outcome (first call wins) and release the queue slot or the backend."""
+        if self.state is TicketState.DONE:
+            return
+        if self.state is TicketState.QUEUED:
+            self._dispatcher.withdraw(self)
+        elif self.state is TicketState.DISPATCHED:
+            self._dispatcher.on_finished(self)
+        self._record(outcome)
+
+    def _record(self, outcome: Outcome) -> None:
+        if self.state is TicketState.DONE:
+            return
+        self.state = TicketState.DONE
+        self.outcome = outcome
+        self.finished_at = self._dispatcher.clock.now()
+        self._dispatcher.on_outcome(self)

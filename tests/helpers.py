@@ -1,0 +1,155 @@
+"""Shared test helpers: configs, a running service on port 0, and controllable fake engines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.base import Backend, BackendLoad, Finished, GenerationEvent, GenerationRequest, TextDelta
+from backends.fake import FakeBackend
+from clients import SchedulerClient
+from scheduler_svc.config import BackendConfig, Config, ModelConfig, config_from_dict
+from scheduler_svc.server import SchedulerServer
+
+
+def make_config(
+    *,
+    models: list[dict[str, Any]] | None = None,
+    backend_url: str = "http://127.0.0.1:1",
+    kind: str = "vllm",
+    gate: dict[str, Any] | None = None,
+    scheduling: dict[str, Any] | None = None,
+    auth: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
+    scrape_interval: float = 0.05,
+) -> Config:
+    """A config on free ports with one model "m" and one backend "b0" unless told otherwise."""
+    raw: dict[str, Any] = {
+        "server": {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0", "queue_update_interval_seconds": 0.05,
+                   "shutdown_grace_seconds": 1.0, **(server or {})},
+        "models": models
+        or [
+            {
+                "name": "m",
+                "default_max_tokens": 16,
+                "gate": gate or {},
+                "backends": [
+                    {"name": "b0", "kind": kind, "url": backend_url, "scrape_interval_seconds": scrape_interval}
+                ],
+            }
+        ],
+    }
+    if scheduling:
+        raw["scheduling"] = scheduling
+    if auth:
+        raw["auth"] = auth
+    return config_from_dict(raw)
+
+
+@asynccontextmanager
+async def serving(
+    config: Config, backend_factory: Callable[[ModelConfig, BackendConfig], Backend] | None = None
+) -> AsyncIterator[SchedulerServer]:
+    """Run a SchedulerServer on real sockets for the duration of the block."""
+    server = SchedulerServer(config, backend_factory=backend_factory) if backend_factory else SchedulerServer(config)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(grace=0.5)
+
+
+def client_for(server: SchedulerServer, user: str | None = "alice", **kwargs: Any) -> SchedulerClient:
+    return SchedulerClient(server.address, user=user, **kwargs)
+
+
+@dataclass
+class ControlledEngine:
+    """A fake engine whose generations wait until the test releases them; it records aborts.
+
+    `load` reports what the test sets in `waiting` (ok unless `metrics_ok` is False).
+    """
+
+    tokens: int = 3
+    waiting: int = 0
+    metrics_ok: bool = True
+    auto_release: bool = False
+    started: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    requests: list[GenerationRequest] = field(default_factory=list)
+    concurrent: int = 0
+    max_concurrent: int = 0
+    _release: dict[str, asyncio.Event] = field(default_factory=dict)
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    def backend(self, name: str = "b0") -> FakeBackend:
+        return FakeBackend(self._generate, self._load, name=name)
+
+    def factory(self) -> Callable[[ModelConfig, BackendConfig], Backend]:
+        return lambda model, backend: self.backend(backend.name)
+
+    def _load(self) -> BackendLoad:
+        return BackendLoad(ok=self.metrics_ok, read_at=time.monotonic(), waiting=self.waiting, running=self.concurrent)
+
+    def release(self, request_id: str | None = None) -> None:
+        """Let one (or every, when None) started generation finish."""
+        for rid, event in self._release.items():
+            if request_id is None or rid == request_id:
+                event.set()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Block until `predicate()` holds after some engine event (no polling sleeps)."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(predicate)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        rid = request.request_id
+        self.requests.append(request)
+        self.started.append(rid)
+        self.concurrent += 1
+        self.max_concurrent = max(self.max_concurrent, self.concurrent)
+        release = self._release.setdefault(rid, asyncio.Event())
+        if self.auto_release:
+            release.set()
+        await self._notify()
+        try:
+            yield TextDelta("hello")
+            await release.wait()
+            for i in range(1, self.tokens):
+                yield TextDelta(f" t{i}")
+            yield Finished("length", prompt_tokens=5, completion_tokens=self.tokens)
+            self.finished.append(rid)
+        except BaseException:
+            self.aborted.append(rid)
+            raise
+        finally:
+            self.concurrent -= 1
+            asyncio.get_running_loop().create_task(self._notify())
+
+
+async def until_settled(server: SchedulerServer, predicate: Callable[[], bool], model: str = "m",
+                        timeout: float = 10.0) -> None:
+    """Wait until `predicate()` holds, re-checking each time a request of `model` reaches its outcome.
+
+    The check and the re-arm happen without yielding to the loop, so no outcome can slip in between.
+    """
+    dispatcher = server.scheduler.dispatchers[model]
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await dispatcher.wait_settled()
+
+
+def outcome_count(server: SchedulerServer, outcome: str, model: str = "m") -> float:
+    value = server.scheduler.metrics.registry.get_sample_value(
+        "llmsched_request_outcomes_total", {"model": model, "outcome": outcome}
+    )
+    return value or 0.0

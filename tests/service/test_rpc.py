@@ -1,0 +1,198 @@
+"""Submit and Stream over a real gRPC socket, against a controllable fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from clients import error_reason, pb
+from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, serving, until_settled
+
+
+async def test_submit_returns_text_usage_timings_and_backend() -> None:
+    engine = ControlledEngine(tokens=4, auto_release=True)
+    async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
+        response = await client.submit("m", "Hello there", max_tokens=4, request_id="req-1", seed=7)
+    assert response.text == "hello t1 t2 t3"
+    assert response.request_id == "req-1"
+    assert response.backend == "b0"
+    assert response.finish_reason == pb.FINISH_REASON_LENGTH
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (5, 4)
+    t = response.timings
+    assert 0 <= t.queue_wait.ToNanoseconds() <= t.time_to_first_token.ToNanoseconds() <= t.total.ToNanoseconds()
+    sent = engine.requests[0]
+    assert sent.prompt == "Hello there" and sent.params.max_tokens == 4 and sent.params.seed == 7
+
+
+async def test_stream_events_arrive_in_the_documented_order() -> None:
+    engine = ControlledEngine(tokens=3, auto_release=True)
+    async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
+        kinds = [e.WhichOneof("event") async for e in client.stream("m", messages=[("user", "hi")])]
+    assert kinds[0] == "queued"
+    rest = [k for k in kinds if k != "queued"]
+    assert rest == ["dispatched", "delta", "delta", "delta", "finished"]
+    assert engine.requests[0].messages is not None and engine.requests[0].messages[0].content == "hi"
+
+
+async def test_queued_updates_report_position_while_waiting() -> None:
+    engine = ControlledEngine(waiting=50)  # engine reports a long queue: the gate stays closed
+    config = make_config(gate={"waiting_target": 3})
+    async with serving(config, engine.factory()) as server, client_for(server) as client:
+        first = client.stream("m", "a", request_id="first")
+        second = client.stream("m", "b", request_id="second")
+        e1 = await first.read()
+        e2 = await second.read()
+        assert (e1.queued.position_in_user_queue, e2.queued.position_in_user_queue) == (1, 2)
+        assert e2.queued.model_queue_depth == 2 and e2.queued.priority_class == "default"
+        first.cancel()
+        update = await second.read()  # the position changes once the first is withdrawn
+        assert update.queued.position_in_user_queue == 1
+        second.cancel()
+        await until_settled(server, lambda: outcome_count(server, "cancelled") == 2)
+    assert engine.started == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code", "text"),
+    [
+        ({"model": "nope", "prompt": "x"}, grpc.StatusCode.NOT_FOUND, "unknown model 'nope'"),
+        ({"model": "m", "prompt": ""}, grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
+        ({"model": "m", "prompt": "x", "messages": [("user", "y")]}, grpc.StatusCode.INVALID_ARGUMENT, "not both"),
+        ({"model": "m", "prompt": "x", "priority_class": "vip"}, grpc.StatusCode.INVALID_ARGUMENT, "priority_class"),
+        ({"model": "m", "prompt": "x", "max_tokens": 0}, grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
+        ({"model": "m", "messages": [("robot", "y")]}, grpc.StatusCode.INVALID_ARGUMENT, "role"),
+    ],
+)
+async def test_bad_input_gets_a_clear_status_and_leaves_others_alone(
+    kwargs: dict[str, object], code: grpc.StatusCode, text: str
+) -> None:
+    engine = ControlledEngine()
+    async with serving(make_config(), engine.factory()) as server:
+        async with client_for(server, user="bob") as bob, client_for(server) as alice:
+            running = bob.stream("m", "long job", request_id="bob-1")
+            while (await running.read()).WhichOneof("event") != "delta":
+                pass
+            for call in ("submit", "stream"):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    if call == "submit":
+                        await alice.submit(**kwargs)  # type: ignore[arg-type]
+                    else:
+                        async for _ in alice.stream(**kwargs):  # type: ignore[arg-type]
+                            pass
+                assert err.value.code() == code
+                assert text in (err.value.details() or "")
+                assert error_reason(err.value)
+            engine.release("bob-1")
+            last = None
+            while (event := await running.read()) is not grpc.aio.EOF:
+                last = event.WhichOneof("event")
+            assert last == "finished"
+
+
+async def test_missing_user_is_unauthenticated() -> None:
+    engine = ControlledEngine(auto_release=True)
+    async with serving(make_config(), engine.factory()) as server, client_for(server, user=None) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.submit("m", "x")
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "x-user-id" in (err.value.details() or "")
+
+
+async def test_api_keys_decide_the_user_and_cannot_be_spoofed() -> None:
+    engine = ControlledEngine(waiting=50)
+    config = make_config(auth={"api_keys": {"sk-alice": "alice", "sk-bob": "bob"}})
+    async with serving(config, engine.factory()) as server:
+        queues = server.scheduler.dispatchers["m"].queues
+        async with client_for(server, user="bob", api_key="sk-alice") as spoofer:
+            call = spoofer.stream("m", "x")
+            await call.read()
+            assert queues.user_depth("alice") == 1 and queues.user_depth("bob") == 0
+            call.cancel()
+        for key in ("sk-wrong", None):
+            async with client_for(server, user="alice", api_key=key) as client:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await client.submit("m", "x")
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_cancel_while_queued_removes_the_request() -> None:
+    engine = ControlledEngine(waiting=50)
+    async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
+        call = client.stream("m", "x")
+        await call.read()
+        assert len(server.scheduler.dispatchers["m"].queues) == 1
+        call.cancel()
+        await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
+        assert len(server.scheduler.dispatchers["m"].queues) == 0
+    assert engine.started == []
+
+
+async def test_cancel_while_running_aborts_the_engine_request() -> None:
+    engine = ControlledEngine()
+    async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
+        call = client.stream("m", "x", request_id="victim")
+        while (await call.read()).WhichOneof("event") != "delta":
+            pass
+        call.cancel()
+        await engine.wait_for(lambda: "victim" in engine.aborted)
+        await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
+        assert server.scheduler.dispatchers["m"].backends[0].ledger.in_flight == 0
+    assert engine.finished == []
+
+
+async def test_deadline_while_queued_is_deadline_exceeded_and_never_dispatched() -> None:
+    engine = ControlledEngine(waiting=50)
+    async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.submit("m", "x", timeout=0.3)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await until_settled(server, lambda: outcome_count(server, "expired") + outcome_count(server, "cancelled") == 1)
+        engine.waiting = 0  # the gate opens: the expired request must still not be sent
+        async with client_for(server, user="zed") as other:
+            engine.auto_release = True
+            await other.submit("m", "after")
+    assert len(engine.started) == 1
+
+
+async def test_unreadable_metrics_cap_concurrency_without_wedging() -> None:
+    engine = ControlledEngine(metrics_ok=False)
+    config = make_config(gate={"fallback_max_in_flight": 2})
+    async with serving(config, engine.factory()) as server, client_for(server) as client:
+        calls = [asyncio.create_task(client.submit("m", f"p{i}", request_id=f"r{i}")) for i in range(5)]
+        await engine.wait_for(lambda: len(engine.started) == 2)
+        assert engine.max_concurrent == 2
+        engine.auto_release = True
+        engine.release()
+        results = await asyncio.gather(*calls)
+    assert engine.max_concurrent == 2
+    assert all(r.usage.completion_tokens == 3 for r in results)
+
+
+async def test_every_admitted_request_has_exactly_one_outcome() -> None:
+    engine = ControlledEngine(auto_release=True)
+    async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
+        await asyncio.gather(*(client.submit("m", f"p{i}") for i in range(6)))
+        call = client.stream("m", "cancel me")
+        await call.read()
+        call.cancel()
+        await until_settled(server, lambda: outcome_count(server, "completed") + outcome_count(server, "cancelled") == 7)
+        admitted = server.scheduler.metrics.registry.get_sample_value(
+            "llmsched_requests_admitted_total", {"model": "m", "priority_class": "default"}
+        )
+    assert admitted == 7
+    assert outcome_count(server, "completed") == 6
+
+
+async def test_shutdown_rejects_what_is_still_queued_with_unavailable() -> None:
+    engine = ControlledEngine(waiting=50)
+    async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
+        call = client.stream("m", "x")
+        await call.read()
+        stopping = asyncio.create_task(server.stop(grace=0.2))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        await stopping
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE

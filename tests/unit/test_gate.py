@@ -1,0 +1,83 @@
+"""The queue-depth gate and the dispatch ledger that feeds it, on an injected clock."""
+
+from __future__ import annotations
+
+from backends.base import BackendLoad
+from scheduler_svc.config import GateConfig, PriorityClassConfig
+from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.policies import QueueDepthGate
+
+CLS = PriorityClassConfig()
+
+
+def reading(at: float, waiting: int = 0, ok: bool = True) -> BackendLoad:
+    return BackendLoad(ok=ok, read_at=at, waiting=waiting, running=0)
+
+
+def test_target_three_with_zero_waiting_sends_exactly_three_without_a_new_scrape() -> None:
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
+    ledger.record_reading(reading(100.0, waiting=0))
+    sent = 0
+    while gate.decide(ledger.gate_inputs(100.1), CLS).open:
+        sent += 1
+        ledger.dispatched(f"r{sent}", 100.05)
+        assert sent < 10
+    assert sent == 3
+
+
+def test_a_first_token_reopens_the_gate_before_the_next_scrape() -> None:
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
+    for i in range(3):
+        ledger.dispatched(f"r{i}", 99.0)
+    ledger.record_reading(reading(100.0, waiting=3))  # the engine shows our three as waiting
+    assert not gate.decide(ledger.gate_inputs(100.1), CLS).open
+    ledger.started("r0")  # one of them got a slot
+    decision = gate.decide(ledger.gate_inputs(100.1), CLS)
+    assert decision.open and "waiting 2" in decision.reason
+
+
+def test_requests_sent_after_the_reading_count_until_they_start() -> None:
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
+    ledger.record_reading(reading(100.0, waiting=2))
+    ledger.dispatched("new", 100.5)
+    inputs = ledger.gate_inputs(100.6)
+    assert inputs.estimated_waiting() == 3 and not gate.decide(inputs, CLS).open
+    ledger.started("new")
+    assert gate.decide(ledger.gate_inputs(100.6), CLS).open
+
+
+def test_waiting_from_other_clients_keeps_the_gate_closed() -> None:
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
+    ledger.record_reading(reading(100.0, waiting=7))
+    assert not gate.decide(ledger.gate_inputs(100.1), CLS).open
+
+
+def test_stale_reading_falls_back_to_a_concurrency_cap() -> None:
+    config = GateConfig(waiting_target=3, stale_after_seconds=1.0, fallback_max_in_flight=2)
+    gate, ledger = QueueDepthGate(config), DispatchLedger()
+    ledger.record_reading(reading(100.0, waiting=0))
+    assert gate.decide(ledger.gate_inputs(100.5), CLS).fresh
+    ledger.dispatched("a", 100.5)
+    ledger.dispatched("b", 100.5)
+    # Fresh reading: estimated waiting 2 < 3 keeps it open. Stale: the cap of 2 closes it.
+    assert gate.decide(ledger.gate_inputs(100.9), CLS).open
+    stale = gate.decide(ledger.gate_inputs(101.5), CLS)
+    assert not stale.open and not stale.fresh and "stale" in stale.reason
+    ledger.finished("a")
+    assert gate.decide(ledger.gate_inputs(101.5), CLS).open  # not wedged: completions free the cap
+
+
+def test_a_failed_scrape_keeps_the_last_good_reading_until_it_is_stale() -> None:
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3, stale_after_seconds=1.0)), DispatchLedger()
+    ledger.record_reading(reading(100.0, waiting=5))
+    ledger.record_reading(reading(100.2, ok=False))
+    decision = gate.decide(ledger.gate_inputs(100.3), CLS)
+    assert decision.fresh and not decision.open  # one lost scrape does not open the gate
+    assert ledger.last_failure is not None
+
+
+def test_no_reading_at_all_uses_the_cap() -> None:
+    gate, ledger = QueueDepthGate(GateConfig(fallback_max_in_flight=1)), DispatchLedger()
+    assert gate.decide(ledger.gate_inputs(1.0), CLS).open
+    ledger.dispatched("x", 1.0)
+    assert not gate.decide(ledger.gate_inputs(1.0), CLS).open
