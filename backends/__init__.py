@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from backends._http import HttpSettings
 from backends.base import (
+    Accepted,
     Backend,
     BackendCapabilities,
     BackendLoad,
@@ -51,6 +52,7 @@ def create_backend(
 
 __all__ = [
     "ADAPTERS",
+    "Accepted",
     "Backend",
     "BackendCapabilities",
     "BackendError",

@@ -70,13 +70,14 @@ class HttpEngine:
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
             return BackendLoad(ok=False, read_at=read_at, error=f"{type(exc).__name__}: {exc}")
 
-    async def post_stream(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def post_stream(self, path: str, body: dict[str, Any], request_id: str) -> aiohttp.ClientResponse:
         """POST and return the response once its headers say success; map failures to BackendErrors.
 
+        `X-Request-Id` carries our id so engine logs and aborts (vLLM uses it as its own id) match ours.
         The caller owns the response and must close it (closing early aborts the request in the engine).
         """
         try:
-            response = await self.session.post(self.base_url + path, json=body)
+            response = await self.session.post(self.base_url + path, json=body, headers={"X-Request-Id": request_id})
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise BackendUnavailable(f"cannot reach engine {self.name}: {exc}", backend=self.name) from exc
         if response.status == 200:

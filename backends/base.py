@@ -49,6 +49,11 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Accepted:
+    """The engine took the request (its HTTP response started): from now on its metrics can show it."""
+
+
+@dataclass(frozen=True, slots=True)
 class TextDelta:
     """A chunk of generated text; `tokens` is how many tokens it carries (usually 1)."""
 
@@ -65,7 +70,7 @@ class Finished:
     completion_tokens: int
 
 
-GenerationEvent = TextDelta | Finished
+GenerationEvent = Accepted | TextDelta | Finished
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +117,8 @@ class Backend(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Stream one generation. Closing the iterator early aborts the request inside the engine.
 
-        Raises `backends.errors.BackendError` subclasses; the last event is always `Finished`.
+        Events: `Accepted` once the engine has the request, then `TextDelta`s, then `Finished` (always
+        last on success). Raises `backends.errors.BackendError` subclasses.
         """
         ...
 

@@ -49,7 +49,7 @@ class LlamaCppBackend:
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         path, body = openai_body(request, self._engine_model)
-        return stream_openai(self._engine, path, body)
+        return stream_openai(self._engine, path, body, request.request_id)
 
     async def load(self) -> BackendLoad:
         return await self._engine.scrape(self._parse)

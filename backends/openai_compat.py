@@ -10,7 +10,7 @@ import aiohttp
 
 from backends._http import HttpEngine, error_message, stream_failure
 from backends._sse import iter_sse_data
-from backends.base import Finished, GenerationEvent, GenerationRequest, TextDelta
+from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.errors import BackendProtocolError, BackendUnavailable
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "eos": "stop", "eos_token": "stop"}
@@ -44,14 +44,17 @@ def openai_body(request: GenerationRequest, engine_model: str) -> tuple[str, dic
     return path, body
 
 
-async def stream_openai(engine: HttpEngine, path: str, body: dict[str, Any]) -> AsyncIterator[GenerationEvent]:
+async def stream_openai(
+    engine: HttpEngine, path: str, body: dict[str, Any], request_id: str
+) -> AsyncIterator[GenerationEvent]:
     """POST a streaming request and turn its SSE chunks into TextDelta ... Finished.
 
     Leaving the iterator early (client cancelled) closes the connection, which makes the engine abort
     the request and free its slot and KV cache.
     """
     chat = path.endswith("/chat/completions")
-    response = await engine.post_stream(path, body)
+    response = await engine.post_stream(path, body, request_id)
+    yield Accepted()
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     chunks = 0

@@ -17,6 +17,7 @@ from backends._http import HttpEngine, HttpSettings, stream_failure
 from backends._prom import MetricSamples, RateTracker
 from backends._sse import iter_sse_data
 from backends.base import (
+    Accepted,
     BackendCapabilities,
     BackendLoad,
     Finished,
@@ -94,12 +95,13 @@ class TgiBackend:
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         if request.messages is not None:
             path, body = openai_body(request, self._engine_model)
-            return stream_openai(self._engine, path, body)
+            return stream_openai(self._engine, path, body, request.request_id)
         return self._generate_stream(request)
 
     async def _generate_stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         name = self._engine.name
-        response = await self._engine.post_stream("/generate_stream", tgi_body(request))
+        response = await self._engine.post_stream("/generate_stream", tgi_body(request), request.request_id)
+        yield Accepted()
         details: dict[str, Any] | None = None
         tokens = 0
         clean = False

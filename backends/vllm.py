@@ -49,7 +49,7 @@ class VllmBackend:
         path, body = openai_body(request, self._engine_model)
         if self._priority_scheduling and request.engine_priority is not None:
             body["priority"] = request.engine_priority
-        return stream_openai(self._engine, path, body)
+        return stream_openai(self._engine, path, body, request.request_id)
 
     async def load(self) -> BackendLoad:
         return await self._engine.scrape(self._parse)

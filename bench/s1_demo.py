@@ -60,10 +60,14 @@ async def _run(mode: str, args: argparse.Namespace) -> RunResult:
         "--decode-base-ms", str(args.decode_base_ms),
         "--decode-per-seq-ms", str(args.decode_per_seq_ms),
     ]  # fmt: skip
-    async with harness.simulator(*sim_flags) as url, aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
-    ) as session:
+    async with (
+        harness.simulator(*sim_flags) as url,
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        ) as session,
+    ):
         if mode == "direct":
+
             async def ttft(user: str) -> float:
                 return await harness.direct_ttft(session, url, MODEL, f"{user} asks", args.tokens)
 
@@ -117,8 +121,10 @@ def main() -> None:
     direct = asyncio.run(_run("direct", args))
     scheduled = asyncio.run(_run("scheduled", args))
     request_time = args.tokens * (args.decode_base_ms + args.decode_per_seq_ms * args.max_num_seqs) / 1000
-    print(f"\nS1: user A floods {args.flood} x {args.tokens}-token requests; B and C send one each "
-          f"{args.latecomer_delay:.0f}s later. Engine: simulated vLLM, {args.max_num_seqs} slots, FIFO.\n")
+    print(
+        f"\nS1: user A floods {args.flood} x {args.tokens}-token requests; B and C send one each "
+        f"{args.latecomer_delay:.0f}s later. Engine: simulated vLLM, {args.max_num_seqs} slots, FIFO.\n"
+    )
     print(f"| {'figure':<32} | {'direct':>9} | {'scheduled':>9} | {'direct/scheduled':>16} |")
     print(f"|{'-' * 34}|{'-' * 11}|{'-' * 11}|{'-' * 18}|")
     print(f"| {'idle-engine TTFT (s)':<32} | {direct.idle_ttft:9.3f} | {scheduled.idle_ttft:9.3f} | {'':>16} |")
@@ -129,9 +135,11 @@ def main() -> None:
     print(f"| {'engine output tokens/s (flood)':<32} | {d:9.0f} | {s:9.0f} | {d / s:16.2f} |")
     bound = 2 * direct.idle_ttft + request_time
     worst = max(scheduled.latecomer_ttft.values())
-    print(f"\nTarget (SCENARIOS.md S1): scheduled latecomer TTFT <= 2 x idle TTFT + one request's decode time "
-          f"= {bound:.2f}s -> worst {worst:.2f}s: {'met' if worst <= bound else 'NOT met'}; "
-          f"engine throughput scheduled/direct = {s / d:.1%} (S2 target >= 95%).")
+    print(
+        f"\nTarget (SCENARIOS.md S1): scheduled latecomer TTFT <= 2 x idle TTFT + one request's decode time "
+        f"= {bound:.2f}s -> worst {worst:.2f}s: {'met' if worst <= bound else 'NOT met'}; "
+        f"engine throughput scheduled/direct = {s / d:.1%} (S2 target >= 95%)."
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"direct": asdict(direct), "scheduled": asdict(scheduled), "args": vars(args)}, f, indent=2)

@@ -1,8 +1,10 @@
 """What the scheduler sent to one backend, set against the backend's last metrics reading.
 
-Metrics arrive every scrape interval; dispatch decisions happen in between. The ledger remembers which
-in-flight requests the last reading cannot have seen yet and which it saw waiting that have since started,
-so the gate can act on every first-token or completion event instead of waiting for the next scrape.
+Metrics arrive every scrape interval; dispatch decisions happen in between. The ledger tracks each
+in-flight request until its first token: whether the engine had accepted it before the last reading was
+taken (then the reading may count it as waiting) or not (then the reading cannot show it). With that the
+gate can act on every accept, first-token or completion event instead of waiting for the next scrape,
+and its estimate of the engine's waiting queue stays an upper bound when we are the engine's only client.
 """
 
 from __future__ import annotations
@@ -12,24 +14,33 @@ from scheduler_svc.policies.gate import GateInputs
 
 
 class DispatchLedger:
-    """Per-backend bookkeeping of in-flight requests relative to the latest reading."""
+    """Per-backend bookkeeping of in-flight requests relative to the latest good reading."""
 
     def __init__(self) -> None:
         self.reading: BackendLoad | None = None
         self.last_failure: BackendLoad | None = None
         self.in_flight = 0
-        self._unstarted: dict[str, float] = {}  # request id -> dispatch time, until its first token
-        self._started_since_reading = 0
+        # request id -> when the engine accepted it (None: sent, not yet accepted), until its first token
+        self._unstarted: dict[str, float | None] = {}
+        self._seen_unstarted_at_reading = 0  # ours the reading may count: accepted before it, not started
+        self._started_since_reading = 0  # of those, how many produced a token since
 
-    def dispatched(self, request_id: str, at: float) -> None:
-        """A request was sent to the backend at monotonic time `at`."""
+    def dispatched(self, request_id: str) -> None:
+        """A request was handed to the backend."""
         self.in_flight += 1
-        self._unstarted[request_id] = at
+        self._unstarted[request_id] = None
+
+    def accepted(self, request_id: str, at: float) -> None:
+        """The engine took the request at monotonic time `at` (its response started)."""
+        if request_id in self._unstarted:
+            self._unstarted[request_id] = at
 
     def started(self, request_id: str) -> None:
         """The request produced its first token (or ended without one): it is no longer waiting."""
-        sent_at = self._unstarted.pop(request_id, None)
-        if sent_at is not None and self.reading is not None and sent_at <= self.reading.read_at:
+        if request_id not in self._unstarted:
+            return
+        accepted_at = self._unstarted.pop(request_id)
+        if accepted_at is not None and self.reading is not None and accepted_at <= self.reading.read_at:
             self._started_since_reading += 1
 
     def finished(self, request_id: str) -> None:
@@ -45,13 +56,22 @@ class DispatchLedger:
             return
         self.reading = reading
         self._started_since_reading = 0
+        self._seen_unstarted_at_reading = sum(
+            1 for at in self._unstarted.values() if at is not None and at <= reading.read_at
+        )
 
     def gate_inputs(self, now: float) -> GateInputs:
-        read_at = self.reading.read_at if self.reading is not None else float("-inf")
+        reading = self.reading
+        read_at = reading.read_at if reading is not None else float("-inf")
+        sent_unseen = sum(1 for at in self._unstarted.values() if at is None or at > read_at)
+        # Some of ours that the reading could have seen were already running without a first token; the
+        # first starts are assumed to be those, so the estimate never drops below the truth.
+        waiting = reading.waiting if reading is not None else 0
+        running_unstarted = max(0, self._seen_unstarted_at_reading - waiting)
         return GateInputs(
-            reading=self.reading,
+            reading=reading,
             now=now,
             in_flight=self.in_flight,
-            sent_unseen=sum(1 for at in self._unstarted.values() if at > read_at),
-            started_since_reading=self._started_since_reading,
+            sent_unseen=sent_unseen,
+            started_since_reading=max(0, self._started_since_reading - running_unstarted),
         )

@@ -95,7 +95,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             async for event in ticket.generate():
                 if isinstance(event, TextDelta):
                     parts.append(event.text)
-                else:
+                elif isinstance(event, Finished):
                     finished = event
             assert finished is not None and ticket.backend is not None
             return pb.SubmitResponse(
@@ -145,7 +145,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             async for event in ticket.generate():
                 if isinstance(event, TextDelta):
                     yield pb.StreamResponse(delta=pb.Delta(text=event.text, tokens=event.tokens))
-                else:
+                elif isinstance(event, Finished):
                     yield pb.StreamResponse(
                         finished=pb.Finished(
                             finish_reason=_FINISH.get(event.finish_reason, pb.FINISH_REASON_UNSPECIFIED),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from backends.base import Finished, GenerationEvent, GenerationRequest, TextDelta
+from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
 from scheduler_svc.errors import ShuttingDown
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class Ticket:
         self.backend = backend
         self.dispatched_at = now
         self.dispatched_wall = time.time()
-        backend.ledger.dispatched(self.request.request_id, now)
+        backend.ledger.dispatched(self.request.request_id)
         self._woken.set()
 
     def end_in_queue(self, outcome: Outcome, reason: Exception) -> None:
@@ -114,6 +114,9 @@ class Ticket:
         )
         try:
             async for event in backend.backend.generate(generation):
+                if isinstance(event, Accepted):
+                    backend.ledger.accepted(req.request_id, self._dispatcher.clock.now())
+                    continue
                 if isinstance(event, TextDelta):
                     if self.first_token_at is None:
                         self.first_token_at = self._dispatcher.clock.now()

@@ -26,11 +26,17 @@ def make_config(
     auth: dict[str, Any] | None = None,
     server: dict[str, Any] | None = None,
     scrape_interval: float = 0.05,
+    engine_model: str = "sim-model",
 ) -> Config:
     """A config on free ports with one model "m" and one backend "b0" unless told otherwise."""
     raw: dict[str, Any] = {
-        "server": {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0", "queue_update_interval_seconds": 0.05,
-                   "shutdown_grace_seconds": 1.0, **(server or {})},
+        "server": {
+            "listen": "127.0.0.1:0",
+            "metrics_listen": "127.0.0.1:0",
+            "queue_update_interval_seconds": 0.05,
+            "shutdown_grace_seconds": 1.0,
+            **(server or {}),
+        },
         "models": models
         or [
             {
@@ -38,7 +44,13 @@ def make_config(
                 "default_max_tokens": 16,
                 "gate": gate or {},
                 "backends": [
-                    {"name": "b0", "kind": kind, "url": backend_url, "scrape_interval_seconds": scrape_interval}
+                    {
+                        "name": "b0",
+                        "kind": kind,
+                        "url": backend_url,
+                        "engine_model": engine_model,
+                        "scrape_interval_seconds": scrape_interval,
+                    }
                 ],
             }
         ],
@@ -136,8 +148,9 @@ class ControlledEngine:
             asyncio.get_running_loop().create_task(self._notify())
 
 
-async def until_settled(server: SchedulerServer, predicate: Callable[[], bool], model: str = "m",
-                        timeout: float = 10.0) -> None:
+async def until_settled(
+    server: SchedulerServer, predicate: Callable[[], bool], model: str = "m", timeout: float = 10.0
+) -> None:
     """Wait until `predicate()` holds, re-checking each time a request of `model` reaches its outcome.
 
     The check and the re-arm happen without yielding to the loop, so no outcome can slip in between.
@@ -153,3 +166,12 @@ def outcome_count(server: SchedulerServer, outcome: str, model: str = "m") -> fl
         "llmsched_request_outcomes_total", {"model": model, "outcome": outcome}
     )
     return value or 0.0
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll state that offers no event to wait on (another server's counters), with a hard deadline."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout}s")
+        await asyncio.sleep(0.01)

@@ -41,8 +41,8 @@ async def test_queued_updates_report_position_while_waiting() -> None:
     config = make_config(gate={"waiting_target": 3})
     async with serving(config, engine.factory()) as server, client_for(server) as client:
         first = client.stream("m", "a", request_id="first")
-        second = client.stream("m", "b", request_id="second")
         e1 = await first.read()
+        second = client.stream("m", "b", request_id="second")
         e2 = await second.read()
         assert (e1.queued.position_in_user_queue, e2.queued.position_in_user_queue) == (1, 2)
         assert e2.queued.model_queue_depth == 2 and e2.queued.priority_class == "default"
@@ -69,26 +69,29 @@ async def test_bad_input_gets_a_clear_status_and_leaves_others_alone(
     kwargs: dict[str, object], code: grpc.StatusCode, text: str
 ) -> None:
     engine = ControlledEngine()
-    async with serving(make_config(), engine.factory()) as server:
-        async with client_for(server, user="bob") as bob, client_for(server) as alice:
-            running = bob.stream("m", "long job", request_id="bob-1")
-            while (await running.read()).WhichOneof("event") != "delta":
-                pass
-            for call in ("submit", "stream"):
-                with pytest.raises(grpc.aio.AioRpcError) as err:
-                    if call == "submit":
-                        await alice.submit(**kwargs)  # type: ignore[arg-type]
-                    else:
-                        async for _ in alice.stream(**kwargs):  # type: ignore[arg-type]
-                            pass
-                assert err.value.code() == code
-                assert text in (err.value.details() or "")
-                assert error_reason(err.value)
-            engine.release("bob-1")
-            last = None
-            while (event := await running.read()) is not grpc.aio.EOF:
-                last = event.WhichOneof("event")
-            assert last == "finished"
+    async with (
+        serving(make_config(), engine.factory()) as server,
+        client_for(server, user="bob") as bob,
+        client_for(server) as alice,
+    ):
+        running = bob.stream("m", "long job", request_id="bob-1")
+        while (await running.read()).WhichOneof("event") != "delta":
+            pass
+        for call in ("submit", "stream"):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                if call == "submit":
+                    await alice.submit(**kwargs)  # type: ignore[arg-type]
+                else:
+                    async for _ in alice.stream(**kwargs):  # type: ignore[arg-type]
+                        pass
+            assert err.value.code() == code
+            assert text in (err.value.details() or "")
+            assert error_reason(err.value)
+        engine.release("bob-1")
+        last = None
+        while (event := await running.read()) is not grpc.aio.EOF:
+            last = event.WhichOneof("event")
+        assert last == "finished"
 
 
 async def test_missing_user_is_unauthenticated() -> None:
@@ -177,7 +180,9 @@ async def test_every_admitted_request_has_exactly_one_outcome() -> None:
         call = client.stream("m", "cancel me")
         await call.read()
         call.cancel()
-        await until_settled(server, lambda: outcome_count(server, "completed") + outcome_count(server, "cancelled") == 7)
+        await until_settled(
+            server, lambda: outcome_count(server, "completed") + outcome_count(server, "cancelled") == 7
+        )
         admitted = server.scheduler.metrics.registry.get_sample_value(
             "llmsched_requests_admitted_total", {"model": "m", "priority_class": "default"}
         )

@@ -12,8 +12,14 @@ from scheduler_svc.config import ConfigError, config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = [
-    cfg.Config, cfg.ServerConfig, cfg.AuthConfig, cfg.SchedulingConfig, cfg.PriorityClassConfig,
-    cfg.ModelConfig, cfg.GateConfig, cfg.BackendConfig,
+    cfg.Config,
+    cfg.ServerConfig,
+    cfg.AuthConfig,
+    cfg.SchedulingConfig,
+    cfg.PriorityClassConfig,
+    cfg.ModelConfig,
+    cfg.GateConfig,
+    cfg.BackendConfig,
 ]
 MINIMAL = {"models": [{"name": "m", "backends": [{"name": "b", "url": "http://127.0.0.1:8000"}]}]}
 

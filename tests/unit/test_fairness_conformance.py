@@ -6,11 +6,11 @@ from collections import Counter
 
 import pytest
 
+from backends.base import SamplingParams
 from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.policies import FAIRNESS_POLICIES, FairnessPolicy
 from scheduler_svc.queues import ModelQueues
 from scheduler_svc.request import QueuedRequest
-from backends.base import SamplingParams
 
 POLICIES = sorted(FAIRNESS_POLICIES.describe())
 
@@ -28,8 +28,14 @@ class Harness:
         for _ in range(count):
             self._n += 1
             request = QueuedRequest(
-                request_id=f"{user}-{self._n}", model="m", user=user, priority_class="default", prompt="p",
-                messages=None, params=SamplingParams(max_tokens=max_tokens), admitted_at=float(self._n),
+                request_id=f"{user}-{self._n}",
+                model="m",
+                user=user,
+                priority_class="default",
+                prompt="p",
+                messages=None,
+                params=SamplingParams(max_tokens=max_tokens),
+                admitted_at=float(self._n),
             )
             _, newly = self.queues.push(request)
             if newly:

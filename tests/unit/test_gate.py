@@ -14,13 +14,19 @@ def reading(at: float, waiting: int = 0, ok: bool = True) -> BackendLoad:
     return BackendLoad(ok=ok, read_at=at, waiting=waiting, running=0)
 
 
+def send(ledger: DispatchLedger, rid: str, accepted_at: float | None) -> None:
+    ledger.dispatched(rid)
+    if accepted_at is not None:
+        ledger.accepted(rid, accepted_at)
+
+
 def test_target_three_with_zero_waiting_sends_exactly_three_without_a_new_scrape() -> None:
     gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
     ledger.record_reading(reading(100.0, waiting=0))
     sent = 0
     while gate.decide(ledger.gate_inputs(100.1), CLS).open:
         sent += 1
-        ledger.dispatched(f"r{sent}", 100.05)
+        send(ledger, f"r{sent}", None)
         assert sent < 10
     assert sent == 3
 
@@ -28,7 +34,7 @@ def test_target_three_with_zero_waiting_sends_exactly_three_without_a_new_scrape
 def test_a_first_token_reopens_the_gate_before_the_next_scrape() -> None:
     gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
     for i in range(3):
-        ledger.dispatched(f"r{i}", 99.0)
+        send(ledger, f"r{i}", 99.0)
     ledger.record_reading(reading(100.0, waiting=3))  # the engine shows our three as waiting
     assert not gate.decide(ledger.gate_inputs(100.1), CLS).open
     ledger.started("r0")  # one of them got a slot
@@ -36,13 +42,25 @@ def test_a_first_token_reopens_the_gate_before_the_next_scrape() -> None:
     assert decision.open and "waiting 2" in decision.reason
 
 
-def test_requests_sent_after_the_reading_count_until_they_start() -> None:
+def test_a_start_of_one_that_was_already_running_does_not_reopen_the_gate() -> None:
+    ledger = DispatchLedger()
+    for i in range(4):  # four accepted before the scrape: three wait, one runs without a token yet
+        send(ledger, f"r{i}", 99.0)
+    ledger.record_reading(reading(100.0, waiting=3))
+    ledger.started("r3")  # the running one's first token: the engine still has three waiting
+    assert ledger.gate_inputs(100.1).estimated_waiting() == 3
+    ledger.started("r0")
+    assert ledger.gate_inputs(100.1).estimated_waiting() == 2
+
+
+def test_requests_not_yet_accepted_or_accepted_after_the_reading_count_until_they_start() -> None:
     gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
-    ledger.record_reading(reading(100.0, waiting=2))
-    ledger.dispatched("new", 100.5)
+    send(ledger, "in-transit", None)  # sent before the scrape but the engine did not have it yet
+    ledger.record_reading(reading(100.0, waiting=1))
+    send(ledger, "after", 100.5)
     inputs = ledger.gate_inputs(100.6)
     assert inputs.estimated_waiting() == 3 and not gate.decide(inputs, CLS).open
-    ledger.started("new")
+    ledger.started("after")
     assert gate.decide(ledger.gate_inputs(100.6), CLS).open
 
 
@@ -57,8 +75,8 @@ def test_stale_reading_falls_back_to_a_concurrency_cap() -> None:
     gate, ledger = QueueDepthGate(config), DispatchLedger()
     ledger.record_reading(reading(100.0, waiting=0))
     assert gate.decide(ledger.gate_inputs(100.5), CLS).fresh
-    ledger.dispatched("a", 100.5)
-    ledger.dispatched("b", 100.5)
+    send(ledger, "a", 100.5)
+    send(ledger, "b", 100.5)
     # Fresh reading: estimated waiting 2 < 3 keeps it open. Stale: the cap of 2 closes it.
     assert gate.decide(ledger.gate_inputs(100.9), CLS).open
     stale = gate.decide(ledger.gate_inputs(101.5), CLS)
@@ -74,10 +92,11 @@ def test_a_failed_scrape_keeps_the_last_good_reading_until_it_is_stale() -> None
     decision = gate.decide(ledger.gate_inputs(100.3), CLS)
     assert decision.fresh and not decision.open  # one lost scrape does not open the gate
     assert ledger.last_failure is not None
+    assert not gate.decide(ledger.gate_inputs(101.5), CLS).fresh
 
 
 def test_no_reading_at_all_uses_the_cap() -> None:
     gate, ledger = QueueDepthGate(GateConfig(fallback_max_in_flight=1)), DispatchLedger()
     assert gate.decide(ledger.gate_inputs(1.0), CLS).open
-    ledger.dispatched("x", 1.0)
+    send(ledger, "x", None)
     assert not gate.decide(ledger.gate_inputs(1.0), CLS).open

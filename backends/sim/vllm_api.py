@@ -1,0 +1,179 @@
+"""The vLLM flavour's HTTP routes: completions, chat completions, models and health.
+
+Streaming follows vLLM's server: one `data: {json}\\n\\n` chunk per generated token (the last carries
+`finish_reason`), an optional usage chunk, then `data: [DONE]\\n\\n`. An error after the stream started is
+one `data: {"error": {...}}` chunk followed by `[DONE]`, as vLLM's serving code yields it.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from backends.sim.config import SimConfig
+from backends.sim.engine import Aborted, RequestHandle, SimEngine
+from backends.sim.faults import Faults
+from backends.sim.streaming import (
+    ClientGone,
+    cut_connection,
+    dumps,
+    open_event_stream,
+    watch_events,
+)
+from backends.sim.tokens import StopBufferedText
+from backends.sim.vllm_protocol import (
+    ApiError,
+    ChunkWriter,
+    Kind,
+    ParsedRequest,
+    error_body,
+    finish_fields,
+    models_list,
+    new_response_id,
+    parse_request,
+)
+
+_INJECTED_ERROR = "Simulated engine failure (fault injection)"
+
+
+def _json(payload: object, status: int = 200) -> web.Response:
+    return web.Response(text=dumps(payload), status=status, content_type="application/json")
+
+
+class VllmApi:
+    """Handlers bound to one engine and its faults."""
+
+    def __init__(self, config: SimConfig, engine: SimEngine, faults: Faults) -> None:
+        self._config = config
+        self._engine = engine
+        self._faults = faults
+
+    def add_routes(self, app: web.Application) -> None:
+        """Register vLLM's endpoints on `app`."""
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+
+    async def health(self, request: web.Request) -> web.Response:
+        """200 with an empty body, as vLLM answers."""
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        """The one served model."""
+        return _json(models_list(self._config))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/completions`."""
+        return await self._generate(request, "completion")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/chat/completions`."""
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        status = self._faults.reject_all_with_status
+        if status is not None:
+            self._engine.note_rejected()
+            return _json(error_body(status, f"Simulated HTTP {status} (fault injection)"), status)
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return _json(error_body(400, f"Invalid JSON body: {exc}"), 400)
+        try:
+            parsed = parse_request(kind, body, self._config)
+        except ApiError as exc:
+            return _json(exc.body(), exc.status)
+        limit = self._config.max_num_queued_reqs
+        if limit is not None and self._engine.num_waiting >= limit:
+            self._engine.note_rejected()
+            message = f"The engine's waiting queue is full (max_num_queued_reqs={limit})."
+            return _json(error_body(503, message), 503)
+
+        header_id = request.headers.get("X-Request-Id")
+        writer = ChunkWriter(kind, new_response_id(kind, header_id), self._config.model_name)
+        handle = self._engine.add_request(header_id or writer.response_id, parsed.params)
+        try:
+            if parsed.stream:
+                return await self._stream(request, handle, parsed, writer)
+            return await self._respond(request, handle, writer)
+        except ClientGone:
+            return web.Response(status=499)  # nobody is left to read it
+        finally:
+            handle.abort("client disconnected")  # a no-op when the request already ended
+
+    def _injected_fault(self, tokens_sent: int) -> str | None:
+        """Which fault, if any, replaces the next token after `tokens_sent` tokens."""
+        cut_after = self._faults.stream_cut_after_tokens
+        if cut_after is not None and tokens_sent >= cut_after:
+            return "cut"
+        error_after = self._faults.stream_error_after_tokens
+        if error_after is not None and tokens_sent >= error_after:
+            return "error"
+        return None
+
+    async def _stream(
+        self, request: web.Request, handle: RequestHandle, parsed: ParsedRequest, writer: ChunkWriter
+    ) -> web.StreamResponse:
+        response = await open_event_stream(request, "text/event-stream; charset=utf-8")
+
+        async def send(payload: object) -> None:
+            await response.write(f"data: {dumps(payload)}\n\n".encode())
+
+        buffer = StopBufferedText(parsed.params.stop)
+        tokens_sent = 0
+        try:
+            if writer.kind == "chat":
+                await send(writer.role_chunk())
+            async for event in watch_events(request, handle):
+                if isinstance(event, Aborted):  # engine shut down: die like a crashed server
+                    cut_connection(request)
+                    return response
+                fault = self._injected_fault(tokens_sent)
+                if fault == "cut":
+                    handle.abort("injected stream cut")
+                    cut_connection(request)
+                    return response
+                if fault == "error":
+                    handle.abort("injected stream error")
+                    await send(error_body(500, _INJECTED_ERROR))
+                    break
+                piece = "" if event.token.special else event.token.text
+                finish_reason = stop_reason = None
+                if event.finished is None:
+                    text = buffer.push(piece)
+                else:
+                    text = buffer.finish(piece, event.finished.stop_at)
+                    finish_reason, stop_reason = finish_fields(event.finished.reason, event.finished.stop_string)
+                await send(writer.delta_chunk(text, finish_reason, stop_reason))
+                tokens_sent += 1
+                if event.finished is not None and parsed.include_usage:
+                    fin = event.finished
+                    await send(writer.usage_chunk(fin.prompt_tokens, fin.completion_tokens))
+            await response.write(b"data: [DONE]\n\n")
+        except (ClientGone, ConnectionResetError):
+            handle.abort("client disconnected")
+        return response
+
+    async def _respond(self, request: web.Request, handle: RequestHandle, writer: ChunkWriter) -> web.StreamResponse:
+        tokens = 0
+        async for event in watch_events(request, handle):
+            if isinstance(event, Aborted):
+                cut_connection(request)
+                return web.Response(status=500)
+            fault = self._injected_fault(tokens)
+            if fault == "cut":
+                handle.abort("injected stream cut")
+                cut_connection(request)
+                return web.Response(status=500)
+            if fault == "error":
+                handle.abort("injected stream error")
+                return _json(error_body(500, _INJECTED_ERROR), 500)
+            tokens += 1
+            fin = event.finished
+            if fin is not None:
+                finish_reason, stop_reason = finish_fields(fin.reason, fin.stop_string)
+                text = handle.request.text if fin.stop_at is None else handle.request.text[: fin.stop_at]
+                return _json(
+                    writer.full_response(text, finish_reason, stop_reason, fin.prompt_tokens, fin.completion_tokens)
+                )
+        raise AssertionError("engine events ended without a last token")  # pragma: no cover

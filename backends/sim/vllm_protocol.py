@@ -1,0 +1,366 @@
+"""vLLM's OpenAI-compatible wire format: request validation and response shapes, no I/O.
+
+Shapes follow vLLM's `protocol.py` models as serialised by its server: compact JSON, errors as
+`{"error": {"message", "type", "param", "code"}}` with `code` the HTTP status, invalid fields as 400
+`BadRequestError` (vLLM turns FastAPI's 422 into 400), an unknown model as 404 `NotFoundError`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Literal
+
+from backends.sim.config import SimConfig
+from backends.sim.engine import FinishReason, GenerateParams
+from backends.sim.tokens import count_tokens, render_chat
+
+Kind = Literal["completion", "chat"]
+
+_DEFAULT_COMPLETION_MAX_TOKENS = 16  # vLLM's CompletionRequest default
+
+
+class ApiError(Exception):
+    """A request vLLM would refuse; carries the HTTP status and vLLM's error `type`."""
+
+    def __init__(self, status: int, message: str, err_type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type or error_type_for(status)
+
+    def body(self) -> dict[str, Any]:
+        """vLLM's `ErrorResponse`."""
+        return error_body(self.status, self.message, self.err_type)
+
+
+def error_type_for(status: int) -> str:
+    """vLLM's error `type` for a status: BadRequestError, NotFoundError, InternalServerError, ..."""
+    known = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+    if status in known:
+        return known[status]
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+    return phrase.replace(" ", "").replace("-", "") + ("" if phrase.endswith("Error") else "Error")
+
+
+def error_body(status: int, message: str, err_type: str | None = None) -> dict[str, Any]:
+    """`{"error": {"message", "type", "param", "code"}}` as vLLM writes it."""
+    return {
+        "error": {
+            "message": message,
+            "type": err_type or error_type_for(status),
+            "param": None,
+            "code": status,
+        }
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A validated completion or chat request."""
+
+    kind: Kind
+    params: GenerateParams
+    stream: bool
+    include_usage: bool
+
+
+def parse_request(kind: Kind, body: Any, config: SimConfig) -> ParsedRequest:
+    """Validate a `/v1/completions` or `/v1/chat/completions` body; raises `ApiError`."""
+    if not isinstance(body, Mapping):
+        raise ApiError(400, "Request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != config.model_name:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+    prompt = _prompt(body) if kind == "completion" else _chat_prompt(body)
+    prompt_tokens = count_tokens(prompt)
+
+    n = _opt_int(body, "n")
+    if n is not None and n != 1:
+        raise ApiError(400, "The simulator supports only n=1.")
+    max_tokens = _opt_int(body, "max_tokens")
+    if kind == "chat" and max_tokens is None:
+        max_tokens = _opt_int(body, "max_completion_tokens")
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.")
+    if prompt_tokens >= config.max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {config.max_model_len} tokens. However, your request "
+            f"has {prompt_tokens} input tokens. Please reduce the length of the input messages.",
+        )
+    if max_tokens is None:
+        max_tokens = _DEFAULT_COMPLETION_MAX_TOKENS if kind == "completion" else config.max_model_len - prompt_tokens
+    if prompt_tokens + max_tokens > config.max_model_len:
+        raise ApiError(
+            400,
+            f"'max_tokens' is too large: {max_tokens}. This model's maximum context length is "
+            f"{config.max_model_len} tokens and your request has {prompt_tokens} input tokens "
+            f"({max_tokens} > {config.max_model_len} - {prompt_tokens}).",
+        )
+
+    temperature = _opt_float(body, "temperature")
+    if temperature is not None and temperature < 0:
+        raise ApiError(400, f"temperature must be non-negative, got {temperature}.")
+    top_p = _opt_float(body, "top_p")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ApiError(400, f"top_p must be in (0, 1], got {top_p}.")
+
+    stream = _opt_bool(body, "stream") or False
+    stream_options = body.get("stream_options")
+    if stream_options is not None:
+        if not stream:
+            raise ApiError(400, "Stream options can only be defined when `stream=True`.")
+        if not isinstance(stream_options, Mapping):
+            raise ApiError(400, "stream_options must be an object.")
+    include_usage = bool(stream_options.get("include_usage")) if stream_options else False
+
+    priority = _opt_int(body, "priority") or 0
+    if priority != 0 and config.scheduling_policy != "priority":
+        raise ApiError(400, f"Got priority {priority} but Priority scheduling is not enabled.")
+
+    params = GenerateParams(
+        prompt=prompt,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stop=_stop(body),
+        seed=_opt_int(body, "seed"),
+        ignore_eos=_opt_bool(body, "ignore_eos") or False,
+        priority=priority,
+    )
+    return ParsedRequest(kind=kind, params=params, stream=stream, include_usage=include_usage)
+
+
+def _prompt(body: Mapping[str, Any]) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt must be a string (the simulator takes one text prompt).")
+    return prompt
+
+
+def _chat_prompt(body: Mapping[str, Any]) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list.")
+    pairs: list[tuple[str, str]] = []
+    for message in messages:
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise ApiError(400, "each message must be an object with a string role.")
+        pairs.append((message["role"], _content_text(message.get("content"))))
+    return render_chat(pairs)
+
+
+def _content_text(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        texts: list[str] = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, "the simulator takes only text content parts.")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise ApiError(400, "message content must be a string or a list of content parts.")
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return tuple(stop)
+    raise ApiError(400, "stop must be a string or a list of strings.")
+
+
+def _opt_int(body: Mapping[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"{name} must be an integer.")
+    return value
+
+
+def _opt_float(body: Mapping[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ApiError(400, f"{name} must be a number.")
+    return float(value)
+
+
+def _opt_bool(body: Mapping[str, Any], name: str) -> bool | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{name} must be a boolean.")
+    return value
+
+
+# Response shapes
+
+
+def new_response_id(kind: Kind, base: str | None) -> str:
+    """`cmpl-...` or `chatcmpl-...`; vLLM builds it from the X-Request-Id header when one is sent."""
+    return ("cmpl-" if kind == "completion" else "chatcmpl-") + (base or uuid.uuid4().hex)
+
+
+def finish_fields(reason: FinishReason, stop_string: str | None) -> tuple[str, str | None]:
+    """vLLM's (finish_reason, stop_reason): EOS and stop strings are both "stop"."""
+    if reason is FinishReason.LENGTH:
+        return "length", None
+    if reason is FinishReason.STOP:
+        return "stop", stop_string
+    if reason is FinishReason.EOS:
+        return "stop", None
+    return "abort", None
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI `usage`."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+class ChunkWriter:
+    """Builds the streamed chunks of one response; `id`, `created` and `model` are fixed per response."""
+
+    def __init__(self, kind: Kind, response_id: str, model: str) -> None:
+        self.kind = kind
+        self.response_id = response_id
+        self.model = model
+        self.created = int(time.time())
+
+    def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.response_id,
+            "object": "text_completion" if self.kind == "completion" else "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def role_chunk(self) -> dict[str, Any]:
+        """Chat only: the first chunk announces the assistant role."""
+        return self._envelope(
+            [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
+
+    def delta_chunk(self, text: str, finish_reason: str | None, stop_reason: str | None) -> dict[str, Any]:
+        """One token's text; the last one also carries the finish reason."""
+        choice: dict[str, Any]
+        if self.kind == "completion":
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
+            chunk = self._envelope([choice])
+            chunk["usage"] = None
+            return chunk
+        choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["stop_reason"] = stop_reason
+        return self._envelope([choice])
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        """With `stream_options.include_usage`: the final chunk, no choices."""
+        chunk = self._envelope([])
+        chunk["usage"] = usage(prompt_tokens, completion_tokens)
+        return chunk
+
+    def full_response(
+        self,
+        text: str,
+        finish_reason: str,
+        stop_reason: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> dict[str, Any]:
+        """The non-streaming response."""
+        if self.kind == "completion":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+                "prompt_logprobs": None,
+            }
+            obj = "text_completion"
+        else:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
+            obj = "chat.completion"
+        return {
+            "id": self.response_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }
+
+
+def models_list(config: SimConfig) -> dict[str, Any]:
+    """`GET /v1/models` as vLLM answers it."""
+    created = int(time.time())
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": config.model_name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": config.model_name,
+                "parent": None,
+                "max_model_len": config.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex}",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+        ],
+    }

@@ -1,0 +1,190 @@
+"""Engine adapters against the simulator over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from backends import (
+    Accepted,
+    BackendOverloaded,
+    BackendRejectedRequest,
+    BackendUnavailable,
+    ChatMessage,
+    Finished,
+    GenerationRequest,
+    SamplingParams,
+    TextDelta,
+    TgiBackend,
+    VllmBackend,
+)
+from backends.base import Backend, GenerationEvent
+from backends.sim import SimConfig, running_simulator
+from tests.helpers import eventually
+
+FAST = {"decode_base_ms": 1.0, "decode_per_seq_ms": 0.2}
+
+
+def req(rid: str = "r1", tokens: int = 5, **kwargs: object) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=rid,
+        prompt=kwargs.pop("prompt", "Hello world") if "messages" not in kwargs else None,  # type: ignore[arg-type]
+        params=SamplingParams(max_tokens=tokens, ignore_eos=True, seed=1),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+async def collect(events: AsyncIterator[GenerationEvent]) -> tuple[str, Finished]:
+    text, finished = [], None
+    async for event in events:
+        if isinstance(event, TextDelta):
+            text.append(event.text)
+        else:
+            finished = event
+    assert finished is not None
+    return "".join(text), finished
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "tgi"])
+async def test_streams_exactly_max_tokens_with_usage(flavor: str) -> None:
+    async with running_simulator(SimConfig(flavor=flavor, **FAST)) as sim:  # type: ignore[arg-type]
+        backend: Backend = (VllmBackend if flavor == "vllm" else TgiBackend)(
+            name="b", url=sim.url, engine_model="sim-model"
+        )
+        try:
+            text, finished = await collect(backend.generate(req(tokens=7)))
+            again, _ = await collect(backend.generate(req(rid="r2", tokens=7)))
+        finally:
+            await backend.aclose()
+    assert finished.completion_tokens == 7 and finished.finish_reason == "length"
+    assert finished.prompt_tokens and finished.prompt_tokens > 0
+    assert text and text == again  # same seed, same prompt: deterministic
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "tgi"])
+async def test_chat_messages_use_the_chat_endpoint(flavor: str) -> None:
+    async with running_simulator(SimConfig(flavor=flavor, **FAST)) as sim:  # type: ignore[arg-type]
+        backend = (VllmBackend if flavor == "vllm" else TgiBackend)(name="b", url=sim.url, engine_model="sim-model")
+        try:
+            request = GenerationRequest(
+                request_id="c1",
+                messages=(ChatMessage("user", "hi there"),),
+                params=SamplingParams(max_tokens=4, ignore_eos=True),
+            )
+            text, finished = await collect(backend.generate(request))
+        finally:
+            await backend.aclose()
+    assert text and finished.completion_tokens == 4
+
+
+async def test_vllm_priority_is_sent_only_when_configured() -> None:
+    async with running_simulator(SimConfig(scheduling_policy="fcfs", **FAST)) as sim:
+        plain = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
+        wrong = VllmBackend(name="b", url=sim.url, engine_model="sim-model", priority_scheduling=True)
+        try:
+            await collect(plain.generate(req(engine_priority=5)))  # not configured: field left out
+            with pytest.raises(BackendRejectedRequest, match="riority"):
+                await collect(wrong.generate(req(engine_priority=5)))  # fcfs engine refuses priorities
+        finally:
+            await plain.aclose()
+            await wrong.aclose()
+
+
+async def test_vllm_load_reads_waiting_running_and_tpot_under_load() -> None:
+    config = SimConfig(max_num_seqs=2, decode_base_ms=5.0, decode_per_seq_ms=1.0)
+    async with running_simulator(config) as sim:
+        backend = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
+        try:
+            flood = [asyncio.create_task(collect(backend.generate(req(f"f{i}", tokens=200)))) for i in range(6)]
+            await eventually(lambda: (sim.engine.stats()["running"], sim.engine.stats()["waiting"]) == (2, 4))
+            first = await backend.load()
+            await asyncio.sleep(0.1)  # let tokens accumulate between two scrapes: TPOT is a delta
+            second = await backend.load()
+            for task in flood:
+                task.cancel()
+            await asyncio.gather(*flood, return_exceptions=True)
+        finally:
+            await backend.aclose()
+    assert first.ok and (first.waiting, first.running) == (4, 2)
+    assert second.tpot_seconds is not None and 0.001 < second.tpot_seconds < 0.5
+
+
+async def test_closing_the_stream_aborts_the_request_in_the_engine() -> None:
+    async with running_simulator(SimConfig(decode_base_ms=20.0)) as sim:
+        backend = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
+        try:
+            events = backend.generate(req(tokens=500))
+            assert isinstance(await anext(events), Accepted)
+            assert isinstance(await anext(events), TextDelta)
+            await events.aclose()  # type: ignore[attr-defined]
+            await eventually(lambda: sim.engine.stats()["aborted_total"] == 1, what="engine abort")
+            assert sim.engine.stats()["running"] == 0
+        finally:
+            await backend.aclose()
+
+
+async def test_tgi_error_inside_the_stream_is_unavailable() -> None:
+    async with running_simulator(SimConfig(flavor="tgi", **FAST)) as sim:
+        sim.faults.update({"stream_error_after_tokens": 2})
+        backend = TgiBackend(name="b", url=sim.url, engine_model="sim-model")
+        seen: list[GenerationEvent] = []
+        try:
+            with pytest.raises(BackendUnavailable, match="reported"):
+                async for event in backend.generate(req(tokens=10)):
+                    if isinstance(event, TextDelta):
+                        seen.append(event)
+        finally:
+            await backend.aclose()
+    assert len(seen) == 2
+
+
+async def test_tgi_over_its_concurrency_cap_is_overloaded() -> None:
+    async with running_simulator(SimConfig(flavor="tgi", max_concurrent_requests=1, decode_base_ms=20.0)) as sim:
+        backend = TgiBackend(name="b", url=sim.url, engine_model="sim-model")
+        try:
+            first = backend.generate(req("a", tokens=100))
+            await anext(first)
+            with pytest.raises(BackendOverloaded):
+                await collect(backend.generate(req("b", tokens=3)))
+            await first.aclose()  # type: ignore[attr-defined]
+        finally:
+            await backend.aclose()
+
+
+@pytest.mark.parametrize("fault", [{"stream_cut_after_tokens": 3}, {"reject_all_with_status": 503}])
+async def test_engine_failures_are_unavailable(fault: dict[str, int]) -> None:
+    async with running_simulator(SimConfig(**FAST)) as sim:
+        sim.faults.update(fault)
+        backend = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
+        try:
+            with pytest.raises(BackendUnavailable):
+                await collect(backend.generate(req(tokens=10)))
+        finally:
+            await backend.aclose()
+
+
+async def test_unreachable_engine_is_unavailable_and_its_load_not_ok() -> None:
+    async with running_simulator(SimConfig(**FAST)) as sim:
+        url = sim.url
+    backend = VllmBackend(name="b", url=url, engine_model="sim-model")  # nothing listens there any more
+    try:
+        with pytest.raises(BackendUnavailable, match="cannot reach"):
+            await collect(backend.generate(req()))
+        load = await backend.load()
+    finally:
+        await backend.aclose()
+    assert not load.ok and load.error
+
+
+async def test_metrics_down_gives_a_failed_reading() -> None:
+    async with running_simulator(SimConfig(**FAST)) as sim:
+        backend = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
+        try:
+            assert (await backend.load()).ok
+            sim.faults.update({"metrics_down": True})
+            load = await backend.load()
+        finally:
+            await backend.aclose()
+    assert not load.ok and "503" in (load.error or "")

@@ -1,0 +1,121 @@
+"""The whole service against the engine simulator over real HTTP: S1, gating, cancellation, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+
+from backends.sim import SimConfig, running_simulator
+from clients import pb
+from scheduler_svc.dispatcher import BackendHandle, ModelDispatcher
+from scheduler_svc.request import QueuedRequest
+from scheduler_svc.ticket import Ticket
+from tests.helpers import client_for, eventually, make_config, outcome_count, serving, until_settled
+
+FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+
+
+async def _first_delta(call: grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]) -> None:
+    while True:
+        event = await call.read()
+        assert event is not grpc.aio.EOF, "stream ended before a token"
+        if event.HasField("delta"):
+            return
+
+
+async def test_s1_latecomers_are_served_long_before_the_flood_drains(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = 3
+    events: list[str] = []  # "A"/"B" when dispatched, "admit B" when B enters the queue
+    assign, enqueue = Ticket.assign, ModelDispatcher.enqueue
+
+    def recording_assign(ticket: Ticket, backend: BackendHandle, now: float) -> None:
+        events.append(ticket.request.user)
+        assign(ticket, backend, now)
+
+    def recording_enqueue(dispatcher: ModelDispatcher, request: QueuedRequest) -> Ticket:
+        if request.user == "B":
+            events.append("admit B")
+        return enqueue(dispatcher, request)
+
+    monkeypatch.setattr(Ticket, "assign", recording_assign)
+    monkeypatch.setattr(ModelDispatcher, "enqueue", recording_enqueue)
+    async with running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim:
+        config = make_config(backend_url=sim.url, gate={"waiting_target": target})
+        async with serving(config) as server, client_for(server, user="A") as a, client_for(server, user="B") as b:
+            flood = [
+                asyncio.create_task(a.submit("m", f"flood {i}", max_tokens=40, ignore_eos=True)) for i in range(40)
+            ]
+            _, _ = await asyncio.wait(flood, return_when=asyncio.FIRST_COMPLETED)  # the engine is busy
+            admitted_before = len(sim.engine.stats()["served_order"])
+            late = b.stream("m", "just one question", max_tokens=8, ignore_eos=True, request_id="latecomer")
+            await _first_delta(late)
+            flood_left = sum(not t.done() for t in flood)
+            order = [entry["request_id"] for entry in sim.engine.stats()["served_order"]]
+            late.cancel()
+            results = await asyncio.gather(*flood)
+            stats = sim.engine.stats()
+    assert flood_left >= 20, f"the latecomer waited for most of the flood ({40 - flood_left} of 40 done)"
+    # The scheduler sends it after at most one more of the flood's requests (round robin).
+    after_admission = events[events.index("admit B") + 1 :]
+    assert after_admission.index("B") <= 1, after_admission[:5]
+    # In the engine, ahead of it: at most the `target` already waiting there, the one more from the ring,
+    # and one more whose HTTP request, dispatched just after it, overtook it on the way to the engine.
+    assert order.index("latecomer") - admitted_before <= target + 2
+    assert stats["max_waiting_seen"] <= target, "the gate let the engine queue grow past its target"
+    assert all(r.usage.completion_tokens == 40 for r in results)
+
+
+async def test_client_cancel_aborts_the_request_inside_the_engine() -> None:
+    async with (
+        running_simulator(SimConfig(decode_base_ms=10.0)) as sim,
+        serving(make_config(backend_url=sim.url)) as server,
+        client_for(server) as client,
+    ):
+        call = client.stream("m", "a long story", max_tokens=2000, ignore_eos=True)
+        await _first_delta(call)
+        assert sim.engine.stats()["running"] == 1
+        call.cancel()
+        await eventually(lambda: sim.engine.stats()["aborted_total"] == 1, what="engine abort")
+        await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
+        assert sim.engine.stats()["running"] == 0
+
+
+async def test_engine_killed_mid_stream_gives_unavailable_and_service_resumes_when_it_is_back() -> None:
+    first_engine = running_simulator(SimConfig(decode_base_ms=10.0))
+    sim = await first_engine.__aenter__()
+    try:
+        async with serving(make_config(backend_url=sim.url)) as server, client_for(server) as client:
+            call = client.stream("m", "doomed", max_tokens=2000, ignore_eos=True)
+            await _first_delta(call)
+            await first_engine.__aexit__(None, None, None)  # the engine dies with the stream open
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            async with running_simulator(SimConfig(**FAST), port=sim.port):
+                response = await client.submit("m", "back again", max_tokens=5, ignore_eos=True)
+            assert response.usage.completion_tokens == 5
+            assert outcome_count(server, "failed") == 1
+    finally:
+        with contextlib.suppress(Exception):
+            await first_engine.__aexit__(None, None, None)
+
+
+async def test_dead_metrics_endpoint_degrades_to_a_concurrency_cap() -> None:
+    async with running_simulator(SimConfig(max_num_seqs=8, **FAST)) as sim:
+        sim.faults.update({"metrics_down": True})
+        config = make_config(backend_url=sim.url, gate={"fallback_max_in_flight": 2})
+        async with serving(config) as server, client_for(server) as client:
+            results = await asyncio.gather(
+                *(client.submit("m", f"p{i}", max_tokens=20, ignore_eos=True) for i in range(8))
+            )
+            fresh = server.scheduler.metrics.registry.get_sample_value(
+                "llmsched_backend_metrics_fresh", {"model": "m", "backend": "b0"}
+            )
+        stats = sim.engine.stats()
+    assert all(r.usage.completion_tokens == 20 for r in results)  # not wedged
+    assert stats["max_running_seen"] <= 2  # not flooded
+    assert fresh == 0
