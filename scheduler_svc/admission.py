@@ -60,6 +60,8 @@ def build_request(
         raise InvalidRequest("request_id: 1-128 characters of letters, digits and ._:/-")
     if timeout is not None and timeout <= 0:
         raise InvalidRequest("the call's deadline has already passed")
+    ttl = next(c.queue_ttl_seconds for c in config.scheduling.classes if c.name == class_name)
+    deadlines = [now + t for t in (timeout, ttl or None) if t is not None]
     prompt_chars = len(message.prompt) if messages is None else sum(len(m.content) for m in messages)
     return QueuedRequest(
         request_id=request_id,
@@ -77,6 +79,6 @@ def build_request(
             ignore_eos=message.ignore_eos,
         ),
         admitted_at=now,
-        deadline=None if timeout is None else now + timeout,
+        deadline=min(deadlines, default=None),
         prompt_chars=prompt_chars,
     )

@@ -62,20 +62,62 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class PriorityClassConfig:
-    """A priority class (band). Lower `rank` is served first; fairness applies among users within a band."""
+    """A priority class (band). Lower `rank` is served first; fairness applies among users within a band.
 
-    name: str = _field("default", "Class name clients put in `priority_class`.")
-    rank: int = _field(0, "Strict band order: a lower rank is always dispatched before a higher one.")
+    The gate fields make the class's own admission rule: each applies only when set (0 / false = off).
+    """
+
+    name: str = _field("interactive", "Class name clients put in `priority_class`.")
+    rank: int = _field(0, "Strict band order: a lower rank is dispatched before a higher one.")
     engine_priority: int = _field(
-        0, "Numeric priority sent to engines with priority scheduling (vLLM: lower is served first)."
+        0, "Base numeric priority sent to engines with priority scheduling (vLLM: lower is served first)."
     )
+    waiting_target: int = _field(0, "This class's engine waiting-queue target; 0 means the model gate's.")
+    max_tpot_seconds: float = _field(
+        0.0, "Hold the class back while the engine's time per output token exceeds this (0: no limit)."
+    )
+    max_kv_cache_usage: float = _field(
+        0.0, "Hold the class back while the engine's KV-cache usage (0..1) exceeds this (0: no limit)."
+    )
+    require_idle_engine: bool = _field(
+        False, "Dispatch only while the engine's waiting queue is empty (batch work fills idle capacity)."
+    )
+    queue_ttl_seconds: float = _field(
+        0.0, "A request still queued after this long ends with DEADLINE_EXCEEDED (0: only the call deadline)."
+    )
+    starvation_after_seconds: float = _field(
+        60.0,
+        "Anti-starvation: when this band's oldest request has waited this long while higher bands keep "
+        "the engine busy, one request of it goes ahead under the top band's gate (0: may starve).",
+    )
+
+
+DEFAULT_CLASSES = [
+    PriorityClassConfig("interactive", rank=0, engine_priority=0, max_tpot_seconds=0.15),
+    PriorityClassConfig("review", rank=1, engine_priority=5, starvation_after_seconds=30.0),
+    PriorityClassConfig("batch", rank=2, engine_priority=10, require_idle_engine=True, starvation_after_seconds=60.0),
+]
+
+
+@dataclass(frozen=True)
+class WeightsConfig:
+    """Fair-share weights: a user with weight 2 gets twice the service of a user with weight 1.
+
+    A user in a group shares the group's weight with its other backlogged members (two-level fairness:
+    groups first, then users within the group). Used by the weighted policies; round_robin ignores them.
+    """
+
+    default: float = _field(1.0, "Weight of a user (or group) not listed.")
+    users: dict[str, float] = _field({}, "User id -> weight.")
+    groups: dict[str, float] = _field({}, "Group name -> weight.")
+    members: dict[str, str] = _field({}, "User id -> group name.")
 
 
 @dataclass(frozen=True)
 class GateConfig:
     """When the dispatcher may send one more request to a backend."""
 
-    policy: str = _field("queue_depth", "Gate policy name (see `llmsched policies`).")
+    policy: str = _field("signals", "Gate policy name (see `llmsched policies`).")
     waiting_target: int = _field(
         3,
         "Dispatch only while the engine's waiting queue (last reading, corrected for what was sent and "
@@ -116,6 +158,12 @@ class ModelConfig:
     default_max_tokens: int = _field(256, "max_tokens used when a request does not set it.")
     max_tokens_limit: int = _field(8192, "Requests asking for more tokens than this are rejected.")
     gate: GateConfig = _field(GateConfig(), "Gate settings for this model's backends.")
+    max_queued: int = _field(
+        10000, "Requests queued for the model (all users) beyond which new ones get RESOURCE_EXHAUSTED."
+    )
+    max_queued_per_user: int = _field(
+        1000, "Requests one user may have queued for the model; beyond it RESOURCE_EXHAUSTED."
+    )
     backends: list[BackendConfig] = _field([], "Engines serving the model (at least one).")
 
 
@@ -125,8 +173,14 @@ class SchedulingConfig:
 
     fairness: str = _field("round_robin", "Fairness policy between users of a band.")
     ordering: str = _field("fcfs", "Ordering policy within one user's queue.")
-    default_class: str = _field("default", "Class used when a request leaves `priority_class` empty.")
-    classes: list[PriorityClassConfig] = _field([PriorityClassConfig()], "The priority classes; names unique.")
+    default_class: str = _field("interactive", "Class used when a request leaves `priority_class` empty.")
+    classes: list[PriorityClassConfig] = _field(DEFAULT_CLASSES, "The priority classes; names unique.")
+    weights: WeightsConfig = _field(WeightsConfig(), "Per-user and per-group fair-share weights.")
+    engine_priority_per_inflight: int = _field(
+        1,
+        "Added to a request's engine priority for each request its user already has at that engine, so a "
+        "user's second and third requests queue behind other users' first ones inside the engine.",
+    )
 
 
 @dataclass(frozen=True)
@@ -206,6 +260,14 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"scheduling.classes: need at least one, with unique non-empty names: {class_names}")
     if config.scheduling.default_class not in class_names:
         raise ConfigError(f"scheduling.default_class {config.scheduling.default_class!r} is not one of {class_names}")
+    for c in config.scheduling.classes:
+        if min(c.waiting_target, c.max_tpot_seconds, c.max_kv_cache_usage, c.queue_ttl_seconds) < 0:
+            raise ConfigError(f"scheduling.classes[{c.name}]: limits must not be negative")
+        if c.max_kv_cache_usage > 1 or c.starvation_after_seconds < 0:
+            raise ConfigError(f"scheduling.classes[{c.name}]: max_kv_cache_usage is 0..1, starvation >= 0")
+    weights = config.scheduling.weights
+    if weights.default <= 0 or any(w <= 0 for w in [*weights.users.values(), *weights.groups.values()]):
+        raise ConfigError("scheduling.weights: weights must be > 0")
     names = [m.name for m in config.models]
     if len(set(names)) != len(names) or "" in names:
         raise ConfigError(f"models: names must be unique and non-empty: {names}")
@@ -214,6 +276,8 @@ def _validate(config: Config) -> None:
         GATE_POLICIES.check(model.gate.policy, f"{where}.gate.policy")
         if model.gate.waiting_target < 1 or model.gate.fallback_max_in_flight < 1:
             raise ConfigError(f"{where}.gate: waiting_target and fallback_max_in_flight must be >= 1")
+        if model.max_queued < 1 or model.max_queued_per_user < 1:
+            raise ConfigError(f"{where}: max_queued and max_queued_per_user must be >= 1")
         if not 1 <= model.default_max_tokens <= model.max_tokens_limit:
             raise ConfigError(f"{where}: need 1 <= default_max_tokens <= max_tokens_limit")
         if not model.backends:

@@ -1,8 +1,9 @@
 """One dispatcher per model: picks the next request and sends it while a backend's gate is open.
 
-The loop wakes on events only (a new request, a first token, a finished request, a new metrics reading),
-never on a fixed tick. Each wake-up sends as many requests as the gates allow: strict priority bands
-first, then the band's fairness policy picks a user, then the ordering policy picks that user's request.
+The loop wakes on events only (a new request, an engine accepting or starting a request, a finished
+request, a new metrics reading), never on a fixed tick. Each wake-up sends as many requests as the gates
+allow: the best backlogged band first (strict by rank, with the anti-starvation guard), then the band's
+fairness policy picks a user, then the ordering policy picks that user's request.
 """
 
 from __future__ import annotations
@@ -16,15 +17,21 @@ import structlog
 from backends.base import Backend
 from scheduler_svc.clock import Clock
 from scheduler_svc.config import BackendConfig, ModelConfig, PriorityClassConfig, SchedulingConfig
-from scheduler_svc.errors import QueueTimeout, ShuttingDown
+from scheduler_svc.errors import QueueFull, QueueTimeout, ShuttingDown
 from scheduler_svc.ledger import DispatchLedger
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, Gate, GateDecision, GateInputs
-from scheduler_svc.queues import ModelQueues
+from scheduler_svc.policies.weights import WeightResolver
+from scheduler_svc.queues import Band, ModelQueues
+from scheduler_svc.rate import RateMeter
 from scheduler_svc.request import QueuedRequest
 from scheduler_svc.ticket import Outcome, Ticket
 
 log = structlog.get_logger(__name__)
+
+MIN_RETRY_SECONDS = 0.1
+MAX_RETRY_SECONDS = 300.0
+UNKNOWN_RATE_RETRY_SECONDS = 1.0
 
 
 @dataclass(eq=False)
@@ -35,6 +42,9 @@ class BackendHandle:
     backend: Backend
     gate: Gate
     ledger: DispatchLedger
+
+    def __post_init__(self) -> None:
+        self.user_in_flight: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -48,9 +58,10 @@ class BackendHandle:
 
 @dataclass(frozen=True)
 class BackendState:
-    """A backend's gate state for introspection."""
+    """A backend's gate state for one class, for introspection."""
 
     name: str
+    priority_class: str
     decision: GateDecision
     inputs: GateInputs
 
@@ -70,28 +81,51 @@ class ModelDispatcher:
         self.clock = clock
         self.backends = list(backends)
         self.queues = ModelQueues(scheduling.classes)
-        self._classes = {c.name: c for c in scheduling.classes}
-        self._fairness = {c.name: FAIRNESS_POLICIES.create(scheduling.fairness) for c in scheduling.classes}
+        self.classes = {c.name: c for c in scheduling.classes}
+        weights = WeightResolver(scheduling.weights)
+        self.fairness = {c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights) for c in scheduling.classes}
         self._ordering = ORDERING_POLICIES.create(scheduling.ordering)
+        self._priority_per_inflight = scheduling.engine_priority_per_inflight
         self._queued: dict[str, Ticket] = {}
         self._running: dict[str, Ticket] = {}
         self._metrics = metrics
+        self.drain = RateMeter()
+        self._promoted_last = False  # the last dispatch was an anti-starvation promotion
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()  # set whenever a request reaches its outcome
 
     # -- admission and withdrawal ---------------------------------------------------------------------
     def enqueue(self, request: QueuedRequest) -> Ticket:
-        """Queue an admitted request and return its ticket."""
+        """Queue an admitted request and return its ticket; QueueFull when a cap is reached."""
+        self._check_capacity(request)
         ticket = Ticket(request, self)
         band = self.queues.band(request.priority_class)
         _, newly_backlogged = self.queues.push(request)
         self._queued[request.request_id] = ticket
         if newly_backlogged:
-            self._fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
+            self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
         self._metrics.admitted.labels(self.model.name, request.priority_class).inc()
         self._set_depth(request.priority_class)
         self.wake()
         return ticket
+
+    def _check_capacity(self, request: QueuedRequest) -> None:
+        now = self.clock.now()
+        rate = self.drain.rate(now)
+        if len(self.queues) >= self.model.max_queued:
+            raise QueueFull(
+                f"model {self.model.name} has {len(self.queues)} requests queued (capacity {self.model.max_queued})",
+                retry_after_seconds=_retry_after(len(self.queues), rate),
+            )
+        depth = self.queues.user_depth(request.user)
+        if depth >= self.model.max_queued_per_user:
+            band = self.queues.band(request.priority_class)
+            user_rate = rate / max(1, len(band.flows))  # fairness gives each backlogged user about this much
+            raise QueueFull(
+                f"user {request.user} has {depth} requests queued for {self.model.name} "
+                f"(limit {self.model.max_queued_per_user})",
+                retry_after_seconds=_retry_after(depth, user_rate),
+            )
 
     def withdraw(self, ticket: Ticket) -> None:
         """Take a still-queued request out of the queue (cancelled, expired, shutting down)."""
@@ -122,15 +156,22 @@ class ModelDispatcher:
         self.wake()
 
     def on_generated(self, ticket: Ticket, tokens: int) -> None:
-        self._fairness[ticket.request.priority_class].on_generated(ticket.request.user, tokens)
+        self.fairness[ticket.request.priority_class].on_generated(ticket.request.user, tokens)
         assert ticket.backend is not None
         self._metrics.generated_tokens.labels(self.model.name, ticket.backend.name).inc(tokens)
 
     def on_finished(self, ticket: Ticket) -> None:
-        assert ticket.backend is not None
-        ticket.backend.ledger.finished(ticket.request.request_id)
+        backend = ticket.backend
+        assert backend is not None
+        backend.ledger.finished(ticket.request.request_id)
+        user = ticket.request.user
+        remaining = backend.user_in_flight.get(user, 1) - 1
+        if remaining:
+            backend.user_in_flight[user] = remaining
+        else:
+            backend.user_in_flight.pop(user, None)
         self._running.pop(ticket.request.request_id, None)
-        self._metrics.in_flight.labels(self.model.name, ticket.backend.name).set(ticket.backend.ledger.in_flight)
+        self._metrics.in_flight.labels(self.model.name, backend.name).set(backend.ledger.in_flight)
         self.wake()
 
     def on_outcome(self, ticket: Ticket) -> None:
@@ -155,9 +196,19 @@ class ModelDispatcher:
         flow = self.queues.flow_of(ticket.request.request_id)
         return flow.position(ticket.request) if flow is not None else 0
 
-    def engine_priority(self, ticket: Ticket) -> int:
-        """The numeric priority sent to priority-scheduled engines (lower first, as vLLM reads it)."""
-        return self._classes[ticket.request.priority_class].engine_priority
+    def estimated_wait(self, ticket: Ticket) -> float | None:
+        """Seconds until dispatch at the current drain rate, assuming each backlogged user of the band is
+        served in turn and higher bands go first; None while the rate is unknown."""
+        rate = self.drain.rate(self.clock.now())
+        position = self.position(ticket)
+        if rate <= 0 or position == 0:
+            return None
+        band = self.queues.band(ticket.request.priority_class)
+        ahead_in_higher_bands = sum(
+            b.size for b in self.queues.bands if b.priority_class.rank < band.priority_class.rank
+        )
+        ahead = ahead_in_higher_bands + position * max(1, len(band.flows)) - 1
+        return ahead / rate
 
     @property
     def busy(self) -> int:
@@ -165,12 +216,13 @@ class ModelDispatcher:
         return len(self._queued) + len(self._running)
 
     def backend_states(self) -> list[BackendState]:
+        """Every backend's gate decision for every class, with its inputs."""
         now = self.clock.now()
-        cls = self.queues.bands[0].priority_class
         states = []
         for handle in self.backends:
             inputs = handle.ledger.gate_inputs(now)
-            states.append(BackendState(handle.name, handle.gate.decide(inputs, cls), inputs))
+            for cls in self.classes.values():
+                states.append(BackendState(handle.name, cls.name, handle.gate.decide(inputs, cls), inputs))
         return states
 
     # -- the loop -------------------------------------------------------------------------------------
@@ -182,7 +234,10 @@ class ModelDispatcher:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            self.dispatch_ready()
+            try:
+                self.dispatch_ready()
+            except Exception:  # a policy bug must not stop the model: log it, retry on the next event
+                log.exception("dispatch_failed", model=self.model.name)
 
     async def wait_settled(self) -> None:
         """Wait until some request reaches its outcome (used to drain on shutdown)."""
@@ -194,11 +249,11 @@ class ModelDispatcher:
         sent = 0
         now = self.clock.now()
         while self.queues.size:
-            band = next(self.queues.backlogged_bands())
-            handle = self._open_backend(band.priority_class, now)
-            if handle is None:
+            choice = self._choose_band(now)
+            if choice is None:
                 break
-            fairness = self._fairness[band.priority_class.name]
+            band, handle = choice
+            fairness = self.fairness[band.priority_class.name]
             user = fairness.select(band.flow_views)
             request = self._ordering.select(band.flows[user])
             ticket = self._queued[request.request_id]
@@ -207,13 +262,38 @@ class ModelDispatcher:
                 continue
             self.withdraw(ticket)
             fairness.on_dispatched(request)
-            ticket.assign(handle, now)
+            priority = self._engine_priority(ticket.request, handle) if handle.sends_priority else None
+            handle.user_in_flight[request.user] = handle.user_in_flight.get(request.user, 0) + 1
+            ticket.assign(handle, now, priority)
             self._running[request.request_id] = ticket
+            self.drain.record(now)
             self._metrics.dispatched.labels(self.model.name, handle.name).inc()
             self._metrics.queue_wait.labels(self.model.name, request.priority_class).observe(now - request.admitted_at)
             self._metrics.in_flight.labels(self.model.name, handle.name).set(handle.ledger.in_flight)
             sent += 1
         return sent
+
+    def _choose_band(self, now: float) -> tuple[Band, BackendHandle] | None:
+        """The band to serve and the backend to send to, or None when nothing may go now.
+
+        Strict priority: the best backlogged band decides, and while its gate is closed lower bands wait
+        too (they would only slow it down). Anti-starvation: a lower band whose oldest request has waited
+        longer than its `starvation_after_seconds` sends one request under the top band's gate, then the
+        top band gets the next turn, so a starving band gets at most every other dispatch.
+        """
+        backlogged = list(self.queues.backlogged_bands())
+        top = backlogged[0]
+        handle = self._open_backend(top.priority_class, now)
+        if handle is None:
+            return None
+        if not self._promoted_last:
+            for band in backlogged[1:]:
+                limit = band.priority_class.starvation_after_seconds
+                if limit and now - _oldest_admission(band) > limit:
+                    self._promoted_last = True
+                    return band, handle
+        self._promoted_last = False
+        return top, handle
 
     def _open_backend(self, priority_class: PriorityClassConfig, now: float) -> BackendHandle | None:
         """The least loaded backend whose gate admits one more request of this class, if any."""
@@ -232,5 +312,22 @@ class ModelDispatcher:
                     best, chosen = key, handle
         return chosen
 
+    def _engine_priority(self, request: QueuedRequest, handle: BackendHandle) -> int:
+        """Class priority, worsened by the user's requests already at this engine (lower is served first)."""
+        base = self.classes[request.priority_class].engine_priority
+        return base + self._priority_per_inflight * handle.user_in_flight.get(request.user, 0)
+
     def _set_depth(self, priority_class: str) -> None:
         self._metrics.queue_depth.labels(self.model.name, priority_class).set(self.queues.band(priority_class).size)
+
+
+def _oldest_admission(band: Band) -> float:
+    """When the band's longest-waiting request was admitted (each flow's head is its oldest)."""
+    return min(flow.head().admitted_at for flow in band.flows.values())
+
+
+def _retry_after(backlog: int, rate: float) -> float:
+    """Time for the scheduler to dispatch a tenth of `backlog` (at least one request) at `rate`/s."""
+    if rate <= 0:
+        return UNKNOWN_RATE_RETRY_SECONDS
+    return min(MAX_RETRY_SECONDS, max(MIN_RETRY_SECONDS, max(1.0, backlog / 10) / rate))

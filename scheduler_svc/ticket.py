@@ -55,15 +55,17 @@ class Ticket:
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.completion_tokens = 0
+        self.engine_priority: int | None = None
         self._dispatcher = dispatcher
         self._woken = asyncio.Event()
         self._close_reason: Exception | None = None
 
     # -- called by the dispatcher -------------------------------------------------------------------
-    def assign(self, backend: BackendHandle, now: float) -> None:
-        """The dispatcher chose this request and a backend for it."""
+    def assign(self, backend: BackendHandle, now: float, engine_priority: int | None = None) -> None:
+        """The dispatcher chose this request, a backend, and (for priority engines) its engine priority."""
         self.state = TicketState.DISPATCHED
         self.backend = backend
+        self.engine_priority = engine_priority
         self.dispatched_at = now
         self.dispatched_wall = time.time()
         backend.ledger.dispatched(self.request.request_id)
@@ -110,7 +112,7 @@ class Ticket:
             prompt=req.prompt,
             messages=req.messages,
             params=req.params,
-            engine_priority=self._dispatcher.engine_priority(self) if backend.sends_priority else None,
+            engine_priority=self.engine_priority,
         )
         try:
             async for event in backend.backend.generate(generation):

@@ -1,9 +1,16 @@
 """Pluggable scheduling policies: fairness (between users), ordering (within a user), gates (backpressure)."""
 
-from scheduler_svc.policies.fairness import FAIRNESS_POLICIES, FairnessPolicy, RoundRobinFairness
-from scheduler_svc.policies.gate import GATE_POLICIES, Gate, GateDecision, GateInputs, QueueDepthGate
+from scheduler_svc.policies.fairness import (
+    FAIRNESS_POLICIES,
+    FairnessPolicy,
+    RoundRobinFairness,
+    VirtualTokenCounterFairness,
+    WeightedRoundRobinFairness,
+)
+from scheduler_svc.policies.gate import GATE_POLICIES, Gate, GateDecision, GateInputs, QueueDepthGate, SignalGate
 from scheduler_svc.policies.ordering import ORDERING_POLICIES, FcfsOrdering, OrderingPolicy
 from scheduler_svc.policies.registry import Registry
+from scheduler_svc.policies.weights import WeightResolver
 
 __all__ = [
     "FAIRNESS_POLICIES",
@@ -18,4 +25,8 @@ __all__ = [
     "QueueDepthGate",
     "Registry",
     "RoundRobinFairness",
+    "SignalGate",
+    "VirtualTokenCounterFairness",
+    "WeightResolver",
+    "WeightedRoundRobinFairness",
 ]

@@ -6,6 +6,7 @@ sent since (`GateInputs`); it never talks to an engine. The same gate serves eve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,41 +58,80 @@ class Gate(Protocol):
         ...
 
 
-class QueueDepthGate:
-    """Keep the engine's own waiting queue short, so ordering stays in the scheduler's hands.
+def _fallback(inputs: GateInputs, config: GateConfig) -> GateDecision | None:
+    """Without a fresh reading the gate cannot see the engine: allow a small number in flight only."""
+    age = inputs.reading_age()
+    if inputs.reading is not None and inputs.reading.ok and age is not None and age <= config.stale_after_seconds:
+        return None
+    cap = config.fallback_max_in_flight
+    if inputs.in_flight < cap:
+        return GateDecision(True, f"metrics stale: in flight {inputs.in_flight} < cap {cap}", False)
+    return GateDecision(False, f"metrics stale: in flight {inputs.in_flight} >= cap {cap}", False)
 
-    Open while estimated waiting < `waiting_target` (with a reading of 0 and a target of 3, three requests
-    go at once). Fallback: a reading older than `stale_after_seconds`, or a failed scrape, no longer opens
-    the gate; the backend then gets at most `fallback_max_in_flight` requests in flight, so a dead metrics
-    endpoint degrades to a concurrency cap instead of a flood (blind dispatch) or a stall (wedged model).
+
+def check_waiting(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
+    """The engine's waiting queue must stay below the class's target (batch: must be empty)."""
+    waiting = inputs.estimated_waiting()
+    if cls.require_idle_engine:
+        return None if waiting == 0 else f"waiting {waiting} > 0 and {cls.name} needs an idle engine queue"
+    target = cls.waiting_target or config.waiting_target
+    return None if waiting < target else f"waiting {waiting} >= target {target}"
+
+
+def check_tpot(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
+    """The engine's time per output token over the last scrape interval must be under the class's limit."""
+    tpot = inputs.reading.tpot_seconds if inputs.reading is not None else None
+    if not cls.max_tpot_seconds or tpot is None or tpot <= cls.max_tpot_seconds:
+        return None
+    return f"tpot {tpot * 1000:.0f}ms > {cls.max_tpot_seconds * 1000:.0f}ms for {cls.name}"
+
+
+def check_kv_cache(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
+    """The engine's KV-cache usage must be under the class's limit (new work would cause preemptions)."""
+    usage = inputs.reading.kv_cache_usage if inputs.reading is not None else None
+    if not cls.max_kv_cache_usage or usage is None or usage <= cls.max_kv_cache_usage:
+        return None
+    return f"kv cache {usage:.0%} > {cls.max_kv_cache_usage:.0%} for {cls.name}"
+
+
+class SignalGate:
+    """Open when every configured signal check passes; the first failing check is the reason.
+
+    With a stale reading, a failed scrape or none yet, no signal can be trusted: the backend then gets at
+    most `fallback_max_in_flight` requests in flight, so a dead metrics endpoint degrades to a concurrency
+    cap instead of a flood (blind dispatch) or a stall (wedged model).
     """
+
+    checks: tuple[GateCheck, ...] = (check_waiting, check_tpot, check_kv_cache)
 
     def __init__(self, config: GateConfig) -> None:
         self._config = config
 
     def decide(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
-        age = inputs.reading_age()
-        fresh = (
-            inputs.reading is not None
-            and inputs.reading.ok
-            and age is not None
-            and age <= self._config.stale_after_seconds
-        )
-        if not fresh:
-            cap = self._config.fallback_max_in_flight
-            if inputs.in_flight < cap:
-                return GateDecision(True, f"metrics stale: in flight {inputs.in_flight} < cap {cap}", False)
-            return GateDecision(False, f"metrics stale: in flight {inputs.in_flight} >= cap {cap}", False)
-        waiting = inputs.estimated_waiting()
-        target = self._config.waiting_target
-        if waiting < target:
-            return GateDecision(True, f"waiting {waiting} < target {target}", True)
-        return GateDecision(False, f"waiting {waiting} >= target {target}", True)
+        fallback = _fallback(inputs, self._config)
+        if fallback is not None:
+            return fallback
+        for check in self.checks:
+            reason = check(inputs, priority_class, self._config)
+            if reason is not None:
+                return GateDecision(False, reason, True)
+        return GateDecision(True, f"waiting {inputs.estimated_waiting()}: all signals under limits", True)
 
+
+class QueueDepthGate(SignalGate):
+    """Only the engine's waiting queue against the target (the v1 gate): TPOT and KV limits are ignored."""
+
+    checks = (check_waiting,)
+
+
+GateCheck = Callable[[GateInputs, PriorityClassConfig, GateConfig], "str | None"]
 
 GATE_POLICIES: Registry[Gate] = Registry("gate")
 GATE_POLICIES.register(
-    "queue_depth",
-    QueueDepthGate,
-    "engine waiting queue below a target; concurrency cap when metrics are stale",
+    "signals",
+    SignalGate,
+    "per-class waiting target, TPOT and KV-cache limits, idle-engine rule; concurrency cap when metrics are stale",
+)
+GATE_POLICIES.register(
+    "queue_depth", QueueDepthGate, "engine waiting queue below a target only; concurrency cap when metrics are stale"
 )

@@ -45,7 +45,7 @@ async def test_queued_updates_report_position_while_waiting() -> None:
         second = client.stream("m", "b", request_id="second")
         e2 = await second.read()
         assert (e1.queued.position_in_user_queue, e2.queued.position_in_user_queue) == (1, 2)
-        assert e2.queued.model_queue_depth == 2 and e2.queued.priority_class == "default"
+        assert e2.queued.model_queue_depth == 2 and e2.queued.priority_class == "interactive"
         first.cancel()
         update = await second.read()  # the position changes once the first is withdrawn
         assert update.queued.position_in_user_queue == 1
@@ -184,7 +184,7 @@ async def test_every_admitted_request_has_exactly_one_outcome() -> None:
             server, lambda: outcome_count(server, "completed") + outcome_count(server, "cancelled") == 7
         )
         admitted = server.scheduler.metrics.registry.get_sample_value(
-            "llmsched_requests_admitted_total", {"model": "m", "priority_class": "default"}
+            "llmsched_requests_admitted_total", {"model": "m", "priority_class": "interactive"}
         )
     assert admitted == 7
     assert outcome_count(server, "completed") == 6

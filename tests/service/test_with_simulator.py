@@ -31,9 +31,9 @@ async def test_s1_latecomers_are_served_long_before_the_flood_drains(monkeypatch
     events: list[str] = []  # "A"/"B" when dispatched, "admit B" when B enters the queue
     assign, enqueue = Ticket.assign, ModelDispatcher.enqueue
 
-    def recording_assign(ticket: Ticket, backend: BackendHandle, now: float) -> None:
+    def recording_assign(ticket: Ticket, backend: BackendHandle, now: float, priority: int | None = None) -> None:
         events.append(ticket.request.user)
-        assign(ticket, backend, now)
+        assign(ticket, backend, now, priority)
 
     def recording_enqueue(dispatcher: ModelDispatcher, request: QueuedRequest) -> Ticket:
         if request.user == "B":

@@ -43,7 +43,10 @@ def test_minimal_config_gets_documented_defaults() -> None:
     ("change", "message"),
     [
         ({"modles": []}, "unknown key"),
-        ({"scheduling": {"fairness": "lottery"}}, "unknown fairness policy 'lottery'; known: ['round_robin']"),
+        (
+            {"scheduling": {"fairness": "lottery"}},
+            "unknown fairness policy 'lottery'; known: ['round_robin', 'vtc', 'weighted_round_robin']",
+        ),
         ({"scheduling": {"default_class": "vip"}}, "default_class 'vip'"),
         ({"models": [{"name": "m", "backends": []}]}, "at least one backend"),
         ({"models": [{"name": "m", "backends": [{"name": "b", "kind": "ollama"}]}]}, "known kinds"),

@@ -21,7 +21,7 @@ class Harness:
     def __init__(self, policy: FairnessPolicy) -> None:
         self.policy = policy
         self.queues = ModelQueues([PriorityClassConfig()])
-        self.band = self.queues.band("default")
+        self.band = self.queues.band("interactive")
         self._n = 0
 
     def add(self, user: str, count: int = 1, max_tokens: int = 16) -> None:
@@ -31,7 +31,7 @@ class Harness:
                 request_id=f"{user}-{self._n}",
                 model="m",
                 user=user,
-                priority_class="default",
+                priority_class="interactive",
                 prompt="p",
                 messages=None,
                 params=SamplingParams(max_tokens=max_tokens),
