@@ -75,6 +75,13 @@ class SchedulerClient:
         )
         return self._stub.Stream(request, metadata=self._metadata, timeout=timeout)
 
+    async def queue_state(self, model: str = "") -> pb.GetQueueStateResponse:
+        """Queue depths, gate states and fair-share counters (admins only when admin_users is set)."""
+        response: pb.GetQueueStateResponse = await self._stub.GetQueueState(
+            pb.GetQueueStateRequest(model=model), metadata=self._metadata
+        )
+        return response
+
     async def stream_text(self, model: str, prompt: str = "", **kwargs: Any) -> AsyncIterator[str]:
         """Just the generated text chunks of a streamed generation."""
         async for event in self.stream(model, prompt, **kwargs):

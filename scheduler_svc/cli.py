@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> None:
         call.add_argument("--priority-class", default="")
         call.add_argument("--timeout", type=float, help="call deadline in seconds")
 
+    state = commands.add_parser("queue-state", help="show queue depths, gate states and fair-share counters")
+    state.add_argument("--target", default="127.0.0.1:50051", help="scheduler address")
+    state.add_argument("--model", default="", help="only this model")
+    state.add_argument("--user", help="sent as x-user-id")
+    state.add_argument("--api-key", help="sent as authorization: Bearer KEY")
+
     commands.add_parser("config-reference", help="print every configuration field with default and meaning")
     commands.add_parser("policies", help="list the registered policies")
 
@@ -61,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
             asyncio.run(serve_forever(config_from_args(args), args.host, args.port))
     elif args.command in ("submit", "stream"):
         sys.exit(asyncio.run(_call(args)))
+    elif args.command == "queue-state":
+        sys.exit(asyncio.run(_queue_state(args)))
     elif args.command == "config-reference":
         for name, default, doc in describe_fields():
             print(f"{name:<48} {default:<24} {doc}")
@@ -91,6 +99,21 @@ def _serve(path: str) -> None:
         await server.stop()
 
     asyncio.run(run())
+
+
+async def _queue_state(args: argparse.Namespace) -> int:
+    from google.protobuf import json_format
+
+    from clients import SchedulerClient
+
+    async with SchedulerClient(args.target, user=args.user, api_key=args.api_key) as client:
+        try:
+            state = await client.queue_state(args.model)
+        except grpc.aio.AioRpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    print(json_format.MessageToJson(state, always_print_fields_with_no_presence=True))
+    return 0
 
 
 async def _call(args: argparse.Namespace) -> int:

@@ -58,6 +58,9 @@ class AuthConfig:
         "API key -> user id. When non-empty, every call needs `authorization: Bearer <key>` and the key "
         "alone decides the user (x-user-id is ignored). When empty, the user comes from `x-user-id`.",
     )
+    admin_users: list[str] = _field(
+        [], "Users allowed to call GetQueueState (it shows every user's queue); empty: any identified caller."
+    )
 
 
 @dataclass(frozen=True)

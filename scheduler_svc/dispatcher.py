@@ -156,7 +156,7 @@ class ModelDispatcher:
         self.wake()
 
     def on_generated(self, ticket: Ticket, tokens: int) -> None:
-        self.fairness[ticket.request.priority_class].on_generated(ticket.request.user, tokens)
+        self.fairness[ticket.request.priority_class].on_generated(ticket.request, tokens)
         assert ticket.backend is not None
         self._metrics.generated_tokens.labels(self.model.name, ticket.backend.name).inc(tokens)
 
@@ -171,6 +171,7 @@ class ModelDispatcher:
         else:
             backend.user_in_flight.pop(user, None)
         self._running.pop(ticket.request.request_id, None)
+        self.fairness[ticket.request.priority_class].on_finished(ticket.request, ticket.completion_tokens)
         self._metrics.in_flight.labels(self.model.name, backend.name).set(backend.ledger.in_flight)
         self.wake()
 

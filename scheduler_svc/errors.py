@@ -4,6 +4,7 @@
     ├── InvalidRequest                  -> INVALID_ARGUMENT
     ├── ModelNotFound                   -> NOT_FOUND
     ├── Unauthenticated                 -> UNAUTHENTICATED
+    ├── PermissionDenied                -> PERMISSION_DENIED
     ├── QueueFull                       -> RESOURCE_EXHAUSTED (+ google.rpc.RetryInfo)
     ├── QueueTimeout                    -> DEADLINE_EXCEEDED
     └── ShuttingDown                    -> UNAVAILABLE
@@ -52,6 +53,13 @@ class Unauthenticated(SchedulerError):
 
     status_code = grpc.StatusCode.UNAUTHENTICATED
     reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(SchedulerError):
+    """The caller is identified but may not do this."""
+
+    status_code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"
 
 
 class QueueFull(SchedulerError):

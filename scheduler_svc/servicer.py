@@ -21,7 +21,8 @@ from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from scheduler_svc.admission import GenerateRequest, build_request
 from scheduler_svc.auth import Authenticator
-from scheduler_svc.errors import SchedulerError, to_grpc_status
+from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError, to_grpc_status
+from scheduler_svc.introspection import queue_state
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.ticket import Ticket
 
@@ -166,9 +167,26 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
 
     def _queued(self, ticket: Ticket, position: int) -> pb.Queued:
         dispatcher = self._scheduler.dispatchers[ticket.request.model]
+        wait = dispatcher.estimated_wait(ticket)
         return pb.Queued(
             request_id=ticket.request.request_id,
             position_in_user_queue=position,
             model_queue_depth=len(dispatcher.queues),
             priority_class=ticket.request.priority_class,
+            estimated_wait=_duration(wait) if wait is not None else None,
         )
+
+    async def GetQueueState(
+        self, request: pb.GetQueueStateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GetQueueStateResponse:
+        try:
+            user = self._auth.identify(context.invocation_metadata())
+            admins = self._scheduler.config.auth.admin_users
+            if admins and user not in admins:
+                raise PermissionDenied(f"user {user} may not read the queue state (auth.admin_users)")
+            if request.model and request.model not in self._scheduler.dispatchers:
+                raise ModelNotFound(f"unknown model {request.model!r}")
+        except SchedulerError as exc:
+            await _abort(context, exc)
+        names = [request.model] if request.model else list(self._scheduler.dispatchers)
+        return pb.GetQueueStateResponse(models=[queue_state(self._scheduler.dispatchers[name]) for name in names])

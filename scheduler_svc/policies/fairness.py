@@ -6,7 +6,8 @@ token-cost policies work without the dispatcher knowing which policy it runs.
 
     round_robin            one request per backlogged user in turn; ignores weights
     weighted_round_robin   request counts in proportion to weights (stride scheduling)
-    vtc                    Virtual Token Counter: prompt + generated tokens in proportion to weights
+    vtc                    Virtual Token Counter with length prediction: token shares by weight
+    vtc_basic              Virtual Token Counter as published (counters only; converges more slowly)
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ class FairnessPolicy(Protocol):
         """`request` left the queue for an engine."""
         ...
 
-    def on_generated(self, user: str, tokens: int) -> None:
-        """`tokens` more tokens were generated for `user` in this band."""
+    def on_generated(self, request: RequestView, tokens: int) -> None:
+        """`tokens` more tokens were generated for `request` (dispatched from this band)."""
+        ...
+
+    def on_finished(self, request: RequestView, generated: int) -> None:
+        """`request` ended (any outcome) after generating `generated` tokens."""
         ...
 
     def counters(self) -> dict[str, float]:
@@ -74,7 +79,10 @@ class RoundRobinFairness:
     def on_dispatched(self, request: RequestView) -> None:
         return None
 
-    def on_generated(self, user: str, tokens: int) -> None:
+    def on_generated(self, request: RequestView, tokens: int) -> None:
+        return None
+
+    def on_finished(self, request: RequestView, generated: int) -> None:
         return None
 
     def counters(self) -> dict[str, float]:
@@ -83,8 +91,8 @@ class RoundRobinFairness:
 
 class _VirtualCounterFairness:
     """Serve the backlogged user with the least weighted service so far, in two levels: first the group
-    with the smallest counter, then its user with the smallest counter. Service is charged by subclasses
-    (per request, or per token as tokens stream).
+    with the smallest counter, then its user with the smallest counter. Subclasses decide what service
+    costs (per request, or per token as tokens stream) and may add work already committed to the engine.
 
     A flow that becomes backlogged has its counter lifted to the smallest counter among the backlogged
     (its group's likewise), so idle time earns no credit and a returning user cannot monopolise the
@@ -109,17 +117,23 @@ class _VirtualCounterFairness:
         floor = min((self._group_counter.get(g, 0.0) for g in groups), default=0.0)
         self._group_counter[group] = max(self._group_counter.get(group, 0.0), floor)
 
+    def _user_key(self, user: str) -> float:
+        return self._user_counter.get(user, 0.0)
+
+    def _group_key(self, group: str) -> float:
+        return self._group_counter.get(group, 0.0)
+
     def select(self, flows: Mapping[str, FlowView]) -> str:
         best_group: tuple[float, str] | None = None
         best_user: dict[str, tuple[float, str]] = {}
         for user in flows:  # dict order: longest backlogged first, so strict < keeps the older on ties
             group = self._weights.group_of(user)
-            counter = self._user_counter.get(user, 0.0)
-            if group not in best_user or counter < best_user[group][0]:
-                best_user[group] = (counter, user)
-            group_counter = self._group_counter.get(group, 0.0)
-            if best_group is None or group_counter < best_group[0]:
-                best_group = (group_counter, group)
+            key = self._user_key(user)
+            if group not in best_user or key < best_user[group][0]:
+                best_user[group] = (key, user)
+            group_key = self._group_key(group)
+            if best_group is None or group_key < best_group[0]:
+                best_group = (group_key, group)
         assert best_group is not None, "select() needs at least one backlogged flow"
         return best_user[best_group[1]][1]
 
@@ -131,7 +145,10 @@ class _VirtualCounterFairness:
     def on_dispatched(self, request: RequestView) -> None:
         return None
 
-    def on_generated(self, user: str, tokens: int) -> None:
+    def on_generated(self, request: RequestView, tokens: int) -> None:
+        return None
+
+    def on_finished(self, request: RequestView, generated: int) -> None:
         return None
 
     def counters(self) -> dict[str, float]:
@@ -148,14 +165,14 @@ class WeightedRoundRobinFairness(_VirtualCounterFairness):
         self._charge(request.user, 1.0)
 
 
-class VirtualTokenCounterFairness(_VirtualCounterFairness):
-    """Virtual Token Counter (Sheng et al., OSDI 2024): shares of tokens in proportion to weights.
+class BasicVirtualTokenCounterFairness(_VirtualCounterFairness):
+    """Virtual Token Counter as published (Sheng et al., OSDI 2024): shares of tokens by weight.
 
     Charged `w_p * prompt tokens / weight` at dispatch and `w_q / weight` per generated token as it
-    streams, so a long generation is paid for while it runs and a user asking for 1000-token answers gets
-    about as many tokens as one asking for 50-token answers. Trade-off: prompt tokens are estimated from
-    the text until the engine reports them; the service gap between two backlogged users is bounded by
-    about 2 * max(w_p * prompt length, w_q * tokens in a batch).
+    streams, so a long generation is paid for while it runs. Trade-off: the counters only see tokens
+    already generated, so right after a tie a user with 1000-token answers can take several engine slots
+    whose cost shows up later; shares converge only over windows of many long requests (the paper's
+    bound: about 2 * max(w_p * prompt length, w_q * tokens in a batch)). `vtc` removes that lag.
     """
 
     PROMPT_WEIGHT = 1.0
@@ -164,8 +181,63 @@ class VirtualTokenCounterFairness(_VirtualCounterFairness):
     def on_dispatched(self, request: RequestView) -> None:
         self._charge(request.user, self.PROMPT_WEIGHT * request.prompt_tokens_estimate)
 
-    def on_generated(self, user: str, tokens: int) -> None:
-        self._charge(user, self.GENERATED_WEIGHT * tokens)
+    def on_generated(self, request: RequestView, tokens: int) -> None:
+        self._charge(request.user, self.GENERATED_WEIGHT * tokens)
+
+
+class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
+    """Virtual Token Counter with length prediction (the paper's predictive variant), the default VTC.
+
+    Counters are charged exactly as in `vtc_basic` (prompt at dispatch, tokens as they stream), but the
+    choice also counts the tokens each user's running requests are still expected to generate: expected
+    length = min(max_tokens, the user's recent mean answer length). So a user whose 1000-token answers
+    already hold engine slots is not handed another slot just because their counter has not caught up.
+    Trade-off: a prediction that is too high delays a user only while their requests run.
+    """
+
+    SMOOTHING = 0.2  # weight of the newest answer in the per-user mean length
+
+    def __init__(self, weights: WeightResolver | None = None) -> None:
+        super().__init__(weights)
+        self._remaining: dict[str, float] = {}  # request id -> tokens it is still expected to generate
+        self._user_reserved: dict[str, float] = {}
+        self._group_reserved: dict[str, float] = {}
+        self._mean_length: dict[str, float] = {}
+
+    def _reserve(self, user: str, tokens: float) -> None:
+        cost = self.GENERATED_WEIGHT * tokens
+        group = self._weights.group_of(user)
+        self._user_reserved[user] = self._user_reserved.get(user, 0.0) + cost / self._weights.user_weight(user)
+        self._group_reserved[group] = self._group_reserved.get(group, 0.0) + cost / self._weights.group_weight(group)
+
+    def _user_key(self, user: str) -> float:
+        return super()._user_key(user) + self._user_reserved.get(user, 0.0)
+
+    def _group_key(self, group: str) -> float:
+        return super()._group_key(group) + self._group_reserved.get(group, 0.0)
+
+    def on_dispatched(self, request: RequestView) -> None:
+        super().on_dispatched(request)
+        expected = min(float(request.max_tokens), self._mean_length.get(request.user, float(request.max_tokens)))
+        self._remaining[request.request_id] = expected
+        self._reserve(request.user, expected)
+
+    def on_generated(self, request: RequestView, tokens: int) -> None:
+        super().on_generated(request, tokens)
+        remaining = self._remaining.get(request.request_id, 0.0)
+        used = min(float(tokens), remaining)
+        if used:
+            self._remaining[request.request_id] = remaining - used
+            self._reserve(request.user, -used)
+
+    def on_finished(self, request: RequestView, generated: int) -> None:
+        remaining = self._remaining.pop(request.request_id, 0.0)
+        if remaining:
+            self._reserve(request.user, -remaining)
+        previous = self._mean_length.get(request.user)
+        self._mean_length[request.user] = (
+            float(generated) if previous is None else previous + self.SMOOTHING * (generated - previous)
+        )
 
 
 FAIRNESS_POLICIES: Registry[FairnessPolicy] = Registry("fairness")
@@ -174,5 +246,10 @@ FAIRNESS_POLICIES.register(
     "weighted_round_robin", WeightedRoundRobinFairness, "request counts in proportion to user/group weights"
 )
 FAIRNESS_POLICIES.register(
-    "vtc", VirtualTokenCounterFairness, "Virtual Token Counter: weighted shares of prompt + generated tokens"
+    "vtc",
+    VirtualTokenCounterFairness,
+    "Virtual Token Counter with length prediction: weighted shares of prompt + generated tokens",
+)
+FAIRNESS_POLICIES.register(
+    "vtc_basic", BasicVirtualTokenCounterFairness, "Virtual Token Counter as published: charged as tokens stream"
 )

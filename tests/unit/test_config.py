@@ -45,7 +45,7 @@ def test_minimal_config_gets_documented_defaults() -> None:
         ({"modles": []}, "unknown key"),
         (
             {"scheduling": {"fairness": "lottery"}},
-            "unknown fairness policy 'lottery'; known: ['round_robin', 'vtc', 'weighted_round_robin']",
+            "unknown fairness policy 'lottery'; known: ['round_robin', 'vtc', 'vtc_basic', 'weighted_round_robin']",
         ),
         ({"scheduling": {"default_class": "vip"}}, "default_class 'vip'"),
         ({"models": [{"name": "m", "backends": []}]}, "at least one backend"),

@@ -47,7 +47,8 @@ class Harness:
         request = self.band.flows[user].head()
         self.queues.remove(request.request_id)
         self.policy.on_dispatched(request)
-        self.policy.on_generated(user, request.max_tokens)
+        self.policy.on_generated(request, request.max_tokens)
+        self.policy.on_finished(request, request.max_tokens)
         return request
 
 

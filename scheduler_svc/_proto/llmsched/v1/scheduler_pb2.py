@@ -26,15 +26,15 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bllmsched/v1/scheduler.proto\x12\x0bllmsched.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb4\x02\n\rSubmitRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12*\n\x08messages\x18\x03 \x03(\x0b\x32\x18.llmsched.v1.ChatMessage\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x16\n\x0epriority_class\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xbf\x01\n\x0eSubmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.llmsched.v1.FinishReason\x12!\n\x05usage\x18\x04 \x01(\x0b\x32\x12.llmsched.v1.Usage\x12%\n\x07timings\x18\x05 \x01(\x0b\x32\x14.llmsched.v1.Timings\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"\xb4\x02\n\rStreamRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12*\n\x08messages\x18\x03 \x03(\x0b\x32\x18.llmsched.v1.ChatMessage\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x16\n\x0epriority_class\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xbf\x01\n\x0eStreamResponse\x12%\n\x06queued\x18\x01 \x01(\x0b\x32\x13.llmsched.v1.QueuedH\x00\x12-\n\ndispatched\x18\x02 \x01(\x0b\x32\x17.llmsched.v1.DispatchedH\x00\x12#\n\x05\x64\x65lta\x18\x03 \x01(\x0b\x32\x12.llmsched.v1.DeltaH\x00\x12)\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x15.llmsched.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"o\n\x06Queued\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1e\n\x16position_in_user_queue\x18\x02 \x01(\x05\x12\x19\n\x11model_queue_depth\x18\x03 \x01(\x05\x12\x16\n\x0epriority_class\x18\x04 \x01(\t\"\x7f\n\nDispatched\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x31\n\rdispatched_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\nqueue_wait\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"%\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\"\x86\x01\n\x08\x46inished\x12\x30\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x19.llmsched.v1.FinishReason\x12!\n\x05usage\x18\x02 \x01(\x0b\x32\x12.llmsched.v1.Usage\x12%\n\x07timings\x18\x03 \x01(\x0b\x32\x14.llmsched.v1.Timings\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\x9a\x01\n\x07Timings\x12-\n\nqueue_wait\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12(\n\x05total\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\x9a\x01\n\x10SchedulerService\x12\x41\n\x06Submit\x12\x1a.llmsched.v1.SubmitRequest\x1a\x1b.llmsched.v1.SubmitResponse\x12\x43\n\x06Stream\x12\x1a.llmsched.v1.StreamRequest\x1a\x1b.llmsched.v1.StreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bllmsched/v1/scheduler.proto\x12\x0bllmsched.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb4\x02\n\rSubmitRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12*\n\x08messages\x18\x03 \x03(\x0b\x32\x18.llmsched.v1.ChatMessage\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x16\n\x0epriority_class\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xbf\x01\n\x0eSubmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.llmsched.v1.FinishReason\x12!\n\x05usage\x18\x04 \x01(\x0b\x32\x12.llmsched.v1.Usage\x12%\n\x07timings\x18\x05 \x01(\x0b\x32\x14.llmsched.v1.Timings\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"\xb4\x02\n\rStreamRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12*\n\x08messages\x18\x03 \x03(\x0b\x32\x18.llmsched.v1.ChatMessage\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x16\n\x0epriority_class\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xbf\x01\n\x0eStreamResponse\x12%\n\x06queued\x18\x01 \x01(\x0b\x32\x13.llmsched.v1.QueuedH\x00\x12-\n\ndispatched\x18\x02 \x01(\x0b\x32\x17.llmsched.v1.DispatchedH\x00\x12#\n\x05\x64\x65lta\x18\x03 \x01(\x0b\x32\x12.llmsched.v1.DeltaH\x00\x12)\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x15.llmsched.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\xa2\x01\n\x06Queued\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1e\n\x16position_in_user_queue\x18\x02 \x01(\x05\x12\x19\n\x11model_queue_depth\x18\x03 \x01(\x05\x12\x16\n\x0epriority_class\x18\x04 \x01(\t\x12\x31\n\x0e\x65stimated_wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x7f\n\nDispatched\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x31\n\rdispatched_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\nqueue_wait\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"%\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\"\x86\x01\n\x08\x46inished\x12\x30\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x19.llmsched.v1.FinishReason\x12!\n\x05usage\x18\x02 \x01(\x0b\x32\x12.llmsched.v1.Usage\x12%\n\x07timings\x18\x03 \x01(\x0b\x32\x14.llmsched.v1.Timings\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\x9a\x01\n\x07Timings\x12-\n\nqueue_wait\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12(\n\x05total\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"%\n\x14GetQueueStateRequest\x12\r\n\x05model\x18\x01 \x01(\t\"E\n\x15GetQueueStateResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.llmsched.v1.ModelQueueState\"\xb6\x01\n\x0fModelQueueState\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x1d\n\x15\x64rain_rate_per_second\x18\x04 \x01(\x01\x12-\n\x07\x63lasses\x18\x05 \x03(\x0b\x32\x1c.llmsched.v1.ClassQueueState\x12%\n\x05gates\x18\x06 \x03(\x0b\x32\x16.llmsched.v1.GateState\"s\n\x0f\x43lassQueueState\x12\x16\n\x0epriority_class\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x12*\n\x05users\x18\x04 \x03(\x0b\x32\x1b.llmsched.v1.UserQueueState\"J\n\x0eUserQueueState\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x1a\n\x12\x66\x61ir_share_counter\x18\x03 \x01(\x01\"\xb5\x02\n\tGateState\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x16\n\x0epriority_class\x18\x02 \x01(\t\x12\x0c\n\x04open\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x15\n\rmetrics_fresh\x18\x05 \x01(\x08\x12\x1b\n\x13reading_age_seconds\x18\x06 \x01(\x01\x12\x16\n\x0e\x65ngine_waiting\x18\x07 \x01(\x05\x12\x16\n\x0e\x65ngine_running\x18\x08 \x01(\x05\x12\x1b\n\x13\x65ngine_tpot_seconds\x18\t \x01(\x01\x12\x1d\n\x15\x65ngine_kv_cache_usage\x18\n \x01(\x01\x12\x11\n\tin_flight\x18\x0b \x01(\x05\x12\x13\n\x0bsent_unseen\x18\x0c \x01(\x05\x12\x19\n\x11\x65stimated_waiting\x18\r \x01(\x05*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xf2\x01\n\x10SchedulerService\x12\x41\n\x06Submit\x12\x1a.llmsched.v1.SubmitRequest\x1a\x1b.llmsched.v1.SubmitResponse\x12\x43\n\x06Stream\x12\x1a.llmsched.v1.StreamRequest\x1a\x1b.llmsched.v1.StreamResponse0\x01\x12V\n\rGetQueueState\x12!.llmsched.v1.GetQueueStateRequest\x1a\".llmsched.v1.GetQueueStateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmsched.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1799
-  _globals['_FINISHREASON']._serialized_end=1894
+  _globals['_FINISHREASON']._serialized_start=2651
+  _globals['_FINISHREASON']._serialized_end=2746
   _globals['_CHATMESSAGE']._serialized_start=109
   _globals['_CHATMESSAGE']._serialized_end=153
   _globals['_SUBMITREQUEST']._serialized_start=156
@@ -45,18 +45,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMREQUEST']._serialized_end=969
   _globals['_STREAMRESPONSE']._serialized_start=972
   _globals['_STREAMRESPONSE']._serialized_end=1163
-  _globals['_QUEUED']._serialized_start=1165
-  _globals['_QUEUED']._serialized_end=1276
-  _globals['_DISPATCHED']._serialized_start=1278
-  _globals['_DISPATCHED']._serialized_end=1405
-  _globals['_DELTA']._serialized_start=1407
-  _globals['_DELTA']._serialized_end=1444
-  _globals['_FINISHED']._serialized_start=1447
-  _globals['_FINISHED']._serialized_end=1581
-  _globals['_USAGE']._serialized_start=1583
-  _globals['_USAGE']._serialized_end=1640
-  _globals['_TIMINGS']._serialized_start=1643
-  _globals['_TIMINGS']._serialized_end=1797
-  _globals['_SCHEDULERSERVICE']._serialized_start=1897
-  _globals['_SCHEDULERSERVICE']._serialized_end=2051
+  _globals['_QUEUED']._serialized_start=1166
+  _globals['_QUEUED']._serialized_end=1328
+  _globals['_DISPATCHED']._serialized_start=1330
+  _globals['_DISPATCHED']._serialized_end=1457
+  _globals['_DELTA']._serialized_start=1459
+  _globals['_DELTA']._serialized_end=1496
+  _globals['_FINISHED']._serialized_start=1499
+  _globals['_FINISHED']._serialized_end=1633
+  _globals['_USAGE']._serialized_start=1635
+  _globals['_USAGE']._serialized_end=1692
+  _globals['_TIMINGS']._serialized_start=1695
+  _globals['_TIMINGS']._serialized_end=1849
+  _globals['_GETQUEUESTATEREQUEST']._serialized_start=1851
+  _globals['_GETQUEUESTATEREQUEST']._serialized_end=1888
+  _globals['_GETQUEUESTATERESPONSE']._serialized_start=1890
+  _globals['_GETQUEUESTATERESPONSE']._serialized_end=1959
+  _globals['_MODELQUEUESTATE']._serialized_start=1962
+  _globals['_MODELQUEUESTATE']._serialized_end=2144
+  _globals['_CLASSQUEUESTATE']._serialized_start=2146
+  _globals['_CLASSQUEUESTATE']._serialized_end=2261
+  _globals['_USERQUEUESTATE']._serialized_start=2263
+  _globals['_USERQUEUESTATE']._serialized_end=2337
+  _globals['_GATESTATE']._serialized_start=2340
+  _globals['_GATESTATE']._serialized_end=2649
+  _globals['_SCHEDULERSERVICE']._serialized_start=2749
+  _globals['_SCHEDULERSERVICE']._serialized_end=2991
 # @@protoc_insertion_point(module_scope)

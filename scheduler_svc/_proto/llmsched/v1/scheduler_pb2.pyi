@@ -349,6 +349,7 @@ class Queued(_message.Message):
     POSITION_IN_USER_QUEUE_FIELD_NUMBER: _builtins.int
     MODEL_QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_WAIT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The request id (client supplied or generated)."""
     position_in_user_queue: _builtins.int
@@ -359,6 +360,10 @@ class Queued(_message.Message):
     """Requests queued for the model, all users and classes together."""
     priority_class: _builtins.str
     """The priority class the request was queued in."""
+    @_builtins.property
+    def estimated_wait(self) -> _duration_pb2.Duration:
+        """Estimated time until dispatch at the current drain rate (unset while the rate is unknown)."""
+
     def __init__(
         self,
         *,
@@ -366,10 +371,11 @@ class Queued(_message.Message):
         position_in_user_queue: _builtins.int = ...,
         model_queue_depth: _builtins.int = ...,
         priority_class: _builtins.str = ...,
+        estimated_wait: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_wait", b"estimated_wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["model_queue_depth", b"model_queue_depth", "position_in_user_queue", b"position_in_user_queue", "priority_class", b"priority_class", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_wait", b"estimated_wait", "model_queue_depth", b"model_queue_depth", "position_in_user_queue", b"position_in_user_queue", "priority_class", b"priority_class", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -530,3 +536,231 @@ class Timings(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Timings: _TypeAlias = Timings  # noqa: Y015
+
+@_typing.final
+class GetQueueStateRequest(_message.Message):
+    """Request for GetQueueState."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """Only this model; empty means every model."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueStateRequest: _TypeAlias = GetQueueStateRequest  # noqa: Y015
+
+@_typing.final
+class GetQueueStateResponse(_message.Message):
+    """Response of GetQueueState."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODELS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelQueueState]:
+        """One entry per model."""
+
+    def __init__(
+        self,
+        *,
+        models: _abc.Iterable[Global___ModelQueueState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["models", b"models"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueStateResponse: _TypeAlias = GetQueueStateResponse  # noqa: Y015
+
+@_typing.final
+class ModelQueueState(_message.Message):
+    """The scheduler's view of one model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    DRAIN_RATE_PER_SECOND_FIELD_NUMBER: _builtins.int
+    CLASSES_FIELD_NUMBER: _builtins.int
+    GATES_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The model name."""
+    queued: _builtins.int
+    """Requests queued for the model, all classes."""
+    running: _builtins.int
+    """Requests dispatched and not finished."""
+    drain_rate_per_second: _builtins.float
+    """Dispatches per second over the recent window."""
+    @_builtins.property
+    def classes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClassQueueState]:
+        """One entry per priority class, best band first."""
+
+    @_builtins.property
+    def gates(self) -> _containers.RepeatedCompositeFieldContainer[Global___GateState]:
+        """One entry per backend and class."""
+
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        queued: _builtins.int = ...,
+        running: _builtins.int = ...,
+        drain_rate_per_second: _builtins.float = ...,
+        classes: _abc.Iterable[Global___ClassQueueState] | None = ...,
+        gates: _abc.Iterable[Global___GateState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "drain_rate_per_second", b"drain_rate_per_second", "gates", b"gates", "model", b"model", "queued", b"queued", "running", b"running"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelQueueState: _TypeAlias = ModelQueueState  # noqa: Y015
+
+@_typing.final
+class ClassQueueState(_message.Message):
+    """One priority band of a model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRIORITY_CLASS_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    USERS_FIELD_NUMBER: _builtins.int
+    priority_class: _builtins.str
+    """The class name."""
+    rank: _builtins.int
+    """Its rank (lower is served first)."""
+    queued: _builtins.int
+    """Requests queued in the band."""
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserQueueState]:
+        """Per-user state within the band (users with queued requests or a fair-share counter)."""
+
+    def __init__(
+        self,
+        *,
+        priority_class: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        queued: _builtins.int = ...,
+        users: _abc.Iterable[Global___UserQueueState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["priority_class", b"priority_class", "queued", b"queued", "rank", b"rank", "users", b"users"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClassQueueState: _TypeAlias = ClassQueueState  # noqa: Y015
+
+@_typing.final
+class UserQueueState(_message.Message):
+    """One user within a band."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    FAIR_SHARE_COUNTER_FIELD_NUMBER: _builtins.int
+    user: _builtins.str
+    """The user id."""
+    queued: _builtins.int
+    """Requests the user has queued in the band."""
+    fair_share_counter: _builtins.float
+    """The fairness policy's counter for the user (virtual service received; 0 for round robin)."""
+    def __init__(
+        self,
+        *,
+        user: _builtins.str = ...,
+        queued: _builtins.int = ...,
+        fair_share_counter: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fair_share_counter", b"fair_share_counter", "queued", b"queued", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserQueueState: _TypeAlias = UserQueueState  # noqa: Y015
+
+@_typing.final
+class GateState(_message.Message):
+    """A backend's gate decision for one class, with everything it was based on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BACKEND_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_FIELD_NUMBER: _builtins.int
+    OPEN_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    METRICS_FRESH_FIELD_NUMBER: _builtins.int
+    READING_AGE_SECONDS_FIELD_NUMBER: _builtins.int
+    ENGINE_WAITING_FIELD_NUMBER: _builtins.int
+    ENGINE_RUNNING_FIELD_NUMBER: _builtins.int
+    ENGINE_TPOT_SECONDS_FIELD_NUMBER: _builtins.int
+    ENGINE_KV_CACHE_USAGE_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    SENT_UNSEEN_FIELD_NUMBER: _builtins.int
+    ESTIMATED_WAITING_FIELD_NUMBER: _builtins.int
+    backend: _builtins.str
+    """The backend's configured name."""
+    priority_class: _builtins.str
+    """The class the decision is for."""
+    open: _builtins.bool
+    """Whether one more request of the class may go now."""
+    reason: _builtins.str
+    """Why (the first failing check, or the numbers that passed)."""
+    metrics_fresh: _builtins.bool
+    """Whether the last metrics reading is fresh enough to trust."""
+    reading_age_seconds: _builtins.float
+    """Age of the last good reading in seconds (-1 when there is none)."""
+    engine_waiting: _builtins.int
+    """The engine's waiting queue in the last reading."""
+    engine_running: _builtins.int
+    """The engine's running requests in the last reading."""
+    engine_tpot_seconds: _builtins.float
+    """Time per output token over the last scrape interval, seconds (-1 when unknown)."""
+    engine_kv_cache_usage: _builtins.float
+    """KV-cache usage 0..1 (-1 when the engine does not report it)."""
+    in_flight: _builtins.int
+    """Requests in flight to the backend."""
+    sent_unseen: _builtins.int
+    """Requests sent that the last reading cannot show yet."""
+    estimated_waiting: _builtins.int
+    """The gate's estimate of the engine's waiting queue now."""
+    def __init__(
+        self,
+        *,
+        backend: _builtins.str = ...,
+        priority_class: _builtins.str = ...,
+        open: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        metrics_fresh: _builtins.bool = ...,
+        reading_age_seconds: _builtins.float = ...,
+        engine_waiting: _builtins.int = ...,
+        engine_running: _builtins.int = ...,
+        engine_tpot_seconds: _builtins.float = ...,
+        engine_kv_cache_usage: _builtins.float = ...,
+        in_flight: _builtins.int = ...,
+        sent_unseen: _builtins.int = ...,
+        estimated_waiting: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "engine_kv_cache_usage", b"engine_kv_cache_usage", "engine_running", b"engine_running", "engine_tpot_seconds", b"engine_tpot_seconds", "engine_waiting", b"engine_waiting", "estimated_waiting", b"estimated_waiting", "in_flight", b"in_flight", "metrics_fresh", b"metrics_fresh", "open", b"open", "priority_class", b"priority_class", "reading_age_seconds", b"reading_age_seconds", "reason", b"reason", "sent_unseen", b"sent_unseen"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GateState: _TypeAlias = GateState  # noqa: Y015

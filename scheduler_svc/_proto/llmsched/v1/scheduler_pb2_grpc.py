@@ -45,6 +45,11 @@ class SchedulerServiceStub:
                 request_serializer=llmsched_dot_v1_dot_scheduler__pb2.StreamRequest.SerializeToString,
                 response_deserializer=llmsched_dot_v1_dot_scheduler__pb2.StreamResponse.FromString,
                 _registered_method=True)
+        self.GetQueueState = channel.unary_unary(
+                '/llmsched.v1.SchedulerService/GetQueueState',
+                request_serializer=llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateRequest.SerializeToString,
+                response_deserializer=llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -72,6 +77,14 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetQueueState(self, request, context):
+        """Introspection: queue depths per model, class and user, each backend's gate state with its inputs,
+        and the fairness policies' per-user counters. When `auth.admin_users` is set, only they may call it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -84,6 +97,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.Stream,
                     request_deserializer=llmsched_dot_v1_dot_scheduler__pb2.StreamRequest.FromString,
                     response_serializer=llmsched_dot_v1_dot_scheduler__pb2.StreamResponse.SerializeToString,
+            ),
+            'GetQueueState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueState,
+                    request_deserializer=llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateRequest.FromString,
+                    response_serializer=llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -141,6 +159,33 @@ class SchedulerService:
             '/llmsched.v1.SchedulerService/Stream',
             llmsched_dot_v1_dot_scheduler__pb2.StreamRequest.SerializeToString,
             llmsched_dot_v1_dot_scheduler__pb2.StreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmsched.v1.SchedulerService/GetQueueState',
+            llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateRequest.SerializeToString,
+            llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,6 +61,10 @@ class SchedulerServiceStub:
     A failure ends the stream with a gRPC status instead of `finished`. Cancelling the call removes a
     queued request, or aborts a running one inside the engine.
     """
+    GetQueueState: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetQueueStateRequest, _scheduler_pb2.GetQueueStateResponse]
+    """Introspection: queue depths per model, class and user, each backend's gate state with its inputs,
+    and the fairness policies' per-user counters. When `auth.admin_users` is set, only they may call it.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -78,6 +82,10 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
       5. `finished`    once, on success.
     A failure ends the stream with a gRPC status instead of `finished`. Cancelling the call removes a
     queued request, or aborts a running one inside the engine.
+    """
+    GetQueueState: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetQueueStateRequest, _scheduler_pb2.GetQueueStateResponse]  # type: ignore[assignment]
+    """Introspection: queue depths per model, class and user, each backend's gate state with its inputs,
+    and the fairness policies' per-user counters. When `auth.admin_users` is set, only they may call it.
     """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -105,6 +113,16 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
           5. `finished`    once, on success.
         A failure ends the stream with a gRPC status instead of `finished`. Cancelling the call removes a
         queued request, or aborts a running one inside the engine.
+        """
+
+    @_abc_1.abstractmethod
+    def GetQueueState(
+        self,
+        request: _scheduler_pb2.GetQueueStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.GetQueueStateResponse, _abc.Awaitable[_scheduler_pb2.GetQueueStateResponse]]:
+        """Introspection: queue depths per model, class and user, each backend's gate state with its inputs,
+        and the fairness policies' per-user counters. When `auth.admin_users` is set, only they may call it.
         """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

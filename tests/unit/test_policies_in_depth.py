@@ -1,0 +1,220 @@
+"""Weighted and token-cost fairness, priority bands, per-class gates, engine priorities, TTLs, caps.
+
+Everything runs on a fake clock with a test gate that models an engine with a fixed number of slots.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from backends.base import BackendLoad
+from scheduler_svc.config import GateConfig, PriorityClassConfig
+from scheduler_svc.errors import QueueFull
+from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.policies import SignalGate
+from scheduler_svc.ticket import Outcome, TicketState
+from tests.unit.dispatch_harness import Harness
+
+
+def keep_backlogged(h: Harness, users: dict[str, int], depth: int = 8, **kwargs: object) -> None:
+    """Top every user's queue up to `depth` requests of `users[user]` tokens."""
+    for user, tokens in users.items():
+        while h.dispatcher.queues.user_depth(user) < depth:
+            h.submit(user, max_tokens=tokens, **kwargs)  # type: ignore[arg-type]
+
+
+def run(h: Harness, users: dict[str, int], steps: int, **kwargs: object) -> Counter[str]:
+    """All users backlogged for `steps` engine steps; returns tokens served per user."""
+    for _ in range(steps):
+        keep_backlogged(h, users, **kwargs)
+        h.dispatch()
+        h.step()
+    return Counter(h.tokens_by_user)
+
+
+def test_s3_weighted_shares_follow_the_weights_within_5_percent() -> None:
+    h = Harness({"fairness": "weighted_round_robin", "weights": {"users": {"w1": 1, "w2": 2, "w4": 4}}}, cap=4)
+    served = run(h, {"w1": 10, "w2": 10, "w4": 10}, steps=3000)
+    total = sum(served.values())
+    for user, weight in (("w1", 1), ("w2", 2), ("w4", 4)):
+        assert served[user] / total == pytest.approx(weight / 7, rel=0.05), served
+
+
+def test_group_weights_are_shared_by_the_group_members() -> None:
+    weights = {"groups": {"team": 2}, "members": {"t1": "team", "t2": "team"}, "default": 1}
+    h = Harness({"fairness": "weighted_round_robin", "weights": weights}, cap=4)
+    served = run(h, {"t1": 10, "t2": 10, "solo": 10}, steps=3000)
+    assert served["t1"] + served["t2"] == pytest.approx(2 * served["solo"], rel=0.05), served
+    assert served["t1"] == pytest.approx(served["t2"], rel=0.05), served
+
+
+def test_s4_vtc_gives_long_and_short_answers_about_equal_tokens() -> None:
+    h = Harness({"fairness": "vtc"}, cap=8)
+    served = run(h, {"long": 1000, "short": 50}, steps=6000, depth=12)
+    assert served["long"] == pytest.approx(served["short"], rel=0.10), served
+
+
+def test_s4_round_robin_by_request_favours_the_long_answers() -> None:
+    h = Harness({"fairness": "round_robin"}, cap=8)
+    served = run(h, {"long": 1000, "short": 50}, steps=6000, depth=12)
+    assert served["long"] > 5 * served["short"], served  # the contrast VTC removes
+
+
+def test_vtc_lifts_a_returning_user_so_idle_time_earns_no_credit() -> None:
+    h = Harness({"fairness": "vtc"}, cap=2)
+    run(h, {"a": 20, "b": 20}, steps=400)  # both busy for a while
+    for t in h.running():
+        t.close(Outcome.CANCELLED)
+    for user in ("a", "b"):
+        for t in list(h.tickets.values()):
+            if t.state is TicketState.QUEUED and t.request.user == user:
+                t.close(Outcome.CANCELLED)
+    for _ in range(200):  # b goes idle while a keeps the engine busy
+        keep_backlogged(h, {"a": 20})
+        h.dispatch()
+        h.step()
+    counters = h.dispatcher.fairness["interactive"].counters()
+    assert counters["a"] > counters["b"]
+    h.tokens_by_user.clear()
+    served = run(h, {"a": 20, "b": 20}, steps=400)  # b is back: lifted, so it does not get 200 steps' credit
+    assert served["b"] == pytest.approx(served["a"], rel=0.15), served
+
+
+def test_bands_are_strict_while_the_higher_band_is_backlogged() -> None:
+    h = Harness(cap=2)
+    batch = [h.submit("bulk", priority_class="batch") for _ in range(3)]
+    interactive = [h.submit("alice") for _ in range(3)]
+    first = h.dispatch()
+    assert [t.request.priority_class for t in first] == ["interactive", "interactive"]
+    for _ in range(40):
+        h.dispatch()
+        h.step()
+    order = [t.request.priority_class for t in h.dispatch_log]
+    assert order[:3] == ["interactive"] * 3 and set(order[3:]) == {"batch"}
+    assert all(t.outcome is Outcome.COMPLETED for t in batch + interactive)
+
+
+def test_anti_starvation_lets_a_starving_band_through_every_other_dispatch() -> None:
+    classes = [
+        {"name": "interactive", "rank": 0},
+        {"name": "batch", "rank": 1, "starvation_after_seconds": 5.0},
+    ]
+    h = Harness({"classes": classes, "default_class": "interactive"}, cap=1)
+    h.submit("bulk", priority_class="batch")
+    for _ in range(100):  # interactive keeps the single slot busy for 1 s
+        keep_backlogged(h, {"alice": 10}, depth=2)
+        h.dispatch()
+        h.step()
+    assert all(t.request.priority_class == "interactive" for t in h.dispatch_log)
+    for _ in range(500):  # 5 s more: batch has now waited past its limit
+        keep_backlogged(h, {"alice": 10}, depth=2)
+        h.dispatch()
+        h.step()
+    assert "batch" in [t.request.priority_class for t in h.dispatch_log]
+
+
+def test_a_band_that_may_starve_does_starve() -> None:
+    classes = [{"name": "interactive", "rank": 0}, {"name": "batch", "rank": 1, "starvation_after_seconds": 0}]
+    h = Harness({"classes": classes, "default_class": "interactive"}, cap=1)
+    h.submit("bulk", priority_class="batch")
+    for _ in range(1000):
+        keep_backlogged(h, {"alice": 10}, depth=2)
+        h.dispatch()
+        h.step()
+    assert all(t.request.priority_class == "interactive" for t in h.dispatch_log)
+
+
+def test_engine_priority_combines_class_and_the_users_requests_already_at_the_engine() -> None:
+    h = Harness({"engine_priority_per_inflight": 2}, cap=10, priority_scheduling=True)
+    flood = [h.submit("flood") for _ in range(3)]
+    h.dispatch()
+    late = h.submit("late")
+    batch = h.submit("bulk", priority_class="batch")
+    h.dispatch()
+    assert [t.engine_priority for t in flood] == [0, 2, 4]
+    assert late.engine_priority == 0  # jumps the flood inside the engine
+    assert batch.engine_priority == 10  # the batch class's base
+
+
+def test_no_engine_priority_without_priority_scheduling() -> None:
+    h = Harness(cap=10, priority_scheduling=False)
+    t = h.submit("a")
+    h.dispatch()
+    assert t.state is TicketState.DISPATCHED and t.engine_priority is None
+
+
+def test_queue_ttl_expires_a_request_that_is_then_never_dispatched() -> None:
+    classes = [{"name": "interactive", "rank": 0, "queue_ttl_seconds": 2.0}]
+    h = Harness({"classes": classes, "default_class": "interactive"}, cap=1)
+    running = h.submit("a")
+    queued = h.submit("a")
+    h.dispatch()
+    h.clock.advance(3.0)
+    running.close(Outcome.COMPLETED)
+    h.dispatch()
+    assert queued.outcome is Outcome.EXPIRED and queued.backend is None
+    assert len(h.dispatcher.queues) == 0
+
+
+def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() -> None:
+    h = Harness(model={"max_queued_per_user": 3, "max_queued": 5}, cap=1)
+    for _ in range(3):
+        h.submit("a")
+    with pytest.raises(QueueFull) as err:
+        h.submit("a")
+    assert "user a has 3 requests queued" in str(err.value)
+    assert err.value.retry_after_seconds == 1.0  # nothing drained yet: the rate is unknown
+    h.submit("b")
+    h.submit("c")
+    with pytest.raises(QueueFull) as err:
+        h.submit("d")
+    assert "capacity 5" in str(err.value)
+    for _ in range(5):  # drain one request every 0.1 s
+        h.dispatch()
+        h.clock.advance(0.1)
+        for t in h.running():
+            t.close(Outcome.COMPLETED)
+    assert len(h.dispatcher.queues) == 0
+    for user in ("a", "a", "a", "b", "b"):
+        h.submit(user)
+    with pytest.raises(QueueFull) as err:
+        h.submit("e")
+    assert err.value.retry_after_seconds == pytest.approx(0.1, rel=0.3)  # one request's worth at ~10/s
+    with pytest.raises(QueueFull) as err:
+        h.submit("a")
+    assert err.value.retry_after_seconds > 0.1  # a's own share of the drain is lower
+
+
+@pytest.mark.parametrize(
+    ("cls", "reading", "open_", "why"),
+    [
+        (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": 0.2}, False, "tpot 200ms > 150ms"),
+        (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": 0.1}, True, ""),
+        (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": None}, True, ""),
+        (PriorityClassConfig("r"), {"tpot_seconds": 0.9}, True, ""),
+        (PriorityClassConfig("i", max_kv_cache_usage=0.8), {"kv_cache_usage": 0.9}, False, "kv cache 90% > 80%"),
+        (PriorityClassConfig("i", max_kv_cache_usage=0.8), {"kv_cache_usage": 0.5}, True, ""),
+        (PriorityClassConfig("b", require_idle_engine=True), {"waiting": 1}, False, "needs an idle engine queue"),
+        (PriorityClassConfig("b", require_idle_engine=True), {"waiting": 0}, True, ""),
+        (PriorityClassConfig("i", waiting_target=8), {"waiting": 5}, True, ""),
+        (PriorityClassConfig("i"), {"waiting": 5}, False, "waiting 5 >= target 3"),
+    ],
+)
+def test_each_gate_signal_for_each_class(
+    cls: PriorityClassConfig, reading: dict[str, object], open_: bool, why: str
+) -> None:
+    ledger = DispatchLedger()
+    ledger.record_reading(BackendLoad(ok=True, read_at=10.0, **reading))  # type: ignore[arg-type]
+    decision = SignalGate(GateConfig(waiting_target=3)).decide(ledger.gate_inputs(10.1), cls)
+    assert decision.open is open_ and why in decision.reason
+
+
+def test_tpot_over_the_interactive_limit_holds_the_band_until_it_recovers() -> None:
+    h = Harness(cap=None)  # the real signal gate
+    h.reading(waiting=0, tpot=0.3)
+    ticket = h.submit("alice")
+    assert h.dispatch() == [] and ticket.state is TicketState.QUEUED
+    h.reading(waiting=0, tpot=0.05)
+    assert h.dispatch() == [ticket]
