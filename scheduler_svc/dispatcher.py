@@ -256,11 +256,10 @@ class ModelDispatcher:
             band, handle = choice
             fairness = self.fairness[band.priority_class.name]
             user = fairness.select(band.flow_views)
-            request = self._ordering.select(band.flows[user])
-            ticket = self._queued[request.request_id]
-            if request.deadline is not None and now >= request.deadline:
-                self.expire(ticket)
-                continue
+            ticket = self._next_live(band, user, now)
+            if ticket is None:
+                continue  # the user's queue held only expired requests
+            request = ticket.request
             self.withdraw(ticket)
             fairness.on_dispatched(request)
             priority = self._engine_priority(ticket.request, handle) if handle.sends_priority else None
@@ -273,6 +272,17 @@ class ModelDispatcher:
             self._metrics.in_flight.labels(self.model.name, handle.name).set(handle.ledger.in_flight)
             sent += 1
         return sent
+
+    def _next_live(self, band: Band, user: str, now: float) -> Ticket | None:
+        """The user's next request by the ordering policy, expiring dead ones on the way, so that expired
+        requests never cost the user its turn."""
+        while user in band.flows:
+            request = self._ordering.select(band.flows[user])
+            ticket = self._queued[request.request_id]
+            if request.deadline is None or now < request.deadline:
+                return ticket
+            self.expire(ticket)
+        return None
 
     def _choose_band(self, now: float) -> tuple[Band, BackendHandle] | None:
         """The band to serve and the backend to send to, or None when nothing may go now.

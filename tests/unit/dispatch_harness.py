@@ -65,6 +65,7 @@ class Harness:
         )
         self.tickets: dict[str, Ticket] = {}
         self.dispatch_log: list[Ticket] = []
+        self.assignments: list[tuple[Ticket, set[str]]] = []  # each dispatch with the band's other backlogged users
         self.tokens_by_user: dict[str, int] = defaultdict(int)
         self._ids = itertools.count()
 
@@ -86,6 +87,14 @@ class Harness:
             request.deadline = request.admitted_at + ttl
         ticket = self.dispatcher.enqueue(request)
         self.tickets[rid] = ticket
+        assign = ticket.assign
+
+        def recording_assign(backend: BackendHandle, now: float, priority: int | None = None) -> None:
+            band = self.dispatcher.queues.band(ticket.request.priority_class)
+            self.assignments.append((ticket, set(band.flows)))  # who else was waiting in the band
+            assign(backend, now, priority)
+
+        ticket.assign = recording_assign  # type: ignore[method-assign]
         return ticket
 
     def dispatch(self) -> list[Ticket]:
