@@ -8,6 +8,7 @@ await scheduler.drain(grace)            on shutdown: stop admitting, let work fi
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 
 import structlog
@@ -129,7 +130,11 @@ async def _monitor(dispatcher: ModelDispatcher, handle: BackendHandle, metrics: 
     interval = handle.config.scrape_interval_seconds
     was_ok: bool | None = None
     while True:
-        reading: BackendLoad = await handle.backend.load()
+        try:
+            reading: BackendLoad = await handle.backend.load()
+        except Exception as exc:  # an adapter bug must not stop the model: count it as a failed scrape
+            log.exception("backend_load_failed", model=dispatcher.model.name, backend=handle.name)
+            reading = BackendLoad(ok=False, read_at=time.monotonic(), error=f"{type(exc).__name__}: {exc}")
         handle.ledger.record_reading(reading)
         if not reading.ok:
             metrics.scrape_failures.labels(dispatcher.model.name, handle.name).inc()

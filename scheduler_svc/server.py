@@ -34,6 +34,11 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("scheduler_loop_crashed", error=repr(task.exception()))
+
+
 class SchedulerServer:
     """One running instance of the service."""
 
@@ -80,6 +85,7 @@ class SchedulerServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.server.listen}")
         self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="scheduler")
+        self._scheduler_task.add_done_callback(_report_crash)
         await self._grpc.start()
         if self.config.server.metrics_listen:
             await self._start_metrics()

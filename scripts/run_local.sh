@@ -30,9 +30,7 @@ case "$engine" in
     wait_http http://127.0.0.1:8000/health 30
     ;;
   vllm|llamacpp)
-    eval "$("$bin/python" scripts/engines/start_engine.py "$engine" --port 8000 --served-model-name sim-model --print-env)"
-    pids+=("$ENGINE_PID")
-    config="$ENGINE_CONFIG"
+    exec "$bin/python" scripts/run_engine.py "$engine"
     ;;
   *) echo "ENGINE must be sim, vllm or llamacpp" >&2; exit 2 ;;
 esac
