@@ -89,7 +89,11 @@ class VllmMetrics:
             [*names, "finished_reason"],
             registry=reg,
         )
-        self._success = {reason: success.labels(*values, reason) for reason in ("stop", "length", "abort")}
+        # vLLM exports every finished_reason from the start, "error" and "repetition" included (never
+        # reached here).
+        self._success = {
+            reason: success.labels(*values, reason) for reason in ("stop", "length", "abort", "error", "repetition")
+        }
         self._ttft = histogram(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT_BUCKETS
         )

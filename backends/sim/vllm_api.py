@@ -1,8 +1,9 @@
 """The vLLM flavour's HTTP routes: completions, chat completions, models and health.
 
-Streaming follows vLLM's server: one `data: {json}\\n\\n` chunk per generated token (the last carries
-`finish_reason`), an optional usage chunk, then `data: [DONE]\\n\\n`. An error after the stream started is
-one `data: {"error": {...}}` chunk followed by `[DONE]`, as vLLM's serving code yields it.
+Streaming follows vLLM's server: one `data: {json}\\n\\n` chunk per generated token (the last carries the
+last token's text with `finish_reason`, and `system_fingerprint` when no usage chunk follows), an optional
+usage chunk (`choices: []`, `usage`, `system_fingerprint`), then `data: [DONE]\\n\\n`. An error after the
+stream started is one `data: {"error": {...}}` chunk followed by `[DONE]`, as vLLM's serving code yields it.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ from backends.sim.vllm_protocol import (
     models_list,
     new_response_id,
     parse_request,
+    system_fingerprint,
 )
 
 _INJECTED_ERROR = "Simulated engine failure (fault injection)"
 
 
 def _json(payload: object, status: int = 200) -> web.Response:
-    return web.Response(text=dumps(payload), status=status, content_type="application/json")
+    """JSON as vLLM (FastAPI) sends it: `Content-Type: application/json`, no charset parameter."""
+    return web.Response(body=dumps(payload).encode(), status=status, content_type="application/json")
 
 
 class VllmApi:
@@ -46,6 +49,7 @@ class VllmApi:
         self._config = config
         self._engine = engine
         self._faults = faults
+        self._fingerprint = system_fingerprint(config)
 
     def add_routes(self, app: web.Application) -> None:
         """Register vLLM's endpoints on `app`."""
@@ -90,7 +94,7 @@ class VllmApi:
             return _json(error_body(503, message), 503)
 
         header_id = request.headers.get("X-Request-Id")
-        writer = ChunkWriter(kind, new_response_id(kind, header_id), self._config.model_name)
+        writer = ChunkWriter(kind, new_response_id(kind, header_id), self._config.model_name, self._fingerprint)
         handle = self._engine.add_request(header_id or writer.response_id, parsed.params)
         try:
             if parsed.stream:
@@ -144,7 +148,7 @@ class VllmApi:
                 else:
                     text = buffer.finish(piece, event.finished.stop_at)
                     finish_reason, stop_reason = finish_fields(event.finished.reason, event.finished.stop_string)
-                await send(writer.delta_chunk(text, finish_reason, stop_reason))
+                await send(writer.delta_chunk(text, finish_reason, stop_reason, usage_follows=parsed.include_usage))
                 tokens_sent += 1
                 if event.finished is not None and parsed.include_usage:
                     fin = event.finished

@@ -1,12 +1,15 @@
 """vLLM's OpenAI-compatible wire format: request validation and response shapes, no I/O.
 
-Shapes follow vLLM's `protocol.py` models as serialised by its server: compact JSON, errors as
+Shapes follow vLLM 0.32's protocol models as serialised by its server: compact JSON, errors as
 `{"error": {"message", "type", "param", "code"}}` with `code` the HTTP status, invalid fields as 400
-`BadRequestError` (vLLM turns FastAPI's 422 into 400), an unknown model as 404 `NotFoundError`.
+`BadRequestError` (vLLM turns FastAPI's 422 into 400), an unknown model as 404 `NotFoundError`. A non-zero
+`priority` is accepted under fcfs and ignored, as vLLM 0.32 does. tests/engines/test_sim_conformance.py
+compares these shapes with a real vLLM.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Mapping
@@ -21,6 +24,8 @@ from backends.sim.tokens import count_tokens, render_chat
 Kind = Literal["completion", "chat"]
 
 _DEFAULT_COMPLETION_MAX_TOKENS = 16  # vLLM's CompletionRequest default
+VLLM_VERSION = "0.32.0"
+"""The vLLM release whose wire format this module follows (checked by tests/engines/test_sim_conformance.py)."""
 
 
 class ApiError(Exception):
@@ -77,7 +82,7 @@ def parse_request(kind: Kind, body: Any, config: SimConfig) -> ParsedRequest:
         raise ApiError(400, "Request body must be a JSON object")
     model = body.get("model")
     if model is not None and model != config.model_name:
-        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+        raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {config.model_name}.", "NotFoundError")
     prompt = _prompt(body) if kind == "completion" else _chat_prompt(body)
     prompt_tokens = count_tokens(prompt)
 
@@ -121,9 +126,8 @@ def parse_request(kind: Kind, body: Any, config: SimConfig) -> ParsedRequest:
             raise ApiError(400, "stream_options must be an object.")
     include_usage = bool(stream_options.get("include_usage")) if stream_options else False
 
+    # vLLM 0.32 accepts a priority under fcfs too, and ignores it (so does the engine here).
     priority = _opt_int(body, "priority") or 0
-    if priority != 0 and config.scheduling_policy != "priority":
-        raise ApiError(400, f"Got priority {priority} but Priority scheduling is not enabled.")
 
     params = GenerateParams(
         prompt=prompt,
@@ -237,13 +241,26 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-class ChunkWriter:
-    """Builds the streamed chunks of one response; `id`, `created` and `model` are fixed per response."""
+def system_fingerprint(config: SimConfig) -> str:
+    """`vllm-<version>-<hash8>` as vLLM's default `--fingerprint-mode full` writes it; the hash is the config's."""
+    digest = hashlib.sha256(repr(config).encode()).hexdigest()[:8]
+    return f"vllm-{VLLM_VERSION}-{digest}"
 
-    def __init__(self, kind: Kind, response_id: str, model: str) -> None:
+
+class ChunkWriter:
+    """Builds the chunks and bodies of one response; `id`, `created` and `model` are fixed per response.
+
+    Key sets follow vLLM's pydantic models as its server dumps them: streamed chunks with `exclude_unset`
+    (so a token chunk has no `usage` key, the chat role chunk carries `prompt_token_ids` and `prompt_text`,
+    only the chat finish chunk has `stop_reason`), the usage chunk with `exclude_none`. The fingerprint goes
+    on the finish chunk, or on the usage chunk when one follows.
+    """
+
+    def __init__(self, kind: Kind, response_id: str, model: str, fingerprint: str) -> None:
         self.kind = kind
         self.response_id = response_id
         self.model = model
+        self.fingerprint = fingerprint
         self.created = int(time.time())
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -257,7 +274,7 @@ class ChunkWriter:
 
     def role_chunk(self) -> dict[str, Any]:
         """Chat only: the first chunk announces the assistant role."""
-        return self._envelope(
+        chunk = self._envelope(
             [
                 {
                     "index": 0,
@@ -267,9 +284,14 @@ class ChunkWriter:
                 }
             ]
         )
+        chunk["prompt_token_ids"] = None
+        chunk["prompt_text"] = None
+        return chunk
 
-    def delta_chunk(self, text: str, finish_reason: str | None, stop_reason: str | None) -> dict[str, Any]:
-        """One token's text; the last one also carries the finish reason."""
+    def delta_chunk(
+        self, text: str, finish_reason: str | None, stop_reason: str | None, *, usage_follows: bool = False
+    ) -> dict[str, Any]:
+        """One token's text; the last one also carries the finish reason (and the text of the last token)."""
         choice: dict[str, Any]
         if self.kind == "completion":
             choice = {
@@ -278,19 +300,24 @@ class ChunkWriter:
                 "logprobs": None,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
+                "prompt_token_ids": None,
+                "token_ids": None,
             }
-            chunk = self._envelope([choice])
-            chunk["usage"] = None
-            return chunk
-        choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
-        if finish_reason is not None:
-            choice["stop_reason"] = stop_reason
-        return self._envelope([choice])
+        else:
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
+            if finish_reason is not None:
+                choice["stop_reason"] = stop_reason
+            choice["token_ids"] = None
+        chunk = self._envelope([choice])
+        if finish_reason is not None and not usage_follows:
+            chunk["system_fingerprint"] = self.fingerprint
+        return chunk
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         """With `stream_options.include_usage`: the final chunk, no choices."""
         chunk = self._envelope([])
         chunk["usage"] = usage(prompt_tokens, completion_tokens)
+        chunk["system_fingerprint"] = self.fingerprint
         return chunk
 
     def full_response(
@@ -309,26 +336,47 @@ class ChunkWriter:
                 "logprobs": None,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
+                "token_ids": None,
                 "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "routed_experts": None,
             }
             obj = "text_completion"
         else:
+            message = {
+                "role": "assistant",
+                "content": text,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "reasoning": None,
+            }
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
+                "token_ids": None,
+                "routed_experts": None,
             }
             obj = "chat.completion"
-        return {
+        body: dict[str, Any] = {
             "id": self.response_id,
             "object": obj,
             "created": self.created,
             "model": self.model,
             "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            # vLLM adds "prompt_tokens_details" and "completion_tokens_details" (null); left out on purpose.
             "usage": usage(prompt_tokens, completion_tokens),
         }
+        if self.kind == "chat":
+            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+        return body
 
 
 def models_list(config: SimConfig) -> dict[str, Any]:

@@ -10,7 +10,6 @@ import pytest
 from backends import (
     Accepted,
     BackendOverloaded,
-    BackendRejectedRequest,
     BackendUnavailable,
     ChatMessage,
     Finished,
@@ -84,9 +83,10 @@ async def test_vllm_priority_is_sent_only_when_configured() -> None:
         plain = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
         wrong = VllmBackend(name="b", url=sim.url, engine_model="sim-model", priority_scheduling=True)
         try:
-            await collect(plain.generate(req(engine_priority=5)))  # not configured: field left out
-            with pytest.raises(BackendRejectedRequest, match="riority"):
-                await collect(wrong.generate(req(engine_priority=5)))  # fcfs engine refuses priorities
+            await collect(plain.generate(req("plain", engine_priority=5)))  # not configured: field left out
+            # An fcfs engine accepts the field and ignores it, as vLLM 0.32 does: a misconfiguration is silent.
+            await collect(wrong.generate(req("wrong", engine_priority=5)))
+            assert [entry["priority"] for entry in sim.engine.stats()["served_order"]] == [0, 5]
         finally:
             await plain.aclose()
             await wrong.aclose()

@@ -15,7 +15,7 @@ import pytest
 from backends.sim import running_simulator
 from tests.sim.support import fast_config, scrape, sse_lines, sse_payloads, stats, value, wait_until
 
-COMPLETION_CHOICE_KEYS = {"index", "text", "logprobs", "finish_reason", "stop_reason"}
+COMPLETION_CHOICE_KEYS = {"index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids", "token_ids"}
 
 
 async def post_json(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -47,14 +47,15 @@ async def test_completion_stream_shape_with_usage(session: aiohttp.ClientSession
     ids = {c["id"] for c in chunks}
     assert len(ids) == 1 and ids.pop().startswith("cmpl-")
     for i, chunk in enumerate(token_chunks):
-        assert set(chunk) == {"id", "object", "created", "model", "choices", "usage"}
+        assert set(chunk) == {"id", "object", "created", "model", "choices"}  # vLLM 0.32: no "usage": null
         assert chunk["object"] == "text_completion" and chunk["model"] == "sim-model"
-        assert isinstance(chunk["created"], int) and chunk["usage"] is None
+        assert isinstance(chunk["created"], int)
         (choice,) = chunk["choices"]
         assert set(choice) == COMPLETION_CHOICE_KEYS
         assert choice["index"] == 0 and choice["logprobs"] is None and choice["stop_reason"] is None
         assert choice["finish_reason"] == ("length" if i == 4 else None)
     assert usage_chunk["choices"] == []
+    assert usage_chunk["system_fingerprint"].startswith("vllm-")
     prompt_tokens = math.ceil(len("Hello there") / 4)
     assert usage_chunk["usage"] == {
         "prompt_tokens": prompt_tokens,
@@ -141,12 +142,6 @@ async def test_stop_string_cuts_text_streamed_and_not(session: aiohttp.ClientSes
     ("body", "status", "err_type", "message_part"),
     [
         ({"model": "other", "prompt": "x"}, 404, "NotFoundError", "The model `other` does not exist."),
-        (
-            {"prompt": "x", "priority": 5},
-            400,
-            "BadRequestError",
-            "Got priority 5 but Priority scheduling is not enabled.",
-        ),
         ({"prompt": "x", "max_tokens": 0}, 400, "BadRequestError", "max_tokens must be at least 1"),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "BadRequestError", "stream=True"),
         ({"prompt": "x", "max_tokens": 10_000}, 400, "BadRequestError", "maximum context length"),
@@ -162,6 +157,16 @@ async def test_invalid_requests_get_vllm_error_shape(
     assert set(got) == {"error"}
     assert got["error"]["type"] == err_type and got["error"]["code"] == status and got["error"]["param"] is None
     assert message_part in got["error"]["message"]
+
+
+async def test_priority_accepted_and_ignored_under_fcfs(session: aiohttp.ClientSession) -> None:
+    async with running_simulator(fast_config()) as sim:
+        status, body = await post_json(
+            session, sim.url + "/v1/completions", {"prompt": "x", "max_tokens": 2, "priority": 5}
+        )
+        served = (await stats(session, sim.url))["served_order"]
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length"  # as vLLM 0.32 does
+    assert served[0]["priority"] == 5
 
 
 async def test_priority_accepted_under_priority_policy(session: aiohttp.ClientSession) -> None:
