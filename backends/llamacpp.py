@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from backends._http import HttpEngine, HttpSettings
-from backends._prom import MetricSamples, RateTracker
+from backends._adapter import HttpAdapter
+from backends._prom import MetricSamples
 from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest
 from backends.openai_compat import openai_body, stream_openai
 
@@ -22,37 +22,15 @@ TPOT_TOKENS = "llamacpp:tokens_predicted_total"
 KV_USAGE = "llamacpp:kv_cache_usage_ratio"  # present in some versions only
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(HttpAdapter):
     """Adapter for llama.cpp's server: pure gating."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        url: str,
-        engine_model: str,
-        http: HttpSettings | None = None,
-        priority_scheduling: bool = False,
-    ) -> None:
-        self._engine = HttpEngine(name=name, url=url, settings=http or HttpSettings(), force_close=True)
-        self._engine_model = engine_model
-        self._tpot = RateTracker()
-        self._capabilities = BackendCapabilities(supports_priority=False, has_tpot=True, has_kv_usage=False)
-
-    @property
-    def name(self) -> str:
-        return self._engine.name
-
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        return self._capabilities
+    CAPABILITIES = BackendCapabilities(supports_priority=False, has_tpot=True, has_kv_usage=False)
+    FORCE_CLOSE = True
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         path, body = openai_body(request, self._engine_model)
         return stream_openai(self._engine, path, body, request.request_id)
-
-    async def load(self) -> BackendLoad:
-        return await self._engine.scrape(self._parse)
 
     def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:
         waiting = samples.total(WAITING)
@@ -68,6 +46,3 @@ class LlamaCppBackend:
             tpot_seconds=tpot,
             kv_cache_usage=samples.maximum(KV_USAGE),
         )
-
-    async def aclose(self) -> None:
-        await self._engine.aclose()

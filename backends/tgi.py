@@ -13,8 +13,9 @@ from typing import Any
 
 import aiohttp
 
-from backends._http import HttpEngine, HttpSettings, stream_failure
-from backends._prom import MetricSamples, RateTracker
+from backends._adapter import HttpAdapter
+from backends._http import stream_failure
+from backends._prom import MetricSamples
 from backends._sse import iter_sse_data
 from backends.base import (
     Accepted,
@@ -67,30 +68,10 @@ def _stream_error(event: dict[str, Any], backend: str) -> BackendError:
     return BackendUnavailable(message, backend=backend)
 
 
-class TgiBackend:
+class TgiBackend(HttpAdapter):
     """Adapter for a TGI server: pure gating, no priorities."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        url: str,
-        engine_model: str,
-        http: HttpSettings | None = None,
-        priority_scheduling: bool = False,
-    ) -> None:
-        self._engine = HttpEngine(name=name, url=url, settings=http or HttpSettings())
-        self._engine_model = engine_model
-        self._tpot = RateTracker()
-        self._capabilities = BackendCapabilities(supports_priority=False, has_tpot=True, has_kv_usage=False)
-
-    @property
-    def name(self) -> str:
-        return self._engine.name
-
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        return self._capabilities
+    CAPABILITIES = BackendCapabilities(supports_priority=False, has_tpot=True, has_kv_usage=False)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         if request.messages is not None:
@@ -137,9 +118,6 @@ class TgiBackend:
             completion_tokens=int(details.get("generated_tokens", tokens)),
         )
 
-    async def load(self) -> BackendLoad:
-        return await self._engine.scrape(self._parse)
-
     def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:
         waiting = samples.total(WAITING)
         running = samples.total(RUNNING)
@@ -147,6 +125,3 @@ class TgiBackend:
             raise KeyError(f"{WAITING} / {RUNNING} not exposed: is this a TGI server?")
         tpot = self._tpot.update(samples.total(TPOT_HISTOGRAM + "_sum"), samples.total(TPOT_HISTOGRAM + "_count"))
         return BackendLoad(ok=True, read_at=read_at, waiting=int(waiting), running=int(running), tpot_seconds=tpot)
-
-    async def aclose(self) -> None:
-        await self._engine.aclose()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from backends._http import HttpEngine, HttpSettings
-from backends._prom import MetricSamples, RateTracker
+from backends._adapter import HttpAdapter
+from backends._prom import MetricSamples
 from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest
 from backends.openai_compat import openai_body, stream_openai
 
@@ -16,43 +16,17 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the seco
 TPOT_HISTOGRAMS = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 
 
-class VllmBackend:
+class VllmBackend(HttpAdapter):
     """Adapter for a vLLM server. With `priority_scheduling` (server started with
     `--scheduling-policy priority`) each request carries `priority` (lower is served first)."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        url: str,
-        engine_model: str,
-        http: HttpSettings | None = None,
-        priority_scheduling: bool = False,
-    ) -> None:
-        self._engine = HttpEngine(name=name, url=url, settings=http or HttpSettings())
-        self._engine_model = engine_model
-        self._priority_scheduling = priority_scheduling
-        self._tpot = RateTracker()
-        self._capabilities = BackendCapabilities(
-            supports_priority=priority_scheduling, has_tpot=True, has_kv_usage=True
-        )
-
-    @property
-    def name(self) -> str:
-        return self._engine.name
-
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        return self._capabilities
+    CAPABILITIES = BackendCapabilities(supports_priority=True, has_tpot=True, has_kv_usage=True)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         path, body = openai_body(request, self._engine_model)
         if self._priority_scheduling and request.engine_priority is not None:
             body["priority"] = request.engine_priority
         return stream_openai(self._engine, path, body, request.request_id)
-
-    async def load(self) -> BackendLoad:
-        return await self._engine.scrape(self._parse)
 
     def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:
         labels = {"model_name": self._engine_model}
@@ -73,6 +47,3 @@ class VllmBackend:
             tpot_seconds=tpot,
             kv_cache_usage=kv,
         )
-
-    async def aclose(self) -> None:
-        await self._engine.aclose()
