@@ -82,6 +82,12 @@ class PriorityClassConfig:
     max_kv_cache_usage: float = _field(
         0.0, "Hold the class back while the engine's KV-cache usage (0..1) exceeds this (0: no limit)."
     )
+    max_engine_running: int = _field(
+        0,
+        "Dispatch only while the engine runs fewer requests than this (0: no limit). Set it below the "
+        "engine's max_num_seqs for batch work, so free slots are left for interactive arrivals: engines "
+        "do not preempt a running request for a waiting one of higher priority.",
+    )
     require_idle_engine: bool = _field(
         False, "Dispatch only while the engine's waiting queue is empty (batch work fills idle capacity)."
     )
@@ -264,7 +270,10 @@ def _validate(config: Config) -> None:
     if config.scheduling.default_class not in class_names:
         raise ConfigError(f"scheduling.default_class {config.scheduling.default_class!r} is not one of {class_names}")
     for c in config.scheduling.classes:
-        if min(c.waiting_target, c.max_tpot_seconds, c.max_kv_cache_usage, c.queue_ttl_seconds) < 0:
+        if (
+            min(c.waiting_target, c.max_engine_running, c.max_tpot_seconds, c.max_kv_cache_usage, c.queue_ttl_seconds)
+            < 0
+        ):
             raise ConfigError(f"scheduling.classes[{c.name}]: limits must not be negative")
         if c.max_kv_cache_usage > 1 or c.starvation_after_seconds < 0:
             raise ConfigError(f"scheduling.classes[{c.name}]: max_kv_cache_usage is 0..1, starvation >= 0")

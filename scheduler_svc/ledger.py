@@ -20,20 +20,26 @@ class DispatchLedger:
         self.reading: BackendLoad | None = None
         self.last_failure: BackendLoad | None = None
         self.in_flight = 0
-        # request id -> when the engine accepted it (None: sent, not yet accepted), until its first token
+        # request id -> when the engine accepted it (None: sent, not yet accepted): all in flight, and
+        # those without a first token yet
+        self._in_flight: dict[str, float | None] = {}
         self._unstarted: dict[str, float | None] = {}
+        self._finished_since_reading = 0  # ours the reading could see (accepted before it) that ended since
         self._seen_unstarted_at_reading = 0  # ours the reading may count: accepted before it, not started
         self._started_since_reading = 0  # of those, how many produced a token since
 
     def dispatched(self, request_id: str) -> None:
         """A request was handed to the backend."""
         self.in_flight += 1
+        self._in_flight[request_id] = None
         self._unstarted[request_id] = None
 
     def accepted(self, request_id: str, at: float) -> None:
         """The engine took the request at monotonic time `at` (its response started)."""
         if request_id in self._unstarted:
             self._unstarted[request_id] = at
+        if request_id in self._in_flight:
+            self._in_flight[request_id] = at
 
     def started(self, request_id: str) -> None:
         """The request produced its first token (or ended without one): it is no longer waiting."""
@@ -47,6 +53,9 @@ class DispatchLedger:
         """The request is over, whatever the outcome."""
         self.started(request_id)
         self.in_flight -= 1
+        accepted_at = self._in_flight.pop(request_id, None)
+        if accepted_at is not None and self.reading is not None and accepted_at <= self.reading.read_at:
+            self._finished_since_reading += 1
 
     def record_reading(self, reading: BackendLoad) -> None:
         """Take in a scrape. A good one replaces the last; a failed one is kept apart, so one lost scrape
@@ -56,6 +65,7 @@ class DispatchLedger:
             return
         self.reading = reading
         self._started_since_reading = 0
+        self._finished_since_reading = 0
         self._seen_unstarted_at_reading = sum(
             1 for at in self._unstarted.values() if at is not None and at <= reading.read_at
         )
@@ -64,6 +74,7 @@ class DispatchLedger:
         reading = self.reading
         read_at = reading.read_at if reading is not None else float("-inf")
         sent_unseen = sum(1 for at in self._unstarted.values() if at is None or at > read_at)
+        unseen_in_flight = sum(1 for at in self._in_flight.values() if at is None or at > read_at)
         # Some of ours that the reading could have seen were already running without a first token; the
         # first starts are assumed to be those, so the estimate never drops below the truth.
         waiting = reading.waiting if reading is not None else 0
@@ -74,4 +85,6 @@ class DispatchLedger:
             in_flight=self.in_flight,
             sent_unseen=sent_unseen,
             started_since_reading=max(0, self._started_since_reading - running_unstarted),
+            unseen_in_flight=unseen_in_flight,
+            finished_since_reading=self._finished_since_reading,
         )

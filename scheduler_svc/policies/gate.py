@@ -30,10 +30,18 @@ class GateInputs:
     in_flight: int
     sent_unseen: int
     started_since_reading: int
+    unseen_in_flight: int = 0
+    finished_since_reading: int = 0
 
     def reading_age(self) -> float | None:
         """Seconds since the reading was taken, None when there is none."""
         return None if self.reading is None else self.now - self.reading.read_at
+
+    def estimated_running(self) -> int:
+        """Requests the engine is running now, at most: last reading + started - finished since, plus
+        every request of ours the reading cannot show (counted as running, to be safe)."""
+        seen = self.reading.running if self.reading is not None and self.reading.ok else 0
+        return max(0, seen + self.started_since_reading - self.finished_since_reading) + self.unseen_in_flight
 
     def estimated_waiting(self) -> int:
         """The engine's waiting queue now, as best we know: last reading corrected by what happened since."""
@@ -78,6 +86,16 @@ def check_waiting(inputs: GateInputs, cls: PriorityClassConfig, config: GateConf
     return None if waiting < target else f"waiting {waiting} >= target {target}"
 
 
+def check_running(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
+    """Keep engine slots free for higher classes: this class only while fewer than its limit run."""
+    if not cls.max_engine_running:
+        return None
+    running = inputs.estimated_running()
+    if running < cls.max_engine_running:
+        return None
+    return f"running {running} >= {cls.max_engine_running} allowed for {cls.name}"
+
+
 def check_tpot(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
     """The engine's time per output token over the last scrape interval must be under the class's limit."""
     tpot = inputs.reading.tpot_seconds if inputs.reading is not None else None
@@ -102,7 +120,7 @@ class SignalGate:
     cap instead of a flood (blind dispatch) or a stall (wedged model).
     """
 
-    checks: tuple[GateCheck, ...] = (check_waiting, check_tpot, check_kv_cache)
+    checks: tuple[GateCheck, ...] = (check_waiting, check_running, check_tpot, check_kv_cache)
 
     def __init__(self, config: GateConfig) -> None:
         self._config = config

@@ -5,7 +5,7 @@ from __future__ import annotations
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
 from scheduler_svc.ledger import DispatchLedger
-from scheduler_svc.policies import QueueDepthGate
+from scheduler_svc.policies import QueueDepthGate, SignalGate
 
 CLS = PriorityClassConfig()
 
@@ -100,3 +100,30 @@ def test_no_reading_at_all_uses_the_cap() -> None:
     assert gate.decide(ledger.gate_inputs(1.0), CLS).open
     send(ledger, "x", None)
     assert not gate.decide(ledger.gate_inputs(1.0), CLS).open
+
+
+def test_running_estimate_follows_starts_finishes_and_unseen_requests() -> None:
+    ledger = DispatchLedger()
+    for rid in ("a", "b", "c"):
+        send(ledger, rid, 99.0)
+    ledger.started("a")
+    ledger.record_reading(BackendLoad(ok=True, read_at=100.0, waiting=2, running=1))
+    assert ledger.gate_inputs(100.1).estimated_running() == 1
+    ledger.started("b")  # seen waiting, now running
+    assert ledger.gate_inputs(100.1).estimated_running() == 2
+    ledger.finished("a")  # seen running, now gone
+    assert ledger.gate_inputs(100.1).estimated_running() == 1
+    send(ledger, "d", None)  # not visible to the reading: counted as running to be safe
+    assert ledger.gate_inputs(100.1).estimated_running() == 2
+
+
+def test_a_class_limited_in_running_requests_leaves_slots_free() -> None:
+    gate, ledger = QueueDepthGate(GateConfig()), DispatchLedger()
+    batch = PriorityClassConfig("batch", max_engine_running=48, require_idle_engine=True)
+    ledger.record_reading(BackendLoad(ok=True, read_at=100.0, waiting=0, running=47))
+    assert SignalGate(GateConfig()).decide(ledger.gate_inputs(100.1), batch).open
+    send(ledger, "x", None)
+    ledger.started("x")  # running, and not yet in any reading
+    decision = SignalGate(GateConfig()).decide(ledger.gate_inputs(100.1), batch)
+    assert not decision.open and "running 48 >= 48" in decision.reason
+    assert gate.decide(ledger.gate_inputs(100.1), CLS).open  # the queue-depth gate ignores the limit
