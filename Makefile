@@ -13,6 +13,8 @@ help:
 	@echo "make test                              the whole suite, real engines included (installs them once)"
 	@echo "make check                             fast inner loop: lint, types, generated code, tests without real engines"
 	@echo "make demo                              scenario S1: a flood and two latecomers, direct vs scheduled"
+	@echo "make bench [ENGINE=sim|vllm]           scenarios S1-S6 side by side, tables + JSON + plots in bench/results"
+	@echo "make bench-check                       fails when a scenario misses its target beyond tolerance"
 	@echo "make protos                            regenerate Python code from protos/"
 
 $(STAMP): pyproject.toml
@@ -53,6 +55,16 @@ run: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m bench.s1_demo
+
+# S1-S6 side by side (simulator; ENGINE=vllm: S1, S2, S6 on the real CPU vLLM); refreshes README's Results.
+bench: $(STAMP)
+	$(if $(filter vllm,$(ENGINE)),bash scripts/engines/install_vllm.sh)
+	$(BIN)/python -m bench --engine $(ENGINE)
+	$(if $(filter sim,$(ENGINE)),$(BIN)/python bench/update_readme.py)
+
+# Fails when a scenario falls below its SCENARIOS.md target by more than the stated tolerance.
+bench-check: $(STAMP)
+	$(BIN)/python -m bench --engine $(ENGINE) --check
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

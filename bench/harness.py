@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import grpc
@@ -94,21 +95,62 @@ async def simulator(*flags: str) -> AsyncIterator[str]:
         proc.stop()
 
 
+@dataclass
+class SchedulerProc:
+    """A running scheduler subprocess: its gRPC target and its process (for CPU accounting)."""
+
+    target: str
+    proc: Proc
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.proc.popen.pid)
+
+
 @asynccontextmanager
-async def scheduler(config_toml: str) -> AsyncIterator[str]:
-    """A `llmsched serve` subprocess for the given config (its listen address is replaced); yields target."""
+async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> AsyncIterator[SchedulerProc]:
+    """A `llmsched serve` subprocess for the config (`{GRPC_PORT}` is filled in), optionally run under
+    `wrapper` (a profiler's command line ending where the module arguments start)."""
     port = free_port()
     text = config_toml.replace("{GRPC_PORT}", str(port))
     path = Path(tempfile.gettempdir()) / "llmsched-bench" / f"scheduler-{port}.toml"
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
-    proc = spawn([sys.executable, "-m", "scheduler_svc.cli", "serve", "--config", str(path)], f"scheduler-{port}")
+    command = [*wrapper] if wrapper else [sys.executable]
+    proc = spawn([*command, "-m", "scheduler_svc.cli", "serve", "--config", str(path)], f"scheduler-{port}")
     try:
         target = f"127.0.0.1:{port}"
         await wait_grpc(target, proc)
-        yield target
+        yield SchedulerProc(target, proc)
     finally:
         proc.stop()
+
+
+@asynccontextmanager
+async def scheduler(config_toml: str) -> AsyncIterator[str]:
+    """A `llmsched serve` subprocess for the given config (its listen address is replaced); yields target."""
+    async with scheduler_process(config_toml) as handle:
+        yield handle.target
+
+
+@asynccontextmanager
+async def fake_engine(tokens: int) -> AsyncIterator[str]:
+    """`bench.fake_engine`: answers every completion at once with `tokens` tokens; yields its base URL."""
+    port = free_port()
+    proc = spawn(
+        [sys.executable, "-m", "bench.fake_engine", "--port", str(port), "--tokens", str(tokens)], f"fake-{port}"
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await wait_http(url + "/health", proc)
+        yield url
+    finally:
+        proc.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc), children excluded."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def engine_counter(url: str, name: str) -> float:
@@ -145,7 +187,10 @@ async def scheduled_ttft(
     """Seconds to the first delta through the scheduler."""
     start = time.monotonic()
     request = pb.StreamRequest(model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
-    call = stub.Stream(request, metadata=(("x-user-id", user),))
+    call = cast(
+        "grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]",
+        stub.Stream(request, metadata=(("x-user-id", user),)),
+    )
     try:
         async for event in call:
             if event.HasField("delta"):
@@ -159,4 +204,7 @@ async def scheduled_complete(
     stub: pb_grpc.SchedulerServiceStub, user: str, model: str, prompt: str, max_tokens: int
 ) -> None:
     request = pb.SubmitRequest(model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
-    await stub.Submit(request, metadata=(("x-user-id", user),))
+    await cast(
+        "grpc.aio.UnaryUnaryCall[pb.SubmitRequest, pb.SubmitResponse]",
+        stub.Submit(request, metadata=(("x-user-id", user),)),
+    )

@@ -1,0 +1,127 @@
+"""Run the benchmark scenarios side by side (engine alone vs through llm-scheduler) and report them.
+
+    python -m bench                          S1-S6 against the simulator (a few minutes)
+    python -m bench --engine vllm            S1, S2, S6 against the real CPU vLLM (if installed)
+    python -m bench --scenarios S1,S6        a subset (S2 comes with S1)
+    python -m bench --check                  run, then fail (exit 1) on a regression past tolerance
+    python -m bench --check --from-json bench/results/results.json    check a saved run, no rerun
+    python -m bench --scenarios S6 --profile also profile the scheduler at S6's fixed rate
+
+Writes, under --out (bench/results, or bench/results/vllm): results.json (every raw figure), RESULTS.md (a
+table per scenario, targets met or missed) and the PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench import check, report, results
+from bench.engines import EngineProvider, SimProfile, SimProvider, VllmProvider
+from bench.scenarios import DEFAULT, SCENARIOS, TITLES, Options, entries_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    parser.add_argument("--scenarios", help="comma-separated ids, e.g. S1,S3 (default: all for the engine)")
+    parser.add_argument("--out", type=Path, help="output folder (default bench/results[/vllm])")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target regressed past its tolerance")
+    parser.add_argument("--from-json", type=Path, help="report/check a saved results.json instead of running")
+    parser.add_argument("--profile", action="store_true", help="S6: also profile the scheduler with pyinstrument")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNGs (matplotlib not needed)")
+    return parser.parse_args(argv)
+
+
+def _provider(engine: str) -> EngineProvider:
+    if engine == "vllm":
+        reason = VllmProvider.missing_reason()
+        if reason:
+            sys.exit(f"--engine vllm: {reason}")
+        return VllmProvider()
+    return SimProvider(SimProfile())
+
+
+async def _run_all(provider: EngineProvider, ids: list[str], options: Options) -> list[results.ScenarioResult]:
+    out: list[results.ScenarioResult] = []
+    try:
+        for entry in entries_for(ids):
+            produces, runner = SCENARIOS[entry]
+            print(f"{'/'.join(produces)} ...", flush=True)
+            started = time.monotonic()
+            try:
+                produced = await runner(provider, options)
+            except Exception as exc:  # one broken scenario must not lose the others' results
+                traceback.print_exc()
+                produced = [results.ScenarioResult.unavailable(i, TITLES[i], "-", f"failed: {exc!r}") for i in produces]
+            for result in produced:
+                result.seconds = time.monotonic() - started
+            out += [r for r in produced if r.id in ids]
+    finally:
+        await provider.aclose()
+    return out
+
+
+def _meta(
+    args: argparse.Namespace, provider: EngineProvider, seconds: float, load: tuple[float, ...]
+) -> dict[str, Any]:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "command": "python -m bench " + " ".join(sys.argv[1:]),
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "host": f"{os.cpu_count()} CPUs, load average {load[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end",
+        "python": platform.python_version(),
+        "commit": commit,
+        "engine": args.engine,
+        "engine_description": provider.describe(),
+        "seconds": seconds,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.from_json:
+        loaded, meta = results.load(args.from_json)
+        out_dir = args.from_json.parent
+    else:
+        provider = _provider(args.engine)
+        out_dir = args.out or ROOT / "bench" / "results" / ("" if args.engine == "sim" else args.engine)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        ids = [s.strip().upper() for s in args.scenarios.split(",")] if args.scenarios else []
+        ids = ids or [i for entry in DEFAULT[args.engine] for i in SCENARIOS[entry][0]]
+        load, started = os.getloadavg(), time.monotonic()
+        loaded = asyncio.run(_run_all(provider, ids, Options(out_dir, args.profile)))
+        meta = _meta(args, provider, time.monotonic() - started, load)
+        if not args.no_plots:
+            from bench import plots
+
+            plots.draw(loaded, out_dir)
+        results.save(loaded, meta, out_dir / "results.json")
+        (out_dir / "RESULTS.md").write_text(report.results_markdown(loaded, meta))
+        print(f"\nwrote {out_dir / 'RESULTS.md'}, {out_dir / 'results.json'} and the plots\n")
+    for result in loaded:
+        print(report.scenario_markdown(result))
+    if args.check:
+        text, failed = check.evaluate(loaded)
+        print(text)
+        return 1 if failed else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Scheduler configs for the scenarios: built as dicts, validated here, written as TOML for the subprocess.
+
+Validating in-process with the service's own `config_from_dict` lets a scenario that needs a key or policy
+the service does not have yet report "not available" with the service's message, instead of a scheduler
+subprocess dying at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from scheduler_svc.config import ConfigError, config_from_dict
+
+Toml = dict[str, Any]
+
+
+class NotAvailable(Exception):
+    """The service cannot run what a scenario needs (unknown policy, missing key)."""
+
+
+def scheduler_config(
+    *,
+    engine_url: str,
+    model: str,
+    engine_model: str,
+    fairness: str = "round_robin",
+    weights: dict[str, float] | None = None,
+    classes: list[dict[str, Any]] | None = None,
+    default_class: str | None = None,
+    waiting_target: int = 3,
+    priority_scheduling: bool = False,
+    scrape_interval: float = 0.1,
+    extra_scheduling: dict[str, Any] | None = None,
+) -> Toml:
+    """One model behind one vLLM-API engine; `{GRPC_PORT}` is filled in by `harness.scheduler`."""
+    scheduling: Toml = {"fairness": fairness}
+    if weights:
+        scheduling["weights"] = {"default": 1.0, "users": dict(weights)}
+    if classes:
+        scheduling["classes"] = classes
+        scheduling["default_class"] = default_class or classes[0]["name"]
+    scheduling.update(extra_scheduling or {})
+    return {
+        "server": {
+            "listen": "127.0.0.1:{GRPC_PORT}",
+            "metrics_listen": "",
+            "log_level": "warning",
+            "shutdown_grace_seconds": 1.0,
+        },
+        "scheduling": scheduling,
+        "models": [
+            {
+                "name": model,
+                "max_tokens_limit": 4096,
+                "max_queued_per_user": 10000,
+                "gate": {"waiting_target": waiting_target},
+                "backends": [
+                    {
+                        "name": "engine-0",
+                        "kind": "vllm",
+                        "url": engine_url,
+                        "engine_model": engine_model,
+                        "priority_scheduling": priority_scheduling,
+                        "scrape_interval_seconds": scrape_interval,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def validated_toml(config: Toml) -> str:
+    """The config as TOML text, after the service's own validation; raises NotAvailable when it refuses."""
+    probe = json.loads(json.dumps(config).replace("{GRPC_PORT}", "0"))
+    try:
+        config_from_dict(probe)
+    except (ConfigError, TypeError) as exc:
+        raise NotAvailable(f"the scheduler refuses this config: {exc}") from exc
+    return to_toml(config)
+
+
+def to_toml(config: Toml) -> str:
+    """Top-level keys as `key = value` lines, nested values as inline tables/arrays (valid TOML 1.0)."""
+    return "".join(f"{key} = {_value(value)}\n" for key, value in config.items())
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")

@@ -1,0 +1,102 @@
+"""Samples the engine's own Prometheus gauges during a run: queue length, batch size, tokens generated.
+
+The same vLLM metric names are served by the simulator and the real vLLM, so one probe serves both. The
+series feed the "engine queue and batch over time" plot; exact reads at window edges feed throughput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from backends._prom import MetricSamples
+from bench.clients import RunClock
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+GENERATED = "vllm:generation_tokens_total"
+
+
+@dataclass
+class EngineSample:
+    t: float
+    waiting: float
+    running: float
+    generated: float
+
+
+@dataclass
+class EngineProbe:
+    """Reads `url/metrics` every `interval` seconds while running (a bounded background task)."""
+
+    session: aiohttp.ClientSession
+    url: str
+    clock: RunClock
+    interval: float = 0.1
+    samples: list[EngineSample] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+
+    async def read(self, timeout: float = 2.0) -> EngineSample | None:
+        """One reading now; None if the engine did not answer within `timeout` seconds."""
+        try:
+            async with self.session.get(
+                self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as response:
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        samples = MetricSamples.parse(text)
+        return EngineSample(
+            t=self.clock.now(),
+            waiting=samples.total(WAITING) or 0.0,
+            running=samples.total(RUNNING) or 0.0,
+            generated=samples.total(GENERATED) or 0.0,
+        )
+
+    async def generated_tokens(self) -> tuple[float, float]:
+        """(run time, engine output tokens so far), read now; raises if the engine does not answer.
+
+        Retried, because a busy machine can delay one answer by seconds; the time is taken when the answer
+        is read, so a slow answer shifts the window a little but does not bias the rate.
+        """
+        for _ in range(3):
+            sample = await self.read(timeout=5.0)
+            if sample is not None:
+                return sample.t, sample.generated
+        raise RuntimeError(f"engine at {self.url} did not answer /metrics three times in a row")
+
+    def mean_running(self, start: float, end: float) -> float | None:
+        """Mean batch size the samples saw in [start, end): how full the engine was kept."""
+        seen = [s.running for s in self.samples if start <= s.t < end]
+        return sum(seen) / len(seen) if seen else None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            sample = await self.read()
+            if sample is not None:
+                self.samples.append(sample)
+            await asyncio.sleep(self.interval)  # sampling period of a time series, not a synchronisation
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until the engine has nothing waiting or running (a reused engine between runs)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            sample = await self.read()
+            if sample is not None and sample.waiting == 0 and sample.running == 0:
+                return True
+            await asyncio.sleep(0.2)  # polling another process's gauges: no event to wait on
+        return False

@@ -1,0 +1,168 @@
+"""One run of a scenario: an engine, optionally a scheduler in front of it, a client, a probe, a workload.
+
+A scenario is a handful of runs of the same workload that differ only in their `Mode` (straight to the
+engine's FIFO or priority queue, or through llm-scheduler with some config), so the modes' figures come
+from the same machine minutes apart and their ratios cancel its speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import grpc
+
+from bench import harness
+from bench.clients import Client, DirectClient, RunClock, ScheduledClient
+from bench.configs import Toml, validated_toml
+from bench.engines import Engine, EngineProvider
+from bench.probe import EngineProbe
+from bench.records import RequestRecord
+from clients import pb_grpc
+
+SCHEDULED_MODEL = "bench-model"
+
+ConfigBuilder = Callable[[Engine], Toml]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How the clients reach the engine in one run."""
+
+    label: str
+    engine_policy: str = "fcfs"
+    config: ConfigBuilder | None = None  # None: straight to the engine
+
+    @property
+    def scheduled(self) -> bool:
+        return self.config is not None
+
+    def check_available(self) -> None:
+        """Raise `NotAvailable` now if the scheduler would refuse this mode's config."""
+        if self.config is not None:
+            validated_toml(self.config(Engine("http://127.0.0.1:1", "probe", self.engine_policy)))
+
+
+@dataclass
+class RunContext:
+    """What a scenario's workload gets for one run."""
+
+    mode: Mode
+    engine: Engine
+    client: Client
+    probe: EngineProbe
+    clock: RunClock
+    scheduler: harness.SchedulerProc | None = None
+    records: list[RequestRecord] = field(default_factory=list)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def send(
+        self,
+        user: str,
+        tag: str,
+        max_tokens: int,
+        prompt: str,
+        *,
+        priority_class: str = "",
+        engine_priority: int | None = None,
+    ) -> RequestRecord:
+        """Start one request in the background; its record fills in as it streams."""
+        record = RequestRecord(user=user, tag=tag, sent=self.clock.now(), max_tokens=max_tokens)
+        self.records.append(record)
+        task = asyncio.create_task(
+            self.client.run(record, prompt, priority_class=priority_class, engine_priority=engine_priority)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return record
+
+    def closed_loop(
+        self,
+        user: str,
+        tag: str,
+        concurrency: int,
+        max_tokens: int,
+        prompt: str,
+        stop: asyncio.Event,
+        **kwargs: Any,
+    ) -> None:
+        """Keep `concurrency` requests of `user` outstanding until `stop` is set: a user always backlogged."""
+
+        async def worker(i: int) -> None:
+            while not stop.is_set():
+                record = RequestRecord(user=user, tag=tag, sent=self.clock.now(), max_tokens=max_tokens)
+                self.records.append(record)
+                await self.client.run(record, f"{prompt} {i}", **kwargs)
+                if record.error is not None:
+                    return  # a failing target would make this loop spin
+
+        for i in range(concurrency):
+            task = asyncio.create_task(worker(i))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def until(self, predicate: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
+        """Wait until `predicate()` holds (it reads records another task fills); False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(poll)  # records change in other tasks without an event to wait on
+        return True
+
+    async def wait_all(self, timeout: float) -> bool:
+        """Wait for every request started so far; False if some are still running after `timeout`."""
+        if not self._tasks:
+            return True
+        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+        return not pending
+
+    async def cancel_all(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def open_run(
+    provider: EngineProvider, mode: Mode, *, scheduler_wrapper: Sequence[str] = ()
+) -> AsyncIterator[RunContext]:
+    """Start what `mode` needs, yield the run's context, and stop everything (requests first) afterwards."""
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with (
+        provider.engine(mode.engine_policy) as engine,
+        aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+    ):
+        clock = RunClock()
+        probe = EngineProbe(session, engine.url, clock)
+        if mode.config is None:
+            context = RunContext(
+                mode, engine, DirectClient(session, engine.url, engine.model, clock, mode.label), probe, clock
+            )
+            clock.reset()  # run time starts when the workload can start, not with the engine
+            try:
+                yield context
+            finally:
+                await probe.stop()
+                await context.cancel_all()
+            return
+        toml = validated_toml(mode.config(engine))
+        async with (
+            harness.scheduler_process(toml, scheduler_wrapper) as scheduler,
+            grpc.aio.insecure_channel(scheduler.target) as channel,
+        ):
+            client = ScheduledClient(pb_grpc.SchedulerServiceStub(channel), SCHEDULED_MODEL, clock, mode.label)
+            context = RunContext(mode, engine, client, probe, clock, scheduler)
+            clock.reset()
+            try:
+                yield context
+            finally:
+                await probe.stop()
+                await context.cancel_all()

@@ -1,0 +1,51 @@
+"""The scenarios of SCENARIOS.md, by id. S1's runs also give S2, so one entry produces both."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.engines import EngineProvider
+from bench.results import ScenarioResult
+from bench.scenarios import s1, s3, s4, s5, s6
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `python -m bench` passes through to the scenarios."""
+
+    out_dir: Path
+    profile: bool = False
+
+
+Runner = Callable[[EngineProvider, Options], Awaitable[list[ScenarioResult]]]
+
+# entry id -> (the scenario ids it produces, how to run it)
+SCENARIOS: dict[str, tuple[tuple[str, ...], Runner]] = {
+    "S1": (("S1", "S2"), lambda provider, options: s1.run(provider)),
+    "S3": (("S3",), lambda provider, options: s3.run(provider)),
+    "S4": (("S4",), lambda provider, options: s4.run(provider)),
+    "S5": (("S5",), lambda provider, options: s5.run(provider)),
+    "S6": (("S6",), lambda provider, options: s6.run(provider, profile=options.profile, out_dir=options.out_dir)),
+}
+
+TITLES = {
+    "S1": "flood + latecomers",
+    "S2": "utilisation",
+    "S3": "weighted shares",
+    "S4": "token fairness",
+    "S5": "priority classes",
+    "S6": "overhead",
+}
+
+DEFAULT = {"sim": ("S1", "S3", "S4", "S5", "S6"), "vllm": ("S1", "S6")}
+
+
+def entries_for(ids: list[str]) -> list[str]:
+    """The entries to run for scenario ids such as ["S2", "S6"] (S2 comes with S1)."""
+    wanted = []
+    for entry, (produces, _) in SCENARIOS.items():
+        if any(i in produces for i in ids):
+            wanted.append(entry)
+    return wanted

@@ -1,0 +1,255 @@
+"""S1 flood + latecomers, and S2 utilisation over the same runs.
+
+User A submits a flood of requests at once (about 200 output tokens each, lengths spread so slots free up
+at different times, as real answers do); users B and C each send one a little later. Measured: B's and
+C's time to first token (S1) and the engine's output tokens/s over a fixed window of the flood (S2).
+
+"A little later" is once the flood's first requests have started to finish. Engines do not preempt a
+running request to admit another, so a latecomer who arrives while the first wave still holds every batch
+slot waits for the first slot to free, through the scheduler as with the engine's own priority queue;
+the S1 bound's "+ one request's decode time" is that wait.
+
+Runs: the engine alone (its FIFO; its priority policy with the latecomers sending `priority: -1`), then
+llm-scheduler in front of the FIFO engine with each fairness policy the service offers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from bench.configs import scheduler_config
+from bench.engines import EngineProvider
+from bench.records import RequestRecord
+from bench.results import ScenarioResult, Table, Target
+from bench.runner import SCHEDULED_MODEL, Mode, RunContext
+from bench.scenarios._common import (
+    STANDARD_CLASS,
+    divide,
+    jsonable,
+    not_run,
+    number,
+    ratio,
+    run_modes,
+    seconds,
+    share,
+)
+
+POLICIES = ("round_robin", "weighted_round_robin", "vtc")
+GATE_TARGET = 3
+DIRECT_FIFO = "engine alone (FIFO)"
+DIRECT_PRIORITY = "engine alone (priority, latecomers -1)"
+
+
+@dataclass(frozen=True)
+class S1Params:
+    flood: int = 200
+    tokens_min: int = 100
+    tokens_max: int = 300
+    latecomer_tokens: int = 200
+    latecomer_delay: float = 5.0
+    window_start: float = 2.0
+    window: float = 8.0
+    probe_tokens: int = 16
+    timeout: float = 120.0
+    seed: int = 1
+
+
+# The tiny CPU vLLM makes ~600 tokens/s with 4 slots: this flood keeps it busy for about 20 s.
+VLLM_PARAMS = S1Params(
+    flood=120,
+    tokens_min=50,
+    tokens_max=150,
+    latecomer_tokens=100,
+    latecomer_delay=3.0,
+    window_start=1.0,
+    window=6.0,
+    timeout=300.0,
+)
+
+
+def modes(policies: tuple[str, ...] = POLICIES) -> list[Mode]:
+    def config(policy: str) -> Any:
+        return lambda engine: scheduler_config(
+            engine_url=engine.url,
+            model=SCHEDULED_MODEL,
+            engine_model=engine.model,
+            fairness=policy,
+            classes=STANDARD_CLASS,
+            waiting_target=GATE_TARGET,
+        )
+
+    # The priority engine runs first, so a real engine is started once per policy and the FIFO one stays up
+    # for the scheduled runs (and S6) afterwards.
+    return [
+        Mode(DIRECT_PRIORITY, engine_policy="priority"),
+        Mode(DIRECT_FIFO),
+        *(Mode(f"scheduler, {policy}", config=config(policy)) for policy in policies),
+    ]
+
+
+async def _body(run: RunContext, p: S1Params) -> dict[str, Any]:
+    late_priority = -1 if run.mode.engine_policy == "priority" and not run.mode.scheduled else None
+    idle = run.send("idle-probe", "idle", p.probe_tokens, "How fast is an idle engine?")
+    await run.wait_all(60)
+    run.records.clear()
+    run.clock.reset()
+    run.probe.start()
+    rng = random.Random(p.seed)
+    for i in range(p.flood):
+        tokens = rng.randint(p.tokens_min, p.tokens_max)
+        run.send("A", "flood", tokens, f"User A, batch item {i}: summarise this paragraph for me please.")
+    await asyncio.sleep(p.window_start)  # S2's window starts once the flood is in the engine
+    t0, tokens0 = await run.probe.generated_tokens()
+    await asyncio.sleep(max(0.0, p.latecomer_delay - run.clock.now()))  # latecomers come a little later
+    late = [
+        run.send(user, "latecomer", p.latecomer_tokens, f"User {user} asks a question.", engine_priority=late_priority)
+        for user in ("B", "C")
+    ]
+    await asyncio.sleep(max(0.0, p.window_start + p.window - run.clock.now()))  # a fixed throughput window
+    t1, tokens1 = await run.probe.generated_tokens()
+    await run.until(lambda: all(r.first_token is not None or r.error for r in late), p.timeout)
+    decode = [
+        r.finished - r.first_token
+        for r in run.records
+        if r.tag == "flood" and r.finished is not None and r.first_token is not None and r.error is None
+    ]
+    return {
+        "idle_ttft": idle.ttft,
+        "latecomer_ttft": {r.user: r.ttft for r in late},
+        "tokens_per_second": (tokens1 - tokens0) / (t1 - t0),
+        "mean_batch": run.probe.mean_running(t0, t1),
+        "window": [t0, t1],
+        "request_decode_seconds": statistics.median(decode) if decode else None,
+        "flood_completed": sum(1 for r in run.records if r.tag == "flood" and r.completed),
+        "errors": sorted({r.error for r in run.records if r.error and r.error != "cancelled"}),
+        "_records": list(run.records),
+        "_engine": [(s.t, s.waiting, s.running) for s in run.probe.samples],
+    }
+
+
+def _worst(run: dict[str, Any]) -> float | None:
+    values = list(run["latecomer_ttft"].values())
+    return None if any(v is None for v in values) else max(values)
+
+
+async def run(provider: EngineProvider, p: S1Params | None = None) -> list[ScenarioResult]:
+    """Both S1 and S2 from the same runs."""
+    p = p or (VLLM_PARAMS if provider.name == "vllm" else S1Params())
+    workload = (
+        f"user A floods {p.flood} requests at once ({p.tokens_min}-{p.tokens_max} output tokens each, "
+        f"mean {(p.tokens_min + p.tokens_max) // 2}); users B and C send one each ({p.latecomer_tokens} tokens) "
+        f"{p.latecomer_delay:g} s later"
+    )
+    runs, skipped = await run_modes(provider, modes(), lambda r: _body(r, p), timeout=p.timeout + 60)
+    s1 = ScenarioResult("S1", "flood + latecomers", workload, provider.describe(), notes=not_run(skipped))
+    s2 = ScenarioResult(
+        "S2",
+        "utilisation",
+        f"same runs as S1; engine output tokens/s from {p.window_start:g} s to "
+        f"{p.window_start + p.window:g} s into the flood",
+        provider.describe(),
+        notes=not_run(skipped),
+    )
+    direct = runs.get(DIRECT_FIFO)
+    if direct is None:
+        reason = skipped.get(DIRECT_FIFO, "the direct run failed")
+        return [
+            ScenarioResult.unavailable("S1", s1.title, workload, reason),
+            ScenarioResult.unavailable("S2", s2.title, s2.workload, reason),
+        ]
+    direct_worst = _worst(direct)
+    s1.table = Table(["run", "idle-engine TTFT", "TTFT B", "TTFT C", "engine FIFO ÷ run (worst)"])
+    s2.table = Table(["run", "engine output tokens/s", "run ÷ engine FIFO", "mean batch (of max_num_seqs)"])
+    ordered = sorted(runs.items(), key=lambda item: (item[0] != DIRECT_FIFO, item[0] != DIRECT_PRIORITY))
+    for label, result in ordered:
+        ttft = result["latecomer_ttft"]
+        s1.table.rows.append(
+            [
+                label,
+                seconds(result["idle_ttft"]),
+                seconds(ttft.get("B")),
+                seconds(ttft.get("C")),
+                ratio(divide(direct_worst, _worst(result))),
+            ]
+        )
+        tps = result["tokens_per_second"]
+        s2.table.rows.append(
+            [label, number(tps), share(divide(tps, direct["tokens_per_second"])), number(result["mean_batch"], 1)]
+        )
+        if label.startswith("scheduler"):
+            _targets(s1, s2, label, result, direct)
+    s1.notes.append(
+        "One request's decode time in the S1 bound is the median first-to-last-token time of the flood's "
+        "requests in the engine-alone FIFO run (it serves most of the flood at a full batch)."
+    )
+    s2.notes.append(
+        "Tokens/s is wall-clock and slows with the machine's load; the mean batch (the engine's running gauge, "
+        "sampled every 0.1 s) shows whether the scheduler kept the engine full regardless of that."
+    )
+    s1.raw = s2.raw = {label: _raw(result) for label, result in ordered}
+    s1.series = {
+        "gate_target": GATE_TARGET,
+        "runs": {
+            label: {
+                "records": [
+                    [round(r.sent, 4), round(r.ttft, 4), r.user, r.tag]
+                    for r in result["_records"]
+                    if r.ttft is not None
+                ],
+                "engine": jsonable(result["_engine"]),
+            }
+            for label, result in ordered
+        },
+    }
+    return [s1, s2]
+
+
+def _targets(s1: ScenarioResult, s2: ScenarioResult, label: str, run: dict[str, Any], direct: dict[str, Any]) -> None:
+    worst = _worst(run)
+    decode = direct["request_decode_seconds"] or run["request_decode_seconds"] or 0.0
+    bound = 2 * (run["idle_ttft"] or 0.0) + decode
+    s1.targets.append(
+        Target(
+            "worst latecomer TTFT",
+            f"<= 2 x idle TTFT + one request's decode time = {bound:.2f} s",
+            label,
+            worst,
+            threshold=bound,
+            fail_at=bound * 1.25,
+            higher_is_better=False,
+            unit=" s",
+        )
+    )
+    s1.targets.append(
+        Target(
+            "latecomer TTFT, engine FIFO ÷ scheduler",
+            ">= 10x better than direct FIFO",
+            label,
+            divide(_worst(direct), worst),
+            threshold=10.0,
+            fail_at=8.0,
+            unit="x",
+        )
+    )
+    s2.targets.append(
+        Target(
+            "engine output tokens/s, scheduler ÷ engine FIFO",
+            ">= 95% of direct",
+            label,
+            divide(run["tokens_per_second"], direct["tokens_per_second"]),
+            threshold=0.95,
+            fail_at=0.92,
+            unit="%",
+        )
+    )
+
+
+def _raw(run: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in run.items() if not k.startswith("_")}
+    out["requests"] = [r.summary() for r in run["_records"] if isinstance(r, RequestRecord)]
+    rounded: dict[str, Any] = jsonable(out)
+    return rounded

@@ -1,0 +1,246 @@
+"""S5 priority classes: interactive requests arrive while a batch flood keeps the engine busy.
+
+A batch user floods the engine at t=0; interactive users then send short requests at a steady random
+rate for a few seconds and go quiet; the run ends when the batch is done (or a timeout). Measured:
+interactive TTFT (against the idle-engine TTFT of the same path) and TPOT, and the batch's progress:
+tokens/s while interactive traffic runs and after, and whether every batch request completes.
+
+Runs: the engine alone (FIFO; priority with interactive requests sending `priority: -1`), and
+llm-scheduler with an `interactive` class (rank 0, TPOT limit) and a `batch` class (rank 1, dispatched only
+while the engine's waiting queue is empty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from bench.configs import scheduler_config
+from bench.engines import EngineProvider
+from bench.records import RequestRecord, percentile
+from bench.results import ScenarioResult, Table, Target
+from bench.runner import SCHEDULED_MODEL, Mode, RunContext
+from bench.scenarios._common import divide, jsonable, ms, not_run, number, run_modes, seconds, share
+
+TITLE = "priority classes"
+DIRECT_FIFO = "engine alone (FIFO)"
+DIRECT_PRIORITY = "engine alone (priority, interactive -1)"
+TPOT_LIMIT = 0.15
+CLASSES = [
+    {"name": "interactive", "rank": 0, "engine_priority": 0, "max_tpot_seconds": TPOT_LIMIT},
+    {
+        "name": "batch",
+        "rank": 1,
+        "engine_priority": 10,
+        "require_idle_engine": True,
+        "starvation_after_seconds": 60.0,
+    },
+]
+
+
+@dataclass(frozen=True)
+class S5Params:
+    batch_requests: int = 120
+    batch_tokens_min: int = 100
+    batch_tokens_max: int = 200
+    interactive_rate: float = 4.0
+    interactive_tokens: int = 32
+    interactive_start: float = 1.0
+    interactive_end: float = 7.0
+    timeout: float = 60.0
+    seed: int = 5
+
+
+def modes() -> list[Mode]:
+    def config(engine: Any) -> Any:
+        return scheduler_config(
+            engine_url=engine.url,
+            model=SCHEDULED_MODEL,
+            engine_model=engine.model,
+            classes=CLASSES,
+            default_class="interactive",
+        )
+
+    return [
+        Mode(DIRECT_PRIORITY, engine_policy="priority"),
+        Mode(DIRECT_FIFO),
+        Mode("scheduler, interactive + batch classes", config=config),
+    ]
+
+
+async def _body(run: RunContext, p: S5Params) -> dict[str, Any]:
+    direct_priority = run.mode.engine_policy == "priority" and not run.mode.scheduled
+    engine_priority = -1 if direct_priority else None  # interactive requests on the engine's priority queue
+    idle = run.send(
+        "idle-probe",
+        "idle",
+        p.interactive_tokens,
+        "An interactive question.",
+        priority_class="interactive",
+        engine_priority=engine_priority,
+    )
+    await run.wait_all(60)
+    run.records.clear()
+    run.clock.reset()
+    run.probe.start()
+    rng = random.Random(p.seed)
+    for i in range(p.batch_requests):
+        tokens = rng.randint(p.batch_tokens_min, p.batch_tokens_max)
+        run.send("batch", "batch", tokens, f"Batch job {i}: classify this document.", priority_class="batch")
+    await asyncio.sleep(p.interactive_start)
+    n = 0
+    while run.clock.now() < p.interactive_end:
+        run.send(
+            f"user{n % 4}",
+            "interactive",
+            p.interactive_tokens,
+            f"Interactive question {n}.",
+            priority_class="interactive",
+            engine_priority=engine_priority,
+        )
+        n += 1
+        await asyncio.sleep(rng.expovariate(p.interactive_rate))  # Poisson arrivals
+    batch = [r for r in run.records if r.tag == "batch"]
+    await run.until(lambda: all(r.finished is not None or r.error for r in run.records), p.timeout)
+    inter = [r for r in run.records if r.tag == "interactive"]
+    end = run.clock.now()
+    return {
+        "idle_ttft": idle.ttft,
+        "interactive": _latencies(inter),
+        "batch_completed": sum(1 for r in batch if r.completed) / len(batch),
+        "batch_done_at": max((r.finished or end) for r in batch),
+        "batch_tokens_per_s_during": _rate(batch, p.interactive_start, p.interactive_end),
+        "batch_tokens_per_s_after": _rate(batch, p.interactive_end, min(end, p.interactive_end + 3.0)),
+        "errors": sorted({r.error for r in run.records if r.error and r.error != "cancelled"}),
+        "_records": list(run.records),
+        "_engine": [(s.t, s.waiting, s.running) for s in run.probe.samples],
+    }
+
+
+def _latencies(records: list[RequestRecord]) -> dict[str, float | None]:
+    ttft = [r.ttft for r in records if r.ttft is not None]
+    tpot = [r.tpot for r in records if r.tpot is not None]
+    return {
+        "count": float(len(records)),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
+        "tpot_p50": percentile(tpot, 50),
+        "tpot_p99": percentile(tpot, 99),
+    }
+
+
+def _rate(records: list[RequestRecord], start: float, end: float) -> float | None:
+    if end <= start:
+        return None
+    return sum(r.tokens_between(start, end) for r in records) / (end - start)
+
+
+async def run(provider: EngineProvider, p: S5Params | None = None) -> list[ScenarioResult]:
+    p = p or S5Params()
+    workload = (
+        f"a batch user floods {p.batch_requests} requests ({p.batch_tokens_min}-{p.batch_tokens_max} tokens) at "
+        f"0 s; interactive users send {p.interactive_tokens}-token requests at {p.interactive_rate:g}/s (Poisson) from "
+        f"{p.interactive_start:g} s to {p.interactive_end:g} s, then stay idle until the batch is done"
+    )
+    runs, skipped = await run_modes(
+        provider, modes(), lambda r: _body(r, p), timeout=p.interactive_end + p.timeout + 30
+    )
+    if not runs:
+        return [ScenarioResult.unavailable("S5", TITLE, workload, "; ".join(not_run(skipped)))]
+    result = ScenarioResult("S5", TITLE, workload, provider.describe(), notes=not_run(skipped))
+    result.table = Table(
+        [
+            "run",
+            "idle TTFT",
+            "interactive TTFT p50 / p99",
+            "interactive TPOT p50 / p99",
+            "batch tokens/s during / after",
+            "batch completed",
+            "batch done at",
+        ]
+    )
+    direct = runs.get(DIRECT_FIFO)
+    runs = dict(sorted(runs.items(), key=lambda item: (item[0] != DIRECT_FIFO, item[0] != DIRECT_PRIORITY)))
+    for label, r in runs.items():
+        lat = r["interactive"]
+        result.table.rows.append(
+            [
+                label,
+                seconds(r["idle_ttft"]),
+                f"{seconds(lat['ttft_p50'])} / {seconds(lat['ttft_p99'])}",
+                f"{ms(lat['tpot_p50'], 0)} / {ms(lat['tpot_p99'], 0)}",
+                f"{number(r['batch_tokens_per_s_during'])} / {number(r['batch_tokens_per_s_after'])}",
+                share(r["batch_completed"]),
+                seconds(r["batch_done_at"]),
+            ]
+        )
+        if label.startswith("scheduler"):
+            _targets(result, label, r, direct)
+    result.raw = {
+        label: jsonable(
+            {
+                **{k: v for k, v in r.items() if not k.startswith("_")},
+                "requests": [x.summary() for x in r["_records"]],
+            }
+        )
+        for label, r in runs.items()
+    }
+    result.series = {
+        "runs": {
+            label: {
+                "records": [
+                    [round(x.sent, 4), round(x.ttft, 4), x.user, x.tag] for x in r["_records"] if x.ttft is not None
+                ],
+                "engine": jsonable(r["_engine"]),
+            }
+            for label, r in runs.items()
+        }
+    }
+    return [result]
+
+
+def _targets(result: ScenarioResult, label: str, r: dict[str, Any], direct: dict[str, Any] | None) -> None:
+    lat = r["interactive"]
+    bound = 2 * (r["idle_ttft"] or 0.0)
+    result.targets.append(
+        Target(
+            "interactive TTFT p99",
+            f"<= 2 x idle TTFT = {bound * 1000:.0f} ms",
+            label,
+            lat["ttft_p99"],
+            threshold=bound,
+            fail_at=bound * 1.25,
+            higher_is_better=False,
+            unit=" s",
+        )
+    )
+    result.targets.append(
+        Target(
+            "interactive TPOT p99",
+            f"under the class limit ({TPOT_LIMIT * 1000:.0f} ms)",
+            label,
+            lat["tpot_p99"],
+            threshold=TPOT_LIMIT,
+            fail_at=TPOT_LIMIT * 1.1,
+            higher_is_better=False,
+            unit=" s",
+        )
+    )
+    result.targets.append(
+        Target(
+            "batch requests completed",
+            "batch still completes when interactive is idle",
+            label,
+            r["batch_completed"],
+            threshold=1.0,
+            fail_at=0.999,
+            unit="%",
+        )
+    )
+    if direct is not None:
+        result.notes.append(
+            f"{label}: batch tokens/s after the interactive phase = "
+            f"{share(divide(r['batch_tokens_per_s_after'], direct['batch_tokens_per_s_after']))} of the engine alone."
+        )

@@ -1,0 +1,248 @@
+"""S6 overhead: what the scheduler itself costs, measured against an engine that answers instantly.
+
+The engine (`bench.fake_engine`) streams 16 tokens at once, so the difference between a request sent
+through the scheduler and one sent straight to the engine is the scheduler's own latency. Three phases per
+run: a low fixed request rate and the target rate (open loop: requests leave on schedule whether or not
+earlier ones finished) for the added-latency percentiles, then a closed loop of many concurrent clients
+for the ceiling. The scheduler's CPU time per request comes from /proc, so it does not depend on the load
+generator's speed. Against the real vLLM (`--engine vllm`) the same runs use rates a CPU engine can take.
+
+With `--profile`, one more scheduled run at the fixed rate runs the scheduler under pyinstrument and
+writes the call tree and a summary of own time by area and function (`bench.profile_summary`) next to the
+results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+from bench.configs import scheduler_config
+from bench.engines import Engine, EngineProvider
+from bench.profile_summary import summarize
+from bench.records import percentile
+from bench.results import ScenarioResult, Table, Target
+from bench.runner import SCHEDULED_MODEL, Mode, RunContext
+from bench.scenarios._common import STANDARD_CLASS, divide, jsonable, ms, not_run, number, run_modes
+
+TITLE = "overhead"
+DIRECT = "engine alone"
+SCHEDULED = "scheduler, round_robin"
+PROFILED = "scheduler under pyinstrument"
+
+
+@dataclass(frozen=True)
+class S6Params:
+    tokens: int = 16
+    rate: float = 300.0
+    low_rate: float = 50.0
+    warmup: float = 1.0
+    duration: float = 5.0
+    ceiling_concurrency: int = 64
+    ceiling_duration: float = 4.0
+    timeout: float = 60.0
+
+
+VLLM_PARAMS = S6Params(
+    rate=8.0, low_rate=2.0, warmup=2.0, duration=10.0, ceiling_concurrency=8, ceiling_duration=8.0, timeout=120.0
+)
+
+
+class FakeProvider:
+    """`bench.fake_engine` subprocesses: an engine with no decode time at all."""
+
+    name = "fake"
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    def describe(self) -> str:
+        return f"instant fake engine (bench/fake_engine.py): {self.tokens} tokens streamed at once, no queue"
+
+    @contextlib.asynccontextmanager
+    async def engine(self, scheduling_policy: str = "fcfs") -> AsyncIterator[Engine]:
+        async with harness.fake_engine(self.tokens) as url:
+            yield Engine(url, "fake-model", scheduling_policy)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _config(engine: Engine) -> Any:
+    return scheduler_config(
+        engine_url=engine.url,
+        model=SCHEDULED_MODEL,
+        engine_model=engine.model,
+        classes=STANDARD_CLASS,
+        waiting_target=3,
+    )
+
+
+async def _fixed_rate(run: RunContext, p: S6Params, rate: float, duration: float, tag: str) -> None:
+    """Send requests on a fixed schedule (open loop) for `duration` seconds."""
+    start = run.clock.now()
+    n = 0
+    while (due := start + n / rate) < start + duration:
+        await asyncio.sleep(max(0.0, due - run.clock.now()))
+        run.send(f"user{n % 8}", tag, p.tokens, f"Overhead probe {n}.")
+        n += 1
+
+
+async def _phase(run: RunContext, p: S6Params, rate: float, tag: str) -> dict[str, Any]:
+    """One fixed-rate phase: latency percentiles, the rate actually sent, the scheduler's CPU per request."""
+    cpu0 = run.scheduler.cpu_seconds() if run.scheduler else None
+    t0 = run.clock.now()
+    await _fixed_rate(run, p, rate, p.duration, tag)
+    sent_for = run.clock.now() - t0
+    await run.wait_all(p.timeout)
+    cpu = None if cpu0 is None or run.scheduler is None else run.scheduler.cpu_seconds() - cpu0
+    records = [r for r in run.records if r.tag == tag]
+    done = [r for r in records if r.completed]
+    latency = [r.finished - r.sent for r in done if r.finished is not None]
+    ttft = [r.ttft for r in done if r.ttft is not None]
+    return {
+        "offered_rate": rate,
+        "sent_rate": len(records) / sent_for if sent_for else None,
+        "sent": len(records),
+        "completed": len(done),
+        "latency_p50": percentile(latency, 50),
+        "latency_p99": percentile(latency, 99),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
+        "scheduler_cpu_per_request": divide(cpu, len(done)),
+    }
+
+
+async def _ceiling(run: RunContext, p: S6Params) -> dict[str, Any]:
+    """Many clients back to back: completed requests per second, and the scheduler's CPU share."""
+    stop = asyncio.Event()
+    run.closed_loop("ceiling", "ceiling", p.ceiling_concurrency, p.tokens, "Ceiling probe.", stop)
+    await asyncio.sleep(1.0)  # reach a steady state first
+    c0 = run.clock.now()
+    cpu0 = run.scheduler.cpu_seconds() if run.scheduler else None
+    await asyncio.sleep(p.ceiling_duration)  # a fixed measuring window
+    c1 = run.clock.now()
+    cpu = None if cpu0 is None or run.scheduler is None else run.scheduler.cpu_seconds() - cpu0
+    stop.set()
+    await run.wait_all(p.timeout)
+    done = [r for r in run.records if r.tag == "ceiling" and r.completed and r.finished and c0 <= r.finished < c1]
+    return {
+        "rate": len(done) / (c1 - c0),
+        "scheduler_cpu_per_request": divide(cpu, len(done)),
+        "scheduler_cpu_share": divide(cpu, c1 - c0),
+    }
+
+
+async def _body(run: RunContext, p: S6Params) -> dict[str, Any]:
+    await _fixed_rate(run, p, p.low_rate, p.warmup, "warmup")
+    await run.wait_all(p.timeout)
+    low = await _phase(run, p, p.low_rate, "low")
+    target = await _phase(run, p, p.rate, "target")
+    ceiling = await _ceiling(run, p)
+    errors = sorted({r.error for r in run.records if r.error and r.error != "cancelled"})
+    return {"low": low, "target": target, "ceiling": ceiling, "errors": errors}
+
+
+async def _profile(provider: EngineProvider, p: S6Params, out_dir: Path) -> list[str]:
+    """One more fixed-rate run with the scheduler under pyinstrument; returns the files written."""
+    session = out_dir / "s6_profile.pyisession"
+    wrapper = [sys.executable, "-m", "pyinstrument", "-r", "pyisession", "-o", str(session)]
+    profiled = [Mode(PROFILED, config=_config)]
+
+    async def body(run: RunContext) -> None:
+        await _fixed_rate(run, p, p.rate, min(p.duration, 3.0), "profile")  # profiled, it saturates sooner
+        await run.wait_all(p.timeout)
+
+    await run_modes(provider, profiled, body, timeout=p.duration + p.timeout, scheduler_wrapper=wrapper)
+    tree = out_dir / "s6_profile.txt"
+    command = [sys.executable, "-m", "pyinstrument", f"--load={session}", "-r", "text", "--no-color"]
+    rendered = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120)
+    tree.write_text(rendered.stdout)
+    summary = out_dir / "s6_profile_summary.txt"
+    summary.write_text(await asyncio.to_thread(summarize, session))
+    written = [tree.name, summary.name, session.name]
+    return written
+
+
+async def run(
+    provider: EngineProvider, p: S6Params | None = None, *, profile: bool = False, out_dir: Path | None = None
+) -> list[ScenarioResult]:
+    real_engine = provider.name == "vllm"
+    p = p or (VLLM_PARAMS if real_engine else S6Params())
+    engines: EngineProvider = provider if real_engine else FakeProvider(p.tokens)
+    workload = (
+        f"{p.tokens}-token requests at a fixed {p.low_rate:g} and then {p.rate:g} requests/s, {p.duration:g} s "
+        f"each (after {p.warmup:g} s of warm-up), then {p.ceiling_concurrency} clients back to back for "
+        f"{p.ceiling_duration:g} s (the ceiling)"
+    )
+    modes = [Mode(DIRECT), Mode(SCHEDULED, config=_config)]
+    timeout = 3 * p.duration + 4 * p.timeout
+    runs, skipped = await run_modes(engines, modes, lambda r: _body(r, p), timeout=timeout)
+    direct, scheduled = runs.get(DIRECT), runs.get(SCHEDULED)
+    if direct is None or scheduled is None:
+        return [ScenarioResult.unavailable("S6", TITLE, workload, "; ".join(not_run(skipped)) or "a run failed")]
+    result = ScenarioResult("S6", TITLE, workload, engines.describe(), notes=not_run(skipped))
+    result.table = Table(["run", "rate (sent / offered)", "latency p50", "latency p99", "TTFT p50", "TTFT p99"])
+    for phase in ("low", "target"):
+        for label, r in runs.items():
+            x = r[phase]
+            result.table.rows.append(
+                [
+                    label,
+                    f"{number(x['sent_rate'])} / {x['offered_rate']:g} req/s",
+                    ms(x["latency_p50"]),
+                    ms(x["latency_p99"]),
+                    ms(x["ttft_p50"]),
+                    ms(x["ttft_p99"]),
+                ]
+            )
+        d, sch = direct[phase], scheduled[phase]
+        result.table.rows.append(
+            [
+                f"**added by the scheduler** at {d['offered_rate']:g} req/s",
+                "",
+                ms(_minus(sch["latency_p50"], d["latency_p50"])),
+                ms(_minus(sch["latency_p99"], d["latency_p99"])),
+                ms(_minus(sch["ttft_p50"], d["ttft_p50"])),
+                ms(_minus(sch["ttft_p99"], d["ttft_p99"])),
+            ]
+        )
+    d, sch = direct["target"], scheduled["target"]
+    added_p50 = _minus(sch["latency_p50"], d["latency_p50"])
+    added_p99 = _minus(sch["latency_p99"], d["latency_p99"])
+    rate = f"at {p.rate:g} requests/s"
+    result.targets += [
+        Target("added latency p50", f"< 1 ms {rate}", SCHEDULED, added_p50, 0.001, 0.0015, False, " s"),
+        Target("added latency p99", f"< 5 ms {rate}", SCHEDULED, added_p99, 0.005, 0.0075, False, " s"),
+    ]
+    ceiling, direct_ceiling = scheduled["ceiling"], direct["ceiling"]
+    result.notes.append(
+        f"Ceiling ({p.ceiling_concurrency} clients back to back): {number(ceiling['rate'])} req/s through the "
+        f"scheduler, {number(direct_ceiling['rate'])} req/s straight to the engine; the scheduler then used "
+        f"{ceiling['scheduler_cpu_share'] or 0:.0%} of a core, {ms(ceiling['scheduler_cpu_per_request'])} of CPU "
+        f"per request (so about {number(divide(1.0, ceiling['scheduler_cpu_per_request']))} req/s if it had a core "
+        "to itself). Measured on 2 cores shared with the load generator, the engine and other users."
+    )
+    result.notes.append(
+        f"Scheduler CPU per request: {ms(scheduled['low']['scheduler_cpu_per_request'])} at {p.low_rate:g} req/s, "
+        f"{ms(sch['scheduler_cpu_per_request'])} at {p.rate:g} req/s."
+    )
+    if profile and out_dir is not None:
+        result.files += await _profile(engines, p, out_dir)
+        result.notes.append(
+            "Profile of the scheduler at the fixed rate: s6_profile_summary.txt (own time by area and function), "
+            "s6_profile.txt (call tree)."
+        )
+    result.raw = {label: jsonable(r) for label, r in runs.items()}
+    return [result]
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
