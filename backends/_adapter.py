@@ -20,6 +20,7 @@ class HttpAdapter:
 
     CAPABILITIES: ClassVar[BackendCapabilities] = BackendCapabilities()
     FORCE_CLOSE: ClassVar[bool] = False  # never reuse connections (llama.cpp closes them after a response)
+    METRICS: ClassVar[tuple[str, ...] | None] = None  # metric name prefixes `_parse` reads; None: all
 
     def __init__(
         self,
@@ -48,7 +49,7 @@ class HttpAdapter:
         raise NotImplementedError
 
     async def load(self) -> BackendLoad:
-        return await self._engine.scrape(self._parse)
+        return await self._engine.scrape(self._parse, self.METRICS)
 
     def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:
         raise NotImplementedError

@@ -56,15 +56,18 @@ class HttpEngine:
         if self._session is not None:
             await self._session.close()
 
-    async def scrape(self, parse: Callable[[MetricSamples, float], BackendLoad]) -> BackendLoad:
-        """Read the metrics endpoint once; any failure becomes an ok=False reading, never an exception."""
+    async def scrape(
+        self, parse: Callable[[MetricSamples, float], BackendLoad], names: tuple[str, ...] | None = None
+    ) -> BackendLoad:
+        """Read the metrics endpoint once (only the metrics called `names`, when given); any failure
+        becomes an ok=False reading, never an exception."""
         read_at = time.monotonic()
         try:
             async with self.session.get(self._metrics_url, timeout=self._metrics_timeout) as response:
                 if response.status != 200:
                     return BackendLoad(ok=False, read_at=read_at, error=f"HTTP {response.status}")
                 text = await response.text()
-            return parse(MetricSamples.parse(text), read_at)
+            return parse(MetricSamples.parse(text, names), read_at)
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:

@@ -27,6 +27,7 @@ class LlamaCppBackend(HttpAdapter):
 
     CAPABILITIES = BackendCapabilities(supports_priority=False, has_tpot=True, has_kv_usage=False)
     FORCE_CLOSE = True
+    METRICS = (WAITING, RUNNING, TPOT_SECONDS, TPOT_TOKENS, KV_USAGE)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         path, body = openai_body(request, self._engine_model)

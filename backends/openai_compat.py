@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 
 from backends._http import HttpEngine, error_message, stream_failure
-from backends._sse import iter_sse_data
+from backends._sse import iter_sse_batches
 from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.errors import BackendProtocolError, BackendUnavailable
 
@@ -61,28 +61,40 @@ async def stream_openai(
     clean = False
     try:
         try:
-            async for data in iter_sse_data(response):
-                if data.strip() == "[DONE]":
+            done = False
+            failure: BackendUnavailable | None = None
+            async for batch in iter_sse_batches(response):
+                texts: list[str] = []
+                for data in batch:
+                    if data.strip() == "[DONE]":
+                        done = True
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError as exc:
+                        raise BackendProtocolError(
+                            f"engine {engine.name} sent a malformed chunk: {data[:200]!r}", backend=engine.name
+                        ) from exc
+                    if "error" in chunk or chunk.get("object") == "error":
+                        failure = BackendUnavailable(
+                            f"engine {engine.name} failed mid-stream: {error_message(data)}", backend=engine.name
+                        )
+                        break
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices") or []:
+                        text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                        if text:
+                            texts.append(text)
+                        if choice.get("finish_reason"):
+                            finish_reason = choice["finish_reason"]
+                if texts:  # what arrived together leaves together: one delta, one gRPC message
+                    chunks += len(texts)
+                    yield TextDelta("".join(texts), tokens=len(texts))
+                if failure is not None:
+                    raise failure
+                if done:
                     break
-                try:
-                    chunk = json.loads(data)
-                except ValueError as exc:
-                    raise BackendProtocolError(
-                        f"engine {engine.name} sent a malformed chunk: {data[:200]!r}", backend=engine.name
-                    ) from exc
-                if "error" in chunk or chunk.get("object") == "error":
-                    raise BackendUnavailable(
-                        f"engine {engine.name} failed mid-stream: {error_message(data)}", backend=engine.name
-                    )
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                    if text:
-                        chunks += 1
-                        yield TextDelta(text)
-                    if choice.get("finish_reason"):
-                        finish_reason = choice["finish_reason"]
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise stream_failure(exc, engine.name) from exc
         if finish_reason is None:

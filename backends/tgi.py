@@ -16,7 +16,7 @@ import aiohttp
 from backends._adapter import HttpAdapter
 from backends._http import stream_failure
 from backends._prom import MetricSamples
-from backends._sse import iter_sse_data
+from backends._sse import iter_sse_batches
 from backends.base import (
     Accepted,
     BackendCapabilities,
@@ -72,6 +72,7 @@ class TgiBackend(HttpAdapter):
     """Adapter for a TGI server: pure gating, no priorities."""
 
     CAPABILITIES = BackendCapabilities(supports_priority=False, has_tpot=True, has_kv_usage=False)
+    METRICS = (WAITING, RUNNING, TPOT_HISTOGRAM)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         if request.messages is not None:
@@ -88,20 +89,27 @@ class TgiBackend(HttpAdapter):
         clean = False
         try:
             try:
-                async for data in iter_sse_data(response):
-                    try:
-                        event = json.loads(data)
-                    except ValueError as exc:
-                        raise BackendProtocolError(f"engine {name} sent {data[:200]!r}", backend=name) from exc
-                    if "error" in event:
-                        raise _stream_error(event, name)
-                    token = event.get("token") or {}
-                    if token and not token.get("special"):
-                        tokens += 1
-                        if token.get("text"):
-                            yield TextDelta(token["text"])
-                    if event.get("details"):
-                        details = event["details"]
+                async for batch in iter_sse_batches(response):
+                    texts: list[str] = []
+                    failure: BackendError | None = None
+                    for data in batch:
+                        try:
+                            event = json.loads(data)
+                        except ValueError as exc:
+                            raise BackendProtocolError(f"engine {name} sent {data[:200]!r}", backend=name) from exc
+                        if "error" in event:
+                            failure = _stream_error(event, name)
+                            break
+                        token = event.get("token") or {}
+                        if token and not token.get("special"):
+                            tokens += 1
+                            texts.append(token.get("text") or "")
+                        if event.get("details"):
+                            details = event["details"]
+                    if texts:  # tokens that arrived together leave together
+                        yield TextDelta("".join(texts), tokens=len(texts))
+                    if failure is not None:
+                        raise failure
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise stream_failure(exc, name) from exc
             if details is None:

@@ -21,6 +21,7 @@ class VllmBackend(HttpAdapter):
     `--scheduling-policy priority`) each request carries `priority` (lower is served first)."""
 
     CAPABILITIES = BackendCapabilities(supports_priority=True, has_tpot=True, has_kv_usage=True)
+    METRICS = (WAITING, RUNNING, *KV_USAGE, *TPOT_HISTOGRAMS)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         path, body = openai_body(request, self._engine_model)

@@ -19,7 +19,7 @@ from scheduler_svc.clock import Clock
 from scheduler_svc.config import BackendConfig, ModelConfig, PriorityClassConfig, SchedulingConfig
 from scheduler_svc.errors import QueueFull, QueueTimeout, ShuttingDown
 from scheduler_svc.ledger import DispatchLedger
-from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
 from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, Gate, GateDecision, GateInputs
 from scheduler_svc.policies.weights import WeightResolver
 from scheduler_svc.queues import Band, ModelQueues
@@ -89,6 +89,8 @@ class ModelDispatcher:
         self._queued: dict[str, Ticket] = {}
         self._running: dict[str, Ticket] = {}
         self._metrics = metrics
+        self._series = {h.name: backend_series(metrics, model.name, h.name) for h in self.backends}
+        self._class_series = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
         self.drain = RateMeter()
         self._promoted_last = False  # the last dispatch was an anti-starvation promotion
         self._wake = asyncio.Event()
@@ -104,7 +106,7 @@ class ModelDispatcher:
         self._queued[request.request_id] = ticket
         if newly_backlogged:
             self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
-        self._metrics.admitted.labels(self.model.name, request.priority_class).inc()
+        self._class_series[request.priority_class].admitted.inc()
         self._set_depth(request.priority_class)
         self.wake()
         return ticket
@@ -150,7 +152,7 @@ class ModelDispatcher:
     def on_first_token(self, ticket: Ticket) -> None:
         assert ticket.backend is not None and ticket.first_token_at is not None
         ticket.backend.ledger.started(ticket.request.request_id)
-        self._metrics.ttft.labels(self.model.name, ticket.request.priority_class).observe(
+        self._class_series[ticket.request.priority_class].ttft.observe(
             ticket.first_token_at - ticket.request.admitted_at
         )
         self.wake()
@@ -158,7 +160,7 @@ class ModelDispatcher:
     def on_generated(self, ticket: Ticket, tokens: int) -> None:
         self.fairness[ticket.request.priority_class].on_generated(ticket.request, tokens)
         assert ticket.backend is not None
-        self._metrics.generated_tokens.labels(self.model.name, ticket.backend.name).inc(tokens)
+        self._series[ticket.backend.name].generated_tokens.inc(tokens)
 
     def on_finished(self, ticket: Ticket) -> None:
         backend = ticket.backend
@@ -172,7 +174,7 @@ class ModelDispatcher:
             backend.user_in_flight.pop(user, None)
         self._running.pop(ticket.request.request_id, None)
         self.fairness[ticket.request.priority_class].on_finished(ticket.request, ticket.completion_tokens)
-        self._metrics.in_flight.labels(self.model.name, backend.name).set(backend.ledger.in_flight)
+        self._series[backend.name].in_flight.set(backend.ledger.in_flight)
         self.wake()
 
     def on_outcome(self, ticket: Ticket) -> None:
@@ -267,9 +269,10 @@ class ModelDispatcher:
             ticket.assign(handle, now, priority)
             self._running[request.request_id] = ticket
             self.drain.record(now)
-            self._metrics.dispatched.labels(self.model.name, handle.name).inc()
-            self._metrics.queue_wait.labels(self.model.name, request.priority_class).observe(now - request.admitted_at)
-            self._metrics.in_flight.labels(self.model.name, handle.name).set(handle.ledger.in_flight)
+            series = self._series[handle.name]
+            series.dispatched.inc()
+            series.in_flight.set(handle.ledger.in_flight)
+            self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
             sent += 1
         return sent
 
@@ -313,10 +316,10 @@ class ModelDispatcher:
         for handle in self.backends:
             inputs = handle.ledger.gate_inputs(now)
             decision = handle.gate.decide(inputs, priority_class)
-            labels = (self.model.name, handle.name)
-            self._metrics.gate_open.labels(*labels).set(1 if decision.open else 0)
-            self._metrics.metrics_fresh.labels(*labels).set(1 if decision.fresh else 0)
-            self._metrics.estimated_waiting.labels(*labels).set(inputs.estimated_waiting())
+            series = self._series[handle.name]
+            series.gate_open.set(1 if decision.open else 0)
+            series.metrics_fresh.set(1 if decision.fresh else 0)
+            series.estimated_waiting.set(inputs.estimated_waiting())
             if decision.open:
                 key = (inputs.estimated_waiting(), inputs.in_flight)
                 if best is None or key < best:
@@ -329,7 +332,7 @@ class ModelDispatcher:
         return base + self._priority_per_inflight * handle.user_in_flight.get(request.user, 0)
 
     def _set_depth(self, priority_class: str) -> None:
-        self._metrics.queue_depth.labels(self.model.name, priority_class).set(self.queues.band(priority_class).size)
+        self._class_series[priority_class].queue_depth.set(self.queues.band(priority_class).size)
 
 
 def _oldest_admission(band: Band) -> float:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -87,3 +90,47 @@ class SchedulerMetrics:
             ["model", "backend"],
             registry=r,
         )
+
+
+@dataclass(frozen=True)
+class BackendSeries:
+    """One backend's labelled series, resolved once: `labels()` on every token costs real CPU."""
+
+    dispatched: Any
+    generated_tokens: Any
+    in_flight: Any
+    gate_open: Any
+    metrics_fresh: Any
+    estimated_waiting: Any
+
+
+@dataclass(frozen=True)
+class ClassSeries:
+    """One priority class's labelled series for a model."""
+
+    admitted: Any
+    queue_depth: Any
+    queue_wait: Any
+    ttft: Any
+
+
+def backend_series(metrics: SchedulerMetrics, model: str, backend: str) -> BackendSeries:
+    labels = (model, backend)
+    return BackendSeries(
+        dispatched=metrics.dispatched.labels(*labels),
+        generated_tokens=metrics.generated_tokens.labels(*labels),
+        in_flight=metrics.in_flight.labels(*labels),
+        gate_open=metrics.gate_open.labels(*labels),
+        metrics_fresh=metrics.metrics_fresh.labels(*labels),
+        estimated_waiting=metrics.estimated_waiting.labels(*labels),
+    )
+
+
+def class_series(metrics: SchedulerMetrics, model: str, priority_class: str) -> ClassSeries:
+    labels = (model, priority_class)
+    return ClassSeries(
+        admitted=metrics.admitted.labels(*labels),
+        queue_depth=metrics.queue_depth.labels(*labels),
+        queue_wait=metrics.queue_wait.labels(*labels),
+        ttft=metrics.ttft.labels(*labels),
+    )

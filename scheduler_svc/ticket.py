@@ -88,8 +88,10 @@ class Ticket:
                 remaining = deadline - self._dispatcher.clock.now()
                 wait = remaining if wait is None else min(wait, remaining)
             if wait is None or wait > 0:
+                # asyncio.timeout, not wait_for: no extra task per wait, which adds up with 100k queued
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._woken.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await self._woken.wait()
             if self.state is TicketState.QUEUED:
                 if deadline is None or self._dispatcher.clock.now() < deadline:
                     return False

@@ -137,7 +137,7 @@ async def test_tgi_error_inside_the_stream_is_unavailable() -> None:
                         seen.append(event)
         finally:
             await backend.aclose()
-    assert len(seen) == 2
+    assert sum(e.tokens for e in seen) == 2  # tokens that arrive together come as one delta
 
 
 async def test_tgi_over_its_concurrency_cap_is_overloaded() -> None:
