@@ -153,6 +153,12 @@ class BackendConfig:
     priority_scheduling: bool = _field(
         False, "The engine runs priority scheduling (vLLM --scheduling-policy priority): send priorities."
     )
+    max_num_seqs: int = _field(
+        0,
+        "The engine's batch size (vLLM --max-num-seqs, llama.cpp -np, TGI's max batch), which engines do "
+        "not export. When set, requests the engine can still admit into free slots do not count as "
+        "waiting, so short requests keep a large batch full (0: unknown, every unstarted request counts).",
+    )
     metrics_path: str = _field("/metrics", "Path of the engine's Prometheus metrics.")
     scrape_interval_seconds: float = _field(0.2, "How often the engine's metrics are read.")
     connect_timeout_seconds: float = _field(5.0, "TCP connect timeout towards the engine.")

@@ -16,7 +16,8 @@ from scheduler_svc.policies.gate import GateInputs
 class DispatchLedger:
     """Per-backend bookkeeping of in-flight requests relative to the latest good reading."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine_slots: int = 0) -> None:
+        self.engine_slots = engine_slots  # the engine's batch size when configured, else 0
         self.reading: BackendLoad | None = None
         self.last_failure: BackendLoad | None = None
         self.in_flight = 0
@@ -87,4 +88,5 @@ class DispatchLedger:
             started_since_reading=max(0, self._started_since_reading - running_unstarted),
             unseen_in_flight=unseen_in_flight,
             finished_since_reading=self._finished_since_reading,
+            engine_slots=self.engine_slots,
         )

@@ -68,7 +68,7 @@ class Scheduler:
                     config=b,
                     backend=backend_factory(model, b),
                     gate=GATE_POLICIES.create(model.gate.policy, model.gate),
-                    ledger=DispatchLedger(),
+                    ledger=DispatchLedger(engine_slots=b.max_num_seqs),
                 )
                 for b in model.backends
             ]

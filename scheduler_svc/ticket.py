@@ -128,7 +128,11 @@ class Ticket:
                     self.completion_tokens += event.tokens
                     self._dispatcher.on_generated(self, event.tokens)
                 elif isinstance(event, Finished):
-                    self.completion_tokens = max(self.completion_tokens, event.completion_tokens)
+                    # a busy engine merges tokens into one chunk: charge what its usage says was missed
+                    missed = event.completion_tokens - self.completion_tokens
+                    if missed > 0:
+                        self.completion_tokens += missed
+                        self._dispatcher.on_generated(self, missed)
                 yield event
         except (asyncio.CancelledError, GeneratorExit):
             self.close(Outcome.CANCELLED)

@@ -32,6 +32,7 @@ class GateInputs:
     started_since_reading: int
     unseen_in_flight: int = 0
     finished_since_reading: int = 0
+    engine_slots: int = 0
 
     def reading_age(self) -> float | None:
         """Seconds since the reading was taken, None when there is none."""
@@ -44,9 +45,19 @@ class GateInputs:
         return max(0, seen + self.started_since_reading - self.finished_since_reading) + self.unseen_in_flight
 
     def estimated_waiting(self) -> int:
-        """The engine's waiting queue now, as best we know: last reading corrected by what happened since."""
+        """The engine's waiting queue now, as best we know: last reading corrected by what happened since.
+
+        With the engine's slot count known and a reading that showed nothing waiting (the engine was
+        admitting freely), requests that fit into its free slots are not counted as waiting.
+        """
         seen = self.reading.waiting if self.reading is not None and self.reading.ok else 0
-        return max(0, seen - self.started_since_reading) + self.sent_unseen
+        waiting = max(0, seen - self.started_since_reading) + self.sent_unseen
+        if not self.engine_slots or seen > 0 or self.reading is None:
+            return waiting
+        started_unseen = self.unseen_in_flight - self.sent_unseen
+        occupied = max(0, self.reading.running + self.started_since_reading - self.finished_since_reading)
+        free = max(0, self.engine_slots - occupied - started_unseen)
+        return max(0, waiting - free)
 
 
 @dataclass(frozen=True, slots=True)

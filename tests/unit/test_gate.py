@@ -127,3 +127,20 @@ def test_a_class_limited_in_running_requests_leaves_slots_free() -> None:
     decision = SignalGate(GateConfig()).decide(ledger.gate_inputs(100.1), batch)
     assert not decision.open and "running 48 >= 48" in decision.reason
     assert gate.decide(ledger.gate_inputs(100.1), CLS).open  # the queue-depth gate ignores the limit
+
+
+def test_known_free_slots_are_not_counted_as_waiting() -> None:
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger(engine_slots=64)
+    ledger.record_reading(BackendLoad(ok=True, read_at=100.0, waiting=0, running=40))
+    sent = 0
+    while gate.decide(ledger.gate_inputs(100.1), CLS).open:
+        sent += 1
+        send(ledger, f"r{sent}", None)
+        assert sent < 100
+    assert sent == 24 + 3  # the 24 free slots, then the usual waiting target
+
+
+def test_free_slots_earn_nothing_while_the_engine_shows_a_queue() -> None:
+    ledger = DispatchLedger(engine_slots=64)
+    ledger.record_reading(BackendLoad(ok=True, read_at=100.0, waiting=2, running=10))
+    assert ledger.gate_inputs(100.1).estimated_waiting() == 2  # it is not admitting: trust the queue

@@ -1,0 +1,198 @@
+"""llm-scheduler in front of REAL engines (vLLM on CPU, llama.cpp's server), over gRPC.
+
+Each test starts the scheduler on a free port pointed at a session engine from conftest.py and checks
+what the simulator can only imitate: streaming and unary generation, the gate holding the engine's own
+waiting queue at the target, scenario S1, cancellation reaching the engine, an engine dying mid-stream,
+and vLLM's priority scheduling following the priorities the scheduler sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from backends._prom import MetricSamples
+from tests.engines.engines import EngineProcess
+from tests.helpers import client_for, eventually, make_config, outcome_count, serving, until_settled
+
+pytestmark = pytest.mark.engines
+
+WAITING = {"vllm": "vllm:num_requests_waiting", "llamacpp": "llamacpp:requests_deferred"}
+RUNNING = {"vllm": "vllm:num_requests_running", "llamacpp": "llamacpp:requests_processing"}
+GENERATED = {"vllm": "vllm:generation_tokens_total", "llamacpp": "llamacpp:tokens_predicted_total"}
+# one class without a TPOT limit: CPU engines are slow per token, the waiting queue is what is tested
+ONE_CLASS = {"classes": [{"name": "interactive", "rank": 0}], "default_class": "interactive"}
+
+
+@pytest.fixture(params=["vllm", "llamacpp"])
+def engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, EngineProcess]]:
+    kind = request.param
+    yield kind, request.getfixturevalue(f"{kind}_engine")
+
+
+def scheduler_config(kind: str, eng: EngineProcess, waiting_target: int = 2, **backend: Any) -> Any:
+    models = [
+        {
+            "name": "m",
+            "max_tokens_limit": 1000,
+            "gate": {"waiting_target": waiting_target, "stale_after_seconds": 2.0},
+            "backends": [
+                {"name": f"{kind}-0", "kind": kind, "url": eng.url, "engine_model": eng.served_model_name,
+                 "scrape_interval_seconds": 0.1, **backend},
+            ],
+        }
+    ]  # fmt: skip
+    return make_config(models=models, scheduling=ONE_CLASS)
+
+
+async def engine_gauge(eng: EngineProcess, name: str) -> float:
+    return MetricSamples.parse(await eng.ametrics_text()).total(name) or 0.0
+
+
+async def first_delta(call: Any) -> float:
+    """Read events until the first generated text; returns the time it arrived."""
+    while True:
+        event = await call.read()
+        assert event is not grpc.aio.EOF, "stream ended before a token"
+        if event.HasField("delta"):
+            return time.monotonic()
+
+
+async def test_stream_and_submit_through_the_scheduler(engine: tuple[str, EngineProcess]) -> None:
+    kind, eng = engine
+    async with serving(scheduler_config(kind, eng)) as server, client_for(server) as client:
+        response = await client.submit("m", "Once upon a time", max_tokens=12, ignore_eos=True)
+        kinds, text = [], []
+        async for event in client.stream("m", messages=[("user", "Tell me a story")], max_tokens=8, ignore_eos=True):
+            kinds.append(event.WhichOneof("event"))
+            if event.HasField("delta"):
+                text.append(event.delta.text)
+            if event.HasField("finished"):
+                finished = event.finished
+    assert response.usage.completion_tokens == 12 and response.text
+    assert response.backend == f"{kind}-0" and response.usage.prompt_tokens > 0
+    assert kinds[0] == "queued" and "dispatched" in kinds and kinds[-1] == "finished"
+    assert "".join(text) and finished.usage.completion_tokens == 8
+
+
+async def test_gate_holds_the_engine_queue_at_the_target_and_s1_latecomer_goes_first(
+    engine: tuple[str, EngineProcess],
+) -> None:
+    kind, eng = engine
+    target, flood_size, tokens = 2, 16, 96
+    async with (
+        serving(scheduler_config(kind, eng, waiting_target=target)) as server,
+        client_for(server, user="flood") as flood,
+        client_for(server, user="late") as late,
+    ):
+        samples: list[tuple[float, float]] = []
+        stop = asyncio.Event()
+
+        async def sample_engine() -> None:  # the engine's own view, independent of the scheduler's
+            while not stop.is_set():
+                text = MetricSamples.parse(await eng.ametrics_text())
+                samples.append((text.total(WAITING[kind]) or 0.0, text.total(RUNNING[kind]) or 0.0))
+                await asyncio.sleep(0.05)
+
+        sampler = asyncio.create_task(sample_engine())
+        calls = [
+            asyncio.create_task(flood.submit("m", f"flood {i}", max_tokens=tokens, ignore_eos=True))
+            for i in range(flood_size)
+        ]
+        await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+        sent = time.monotonic()
+        call = late.stream("m", "a quick question", max_tokens=4, ignore_eos=True)
+        latecomer_ttft = await first_delta(call) - sent
+        flood_left = sum(not c.done() for c in calls)
+        await asyncio.gather(*calls)
+        drained = time.monotonic() - sent
+        stop.set()
+        await sampler
+        call.cancel()
+    max_waiting = max(w for w, _ in samples)
+    max_running = max(r for _, r in samples)
+    assert max_running >= 4, f"the engine never filled its 4 slots: {samples[:20]}"
+    assert max_waiting <= target, f"engine queue exceeded the target {target}: max {max_waiting}"
+    assert flood_left >= flood_size // 2, f"latecomer waited for most of the flood ({flood_left} left)"
+    assert latecomer_ttft < drained / 2, (latecomer_ttft, drained)
+
+
+async def test_client_cancel_aborts_the_request_inside_the_engine(engine: tuple[str, EngineProcess]) -> None:
+    kind, eng = engine
+    max_tokens = 900
+    async with serving(scheduler_config(kind, eng)) as server, client_for(server) as client:
+        generated_before = await engine_gauge(eng, GENERATED[kind])
+        call = client.stream("m", "A very long story", max_tokens=max_tokens, ignore_eos=True)
+        await first_delta(call)
+        assert await engine_gauge(eng, RUNNING[kind]) == 1
+        call.cancel()
+        await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
+        running: list[float] = [1.0]
+
+        async def poll() -> None:
+            running.append(await engine_gauge(eng, RUNNING[kind]))
+
+        deadline = time.monotonic() + 20
+        while running[-1] != 0 and time.monotonic() < deadline:
+            await poll()
+            await asyncio.sleep(0.05)  # sampling another process's metrics
+        generated = await engine_gauge(eng, GENERATED[kind]) - generated_before
+    assert running[-1] == 0, "the engine kept running the cancelled request"
+    assert generated < max_tokens, f"the engine generated {generated} tokens: the request was not aborted"
+
+
+async def test_engine_killed_mid_stream_gives_unavailable_then_service_resumes(
+    engine: tuple[str, EngineProcess],
+) -> None:
+    kind, eng = engine
+    async with serving(scheduler_config(kind, eng)) as server, client_for(server) as client:
+        call = client.stream("m", "doomed", max_tokens=900, ignore_eos=True)
+        await first_delta(call)
+        eng.kill()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        await eng.arestart()
+        response = await client.submit("m", "back again", max_tokens=5, ignore_eos=True)
+        assert response.usage.completion_tokens == 5
+        assert outcome_count(server, "failed") == 1
+
+
+async def test_vllm_priority_scheduling_follows_the_priorities_the_scheduler_sends(
+    vllm_priority_engine: EngineProcess,
+) -> None:
+    eng = vllm_priority_engine
+    config = scheduler_config("vllm", eng, waiting_target=12, priority_scheduling=True)
+    async with (
+        serving(config) as server,
+        client_for(server, user="flood") as flood,
+        client_for(server, user="late") as late,
+    ):
+        first_token: dict[str, float] = {}
+
+        async def flood_one(i: int) -> None:
+            call = flood.stream("m", f"flood {i}", max_tokens=128, ignore_eos=True, request_id=f"flood-{i}")
+            first_token[f"flood-{i}"] = await first_delta(call)
+            while await call.read() is not grpc.aio.EOF:
+                pass
+
+        calls = [asyncio.create_task(flood_one(i)) for i in range(16)]
+        await eventually(lambda: len(first_token) >= 4, timeout=60, what="the flood running")
+        await eventually(lambda: server.scheduler.dispatchers["m"].busy >= 12, timeout=60, what="engine queue")
+        dispatched_before = [
+            rid for rid in (f"flood-{i}" for i in range(16)) if rid not in first_token
+        ]  # flood requests already at the engine or queued, not yet started
+        call = late.stream("m", "me first", max_tokens=4, ignore_eos=True)
+        late_first = await first_delta(call)
+        await asyncio.gather(*calls)
+        call.cancel()
+    overtaken = [rid for rid in dispatched_before if first_token[rid] > late_first]
+    # vLLM's FCFS would have served every one of them first; with priorities the latecomer
+    # (priority 0) goes ahead of the flood's requests that carry 1, 2, 3... for the user's in-flight ones.
+    assert len(overtaken) >= 4, f"the latecomer overtook only {len(overtaken)} waiting flood requests"
