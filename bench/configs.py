@@ -32,6 +32,7 @@ def scheduler_config(
     priority_scheduling: bool = False,
     scrape_interval: float = 0.1,
     extra_scheduling: dict[str, Any] | None = None,
+    max_num_seqs: int = 0,
 ) -> Toml:
     """One model behind one vLLM-API engine; `{GRPC_PORT}` is filled in by `harness.scheduler`."""
     scheduling: Toml = {"fairness": fairness}
@@ -63,6 +64,7 @@ def scheduler_config(
                         "engine_model": engine_model,
                         "priority_scheduling": priority_scheduling,
                         "scrape_interval_seconds": scrape_interval,
+                        "max_num_seqs": max_num_seqs,
                     }
                 ],
             }

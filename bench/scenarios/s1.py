@@ -72,20 +72,26 @@ VLLM_PARAMS = S1Params(
 
 
 def modes(policies: tuple[str, ...] = POLICIES) -> list[Mode]:
-    def config(policy: str) -> Any:
+    def config(policy: str, priority_scheduling: bool = False) -> Any:
         return lambda engine: scheduler_config(
             engine_url=engine.url,
             model=SCHEDULED_MODEL,
             engine_model=engine.model,
+            max_num_seqs=engine.max_num_seqs,
             fairness=policy,
             classes=STANDARD_CLASS,
             waiting_target=GATE_TARGET,
+            priority_scheduling=priority_scheduling,
         )
 
     # The priority engine runs first, so a real engine is started once per policy and the FIFO one stays up
     # for the scheduled runs (and S6) afterwards.
     return [
         Mode(DIRECT_PRIORITY, engine_policy="priority"),
+        # the scheduler on the same priority-scheduled engine, sending its own priorities (no client help)
+        Mode(
+            "scheduler, round_robin + engine priorities", engine_policy="priority", config=config("round_robin", True)
+        ),
         Mode(DIRECT_FIFO),
         *(Mode(f"scheduler, {policy}", config=config(policy)) for policy in policies),
     ]

@@ -46,6 +46,7 @@ def modes() -> list[Mode]:
             engine_url=engine.url,
             model=SCHEDULED_MODEL,
             engine_model=engine.model,
+            max_num_seqs=engine.max_num_seqs,
             fairness="weighted_round_robin",
             weights=WEIGHTS,
             classes=STANDARD_CLASS,

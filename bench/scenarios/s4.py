@@ -51,6 +51,7 @@ def modes() -> list[Mode]:
             engine_url=engine.url,
             model=SCHEDULED_MODEL,
             engine_model=engine.model,
+            max_num_seqs=engine.max_num_seqs,
             fairness=policy,
             classes=STANDARD_CLASS,
         )

@@ -53,13 +53,21 @@ class S5Params:
     seed: int = 5
 
 
+def classes(max_num_seqs: int) -> list[dict[str, Any]]:
+    """The classes, with a quarter of the engine's slots kept free of batch work for interactive arrivals
+    (engines do not preempt a running request for a waiting one)."""
+    batch = {**CLASSES[1], "max_engine_running": max_num_seqs - max(1, max_num_seqs // 4)}
+    return [CLASSES[0], batch]
+
+
 def modes() -> list[Mode]:
     def config(engine: Any) -> Any:
         return scheduler_config(
             engine_url=engine.url,
             model=SCHEDULED_MODEL,
             engine_model=engine.model,
-            classes=CLASSES,
+            max_num_seqs=engine.max_num_seqs,
+            classes=classes(engine.max_num_seqs),
             default_class="interactive",
         )
 
