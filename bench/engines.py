@@ -28,6 +28,7 @@ class Engine:
     url: str
     model: str
     scheduling_policy: str
+    max_num_seqs: int = 0  # the engine's batch size, told to the scheduler's gate (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class SimProvider:
     @contextlib.asynccontextmanager
     async def engine(self, scheduling_policy: str = "fcfs") -> AsyncIterator[Engine]:
         async with harness.simulator(*self.profile.flags(scheduling_policy)) as url:
-            yield Engine(url, "sim-model", scheduling_policy)
+            yield Engine(url, "sim-model", scheduling_policy, self.profile.max_num_seqs)
 
     async def aclose(self) -> None:
         return None
@@ -128,7 +129,7 @@ class VllmProvider:
             )
             await asyncio.to_thread(process.start)
             self._running[scheduling_policy] = process
-        engine = Engine(process.url, process.served_model_name, scheduling_policy)
+        engine = Engine(process.url, process.served_model_name, scheduling_policy, self.max_num_seqs)
         try:
             yield engine
         finally:
