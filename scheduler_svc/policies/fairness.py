@@ -50,7 +50,20 @@ class FairnessPolicy(Protocol):
         ...
 
 
-class RoundRobinFairness:
+class _ServiceHooks:
+    """Default no-op reactions to service events, for policies that do not charge for some of them."""
+
+    def on_dispatched(self, request: RequestView) -> None:
+        return None
+
+    def on_generated(self, request: RequestView, tokens: int) -> None:
+        return None
+
+    def on_finished(self, request: RequestView, generated: int) -> None:
+        return None
+
+
+class RoundRobinFairness(_ServiceHooks):
     """Serve backlogged users in turn, one request each: fair by request count.
 
     Trade-off: cheap and predictable, but a user asking for 1000-token answers gets 20x the engine time of
@@ -76,20 +89,11 @@ class RoundRobinFairness:
             self._in_ring.discard(user)  # went idle: forget it; it rejoins at the end when it returns
         raise LookupError("select() called with backlogged flows that were never announced")
 
-    def on_dispatched(self, request: RequestView) -> None:
-        return None
-
-    def on_generated(self, request: RequestView, tokens: int) -> None:
-        return None
-
-    def on_finished(self, request: RequestView, generated: int) -> None:
-        return None
-
     def counters(self) -> dict[str, float]:
         return {}
 
 
-class _VirtualCounterFairness:
+class _VirtualCounterFairness(_ServiceHooks):
     """Serve the backlogged user with the least weighted service so far, in two levels: first the group
     with the smallest counter, then its user with the smallest counter. Subclasses decide what service
     costs (per request, or per token as tokens stream) and may add work already committed to the engine.
@@ -141,15 +145,6 @@ class _VirtualCounterFairness:
         group = self._weights.group_of(user)
         self._user_counter[user] = self._user_counter.get(user, 0.0) + cost / self._weights.user_weight(user)
         self._group_counter[group] = self._group_counter.get(group, 0.0) + cost / self._weights.group_weight(group)
-
-    def on_dispatched(self, request: RequestView) -> None:
-        return None
-
-    def on_generated(self, request: RequestView, tokens: int) -> None:
-        return None
-
-    def on_finished(self, request: RequestView, generated: int) -> None:
-        return None
 
     def counters(self) -> dict[str, float]:
         return dict(self._user_counter)
