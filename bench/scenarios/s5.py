@@ -56,7 +56,8 @@ class S5Params:
 def classes(max_num_seqs: int) -> list[dict[str, Any]]:
     """The classes, with a quarter of the engine's slots kept free of batch work for interactive arrivals
     (engines do not preempt a running request for a waiting one)."""
-    batch = {**CLASSES[1], "max_engine_running": max_num_seqs - max(1, max_num_seqs // 4)}
+    headroom = max_num_seqs - max(1, max_num_seqs // 4) if max_num_seqs > 1 else 0  # 0: unknown, no limit
+    batch = {**CLASSES[1], "max_engine_running": headroom}
     return [CLASSES[0], batch]
 
 
