@@ -87,7 +87,9 @@ class Scheduler:
         dispatcher = self.dispatchers.get(request.model)
         if dispatcher is None:
             raise ModelNotFound(f"unknown model {request.model!r}; served models: {sorted(self.dispatchers)}")
-        return dispatcher.enqueue(request)
+        ticket = dispatcher.enqueue(request)
+        dispatcher.dispatch_now()  # with the gate open the caller finds its ticket dispatched: no loop hop
+        return ticket
 
     async def run(self) -> None:
         """Run every dispatcher and backend monitor until cancelled."""
