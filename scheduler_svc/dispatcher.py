@@ -232,14 +232,6 @@ class ModelDispatcher:
     def wake(self) -> None:
         self._wake.set()
 
-    def dispatch_now(self) -> None:
-        """Dispatch from the caller's task (admission, a finished request): saves the event-loop hop to the
-        dispatcher task, which under load costs milliseconds. Errors are logged, as in `run`."""
-        try:
-            self.dispatch_ready()
-        except Exception:
-            log.exception("dispatch_failed", model=self.model.name)
-
     async def run(self) -> None:
         """Dispatch whenever something happened that may let a request go."""
         while True:

@@ -87,9 +87,7 @@ class Scheduler:
         dispatcher = self.dispatchers.get(request.model)
         if dispatcher is None:
             raise ModelNotFound(f"unknown model {request.model!r}; served models: {sorted(self.dispatchers)}")
-        ticket = dispatcher.enqueue(request)
-        dispatcher.dispatch_now()  # with the gate open the caller finds its ticket dispatched: no loop hop
-        return ticket
+        return dispatcher.enqueue(request)
 
     async def run(self) -> None:
         """Run every dispatcher and backend monitor until cancelled."""
