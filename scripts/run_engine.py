@@ -7,6 +7,7 @@ engine, writes a scheduler config for it under .cache/ and runs `llmsched serve`
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", default="sim-model", help="the name clients use (and the engine serves)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the engine on TERM as on Ctrl-C
     subprocess.run(["bash", str(ROOT / "scripts" / "engines" / f"install_{args.engine}.sh")], check=True)
     if args.engine == "vllm":
         engine = vllm_process(port=args.port, served_model_name=args.model, scheduling_policy="priority")
