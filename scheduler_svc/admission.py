@@ -52,16 +52,16 @@ def build_request(
     if len(message.stop) > MAX_STOP_STRINGS or any(not s for s in message.stop):
         raise InvalidRequest(f"stop: at most {MAX_STOP_STRINGS} non-empty strings")
     class_name = message.priority_class or config.scheduling.default_class
-    known_classes = [c.name for c in config.scheduling.classes]
-    if class_name not in known_classes:
-        raise InvalidRequest(f"unknown priority_class {class_name!r}; known: {known_classes}")
+    priority_class = config.scheduling.priority_class(class_name)
+    if priority_class is None:
+        known = [c.name for c in config.scheduling.classes]
+        raise InvalidRequest(f"unknown priority_class {class_name!r}; known: {known}")
     request_id = message.request_id or uuid.uuid4().hex
     if not _REQUEST_ID.match(request_id):
         raise InvalidRequest("request_id: 1-128 characters of letters, digits and ._:/-")
     if timeout is not None and timeout <= 0:
         raise InvalidRequest("the call's deadline has already passed")
-    ttl = next(c.queue_ttl_seconds for c in config.scheduling.classes if c.name == class_name)
-    deadlines = [now + t for t in (timeout, ttl or None) if t is not None]
+    deadlines = [now + t for t in (timeout, priority_class.queue_ttl_seconds or None) if t is not None]
     prompt_chars = len(message.prompt) if messages is None else sum(len(m.content) for m in messages)
     return QueuedRequest(
         request_id=request_id,

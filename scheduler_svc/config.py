@@ -197,6 +197,10 @@ class SchedulingConfig:
         "user's second and third requests queue behind other users' first ones inside the engine.",
     )
 
+    def priority_class(self, name: str) -> PriorityClassConfig | None:
+        """The class called `name`, if configured."""
+        return next((c for c in self.classes if c.name == name), None)
+
 
 @dataclass(frozen=True)
 class Config:

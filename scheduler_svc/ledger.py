@@ -21,10 +21,9 @@ class DispatchLedger:
         self.reading: BackendLoad | None = None
         self.last_failure: BackendLoad | None = None
         self.in_flight = 0
-        # request id -> when the engine accepted it (None: sent, not yet accepted): all in flight, and
-        # those without a first token yet
+        # request id -> when the engine accepted it (None: sent, not yet accepted), for all in flight
         self._in_flight: dict[str, float | None] = {}
-        self._unstarted: dict[str, float | None] = {}
+        self._unstarted: set[str] = set()  # in flight without a first token yet
         self._finished_since_reading = 0  # ours the reading could see (accepted before it) that ended since
         self._seen_unstarted_at_reading = 0  # ours the reading may count: accepted before it, not started
         self._started_since_reading = 0  # of those, how many produced a token since
@@ -33,12 +32,10 @@ class DispatchLedger:
         """A request was handed to the backend."""
         self.in_flight += 1
         self._in_flight[request_id] = None
-        self._unstarted[request_id] = None
+        self._unstarted.add(request_id)
 
     def accepted(self, request_id: str, at: float) -> None:
         """The engine took the request at monotonic time `at` (its response started)."""
-        if request_id in self._unstarted:
-            self._unstarted[request_id] = at
         if request_id in self._in_flight:
             self._in_flight[request_id] = at
 
@@ -46,7 +43,8 @@ class DispatchLedger:
         """The request produced its first token (or ended without one): it is no longer waiting."""
         if request_id not in self._unstarted:
             return
-        accepted_at = self._unstarted.pop(request_id)
+        self._unstarted.discard(request_id)
+        accepted_at = self._in_flight.get(request_id)
         if accepted_at is not None and self.reading is not None and accepted_at <= self.reading.read_at:
             self._started_since_reading += 1
 
@@ -68,13 +66,13 @@ class DispatchLedger:
         self._started_since_reading = 0
         self._finished_since_reading = 0
         self._seen_unstarted_at_reading = sum(
-            1 for at in self._unstarted.values() if at is not None and at <= reading.read_at
+            1 for rid in self._unstarted if (at := self._in_flight[rid]) is not None and at <= reading.read_at
         )
 
     def gate_inputs(self, now: float) -> GateInputs:
         reading = self.reading
         read_at = reading.read_at if reading is not None else float("-inf")
-        sent_unseen = sum(1 for at in self._unstarted.values() if at is None or at > read_at)
+        sent_unseen = sum(1 for rid in self._unstarted if (at := self._in_flight[rid]) is None or at > read_at)
         unseen_in_flight = sum(1 for at in self._in_flight.values() if at is None or at > read_at)
         # Some of ours that the reading could have seen were already running without a first token; the
         # first starts are assumed to be those, so the estimate never drops below the truth.

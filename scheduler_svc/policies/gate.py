@@ -38,11 +38,15 @@ class GateInputs:
         """Seconds since the reading was taken, None when there is none."""
         return None if self.reading is None else self.now - self.reading.read_at
 
-    def estimated_running(self) -> int:
-        """Requests the engine is running now, at most: last reading + started - finished since, plus
-        every request of ours the reading cannot show (counted as running, to be safe)."""
+    def _seen_running(self) -> int:
+        """The reading's running count moved on by what started and finished since."""
         seen = self.reading.running if self.reading is not None and self.reading.ok else 0
-        return max(0, seen + self.started_since_reading - self.finished_since_reading) + self.unseen_in_flight
+        return max(0, seen + self.started_since_reading - self.finished_since_reading)
+
+    def estimated_running(self) -> int:
+        """Requests the engine is running now, at most: the seen running count plus every request of ours
+        the reading cannot show (counted as running, to be safe)."""
+        return self._seen_running() + self.unseen_in_flight
 
     def estimated_waiting(self) -> int:
         """The engine's waiting queue now, as best we know: last reading corrected by what happened since.
@@ -55,8 +59,7 @@ class GateInputs:
         if not self.engine_slots or seen > 0 or self.reading is None:
             return waiting
         started_unseen = self.unseen_in_flight - self.sent_unseen
-        occupied = max(0, self.reading.running + self.started_since_reading - self.finished_since_reading)
-        free = max(0, self.engine_slots - occupied - started_unseen)
+        free = max(0, self.engine_slots - self._seen_running() - started_unseen)
         return max(0, waiting - free)
 
 

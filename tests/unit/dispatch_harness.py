@@ -82,7 +82,9 @@ class Harness:
             admitted_at=self.clock.now(),
             prompt_chars=len(prompt),
         )
-        ttl = next(c.queue_ttl_seconds for c in self.config.scheduling.classes if c.name == request.priority_class)
+        priority_class = self.config.scheduling.priority_class(request.priority_class)
+        assert priority_class is not None
+        ttl = priority_class.queue_ttl_seconds
         if ttl:
             request.deadline = request.admitted_at + ttl
         ticket = self.dispatcher.enqueue(request)
