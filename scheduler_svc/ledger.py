@@ -12,6 +12,17 @@ from __future__ import annotations
 from backends.base import BackendLoad
 from scheduler_svc.policies.gate import GateInputs
 
+# An engine answers the HTTP request a moment before its scheduler holds the request (vLLM starts the
+# streaming response, then adds the request to its engine), so a scrape taken just after our "accepted"
+# may not count it yet. Only requests accepted this long before a reading count as visible to it; the
+# others stay "unseen", which can only over-estimate the queue, never let it run past the target.
+VISIBILITY_DELAY = 0.05
+
+
+def _seen_by(accepted_at: float | None, reading: BackendLoad | None) -> bool:
+    """Whether a request accepted at `accepted_at` can be counted in `reading`."""
+    return accepted_at is not None and reading is not None and accepted_at <= reading.read_at - VISIBILITY_DELAY
+
 
 class DispatchLedger:
     """Per-backend bookkeeping of in-flight requests relative to the latest good reading."""
@@ -45,7 +56,7 @@ class DispatchLedger:
             return
         self._unstarted.discard(request_id)
         accepted_at = self._in_flight.get(request_id)
-        if accepted_at is not None and self.reading is not None and accepted_at <= self.reading.read_at:
+        if _seen_by(accepted_at, self.reading):
             self._started_since_reading += 1
 
     def finished(self, request_id: str) -> None:
@@ -53,7 +64,7 @@ class DispatchLedger:
         self.started(request_id)
         self.in_flight -= 1
         accepted_at = self._in_flight.pop(request_id, None)
-        if accepted_at is not None and self.reading is not None and accepted_at <= self.reading.read_at:
+        if _seen_by(accepted_at, self.reading):
             self._finished_since_reading += 1
 
     def record_reading(self, reading: BackendLoad) -> None:
@@ -65,15 +76,12 @@ class DispatchLedger:
         self.reading = reading
         self._started_since_reading = 0
         self._finished_since_reading = 0
-        self._seen_unstarted_at_reading = sum(
-            1 for rid in self._unstarted if (at := self._in_flight[rid]) is not None and at <= reading.read_at
-        )
+        self._seen_unstarted_at_reading = sum(1 for rid in self._unstarted if _seen_by(self._in_flight[rid], reading))
 
     def gate_inputs(self, now: float) -> GateInputs:
         reading = self.reading
-        read_at = reading.read_at if reading is not None else float("-inf")
-        sent_unseen = sum(1 for rid in self._unstarted if (at := self._in_flight[rid]) is None or at > read_at)
-        unseen_in_flight = sum(1 for at in self._in_flight.values() if at is None or at > read_at)
+        sent_unseen = sum(1 for rid in self._unstarted if not _seen_by(self._in_flight[rid], reading))
+        unseen_in_flight = sum(1 for at in self._in_flight.values() if not _seen_by(at, reading))
         # Some of ours that the reading could have seen were already running without a first token; the
         # first starts are assumed to be those, so the estimate never drops below the truth.
         waiting = reading.waiting if reading is not None else 0
