@@ -84,7 +84,7 @@ async def test_gate_holds_the_engine_queue_at_the_target_and_s1_latecomer_goes_f
     engine: tuple[str, EngineProcess],
 ) -> None:
     kind, eng = engine
-    target, flood_size, tokens = 2, 16, 96
+    target, flood_size, tokens = 2, 32, 96  # long enough to drain that one request is a small part of it
     async with (
         serving(scheduler_config(kind, eng, waiting_target=target)) as server,
         client_for(server, user="flood") as flood,
