@@ -182,11 +182,11 @@ async def test_vllm_priority_scheduling_follows_the_priorities_the_scheduler_sen
             while await call.read() is not grpc.aio.EOF:
                 pass
 
-        calls = [asyncio.create_task(flood_one(i)) for i in range(16)]
-        await eventually(lambda: len(first_token) >= 4, timeout=60, what="the flood running")
-        await eventually(lambda: server.scheduler.dispatchers["m"].busy >= 12, timeout=60, what="engine queue")
+        flood_size = 24  # 4 slots: when the first 4 run, 20 wait (12 inside the engine, the rest here)
+        calls = [asyncio.create_task(flood_one(i)) for i in range(flood_size)]
+        await eventually(lambda: len(first_token) >= 4, timeout=120, what="the flood running")
         dispatched_before = [
-            rid for rid in (f"flood-{i}" for i in range(16)) if rid not in first_token
+            rid for rid in (f"flood-{i}" for i in range(flood_size)) if rid not in first_token
         ]  # flood requests already at the engine or queued, not yet started
         call = late.stream("m", "me first", max_tokens=4, ignore_eos=True)
         late_first = await first_delta(call)
