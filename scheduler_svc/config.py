@@ -88,6 +88,17 @@ class PriorityClassConfig:
         "engine's max_num_seqs for batch work, so free slots are left for interactive arrivals: engines "
         "do not preempt a running request for a waiting one of higher priority.",
     )
+    max_engine_running_when_contended: int = _field(
+        0,
+        "While a better-ranked class runs a request, or had one admitted, sent or finished within "
+        "`contention_window_seconds`, dispatch this class only while the engine runs fewer requests "
+        "than this (0: off). An engine's step gets slower as its batch grows, and a new request waits "
+        "about two steps for its first token, so this keeps interactive TTFT near the idle engine's; "
+        "once the better classes go quiet the class fills up to max_engine_running again.",
+    )
+    contention_window_seconds: float = _field(
+        30.0, "How long after a better-ranked class's last activity `max_engine_running_when_contended` holds."
+    )
     require_idle_engine: bool = _field(
         False, "Dispatch only while the engine's waiting queue is empty (batch work fills idle capacity)."
     )
@@ -281,7 +292,15 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"scheduling.default_class {config.scheduling.default_class!r} is not one of {class_names}")
     for c in config.scheduling.classes:
         if (
-            min(c.waiting_target, c.max_engine_running, c.max_tpot_seconds, c.max_kv_cache_usage, c.queue_ttl_seconds)
+            min(
+                c.waiting_target,
+                c.max_engine_running,
+                c.max_engine_running_when_contended,
+                c.contention_window_seconds,
+                c.max_tpot_seconds,
+                c.max_kv_cache_usage,
+                c.queue_ttl_seconds,
+            )
             < 0
         ):
             raise ConfigError(f"scheduling.classes[{c.name}]: limits must not be negative")

@@ -93,6 +93,7 @@ class ModelDispatcher:
         self._class_series = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
         self.drain = RateMeter()
         self._promoted_last = False  # the last dispatch was an anti-starvation promotion
+        self._activity = ClassActivity(scheduling.classes)
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()  # set whenever a request reaches its outcome
 
@@ -107,6 +108,7 @@ class ModelDispatcher:
         if newly_backlogged:
             self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
         self._class_series[request.priority_class].admitted.inc()
+        self._activity.touch(request.priority_class, self.clock.now())
         self._set_depth(request.priority_class)
         self.wake()
         return ticket
@@ -172,7 +174,8 @@ class ModelDispatcher:
             backend.user_in_flight[user] = remaining
         else:
             backend.user_in_flight.pop(user, None)
-        self._running.pop(ticket.request.request_id, None)
+        if self._running.pop(ticket.request.request_id, None) is not None:
+            self._activity.ended(ticket.request.priority_class, self.clock.now())
         self.fairness[ticket.request.priority_class].on_finished(ticket.request, ticket.completion_tokens)
         self._series[backend.name].in_flight.set(backend.ledger.in_flight)
         self.wake()
@@ -223,8 +226,8 @@ class ModelDispatcher:
         now = self.clock.now()
         states = []
         for handle in self.backends:
-            inputs = handle.ledger.gate_inputs(now)
             for cls in self.classes.values():
+                inputs = handle.ledger.gate_inputs(now, self._activity.better_active(cls, now))
                 states.append(BackendState(handle.name, cls.name, handle.gate.decide(inputs, cls), inputs))
         return states
 
@@ -268,6 +271,7 @@ class ModelDispatcher:
             handle.user_in_flight[request.user] = handle.user_in_flight.get(request.user, 0) + 1
             ticket.assign(handle, now, priority)
             self._running[request.request_id] = ticket
+            self._activity.started(request.priority_class, now)
             self.drain.record(now)
             series = self._series[handle.name]
             series.dispatched.inc()
@@ -313,8 +317,9 @@ class ModelDispatcher:
         """The least loaded backend whose gate admits one more request of this class, if any."""
         best: tuple[int, int] | None = None
         chosen: BackendHandle | None = None
+        better_active = self._activity.better_active(priority_class, now)
         for handle in self.backends:
-            inputs = handle.ledger.gate_inputs(now)
+            inputs = handle.ledger.gate_inputs(now, better_active)
             decision = handle.gate.decide(inputs, priority_class)
             series = self._series[handle.name]
             series.gate_open.set(1 if decision.open else 0)
@@ -333,6 +338,40 @@ class ModelDispatcher:
 
     def _set_depth(self, priority_class: str) -> None:
         self._class_series[priority_class].queue_depth.set(self.queues.band(priority_class).size)
+
+
+class ClassActivity:
+    """When each class was last active (a request admitted, sent or ended) and how many of it run, so a
+    class can hold back while a better-ranked one is around (`max_engine_running_when_contended`)."""
+
+    def __init__(self, classes: Sequence[PriorityClassConfig]) -> None:
+        self._classes = list(classes)
+        self._last: dict[str, float] = {}
+        self._running: dict[str, int] = {}
+
+    def touch(self, priority_class: str, now: float) -> None:
+        self._last[priority_class] = now
+
+    def started(self, priority_class: str, now: float) -> None:
+        self._running[priority_class] = self._running.get(priority_class, 0) + 1
+        self._last[priority_class] = now
+
+    def ended(self, priority_class: str, now: float) -> None:
+        self._running[priority_class] = max(0, self._running.get(priority_class, 0) - 1)
+        self._last[priority_class] = now
+
+    def better_active(self, cls: PriorityClassConfig, now: float) -> bool:
+        """Whether a better-ranked class runs a request now or was active within the class's window; only
+        computed for classes that use it."""
+        if not cls.max_engine_running_when_contended:
+            return False
+        window = cls.contention_window_seconds
+        for other in self._classes:
+            if other.rank >= cls.rank:
+                continue
+            if self._running.get(other.name, 0) or now - self._last.get(other.name, float("-inf")) <= window:
+                return True
+        return False
 
 
 def _oldest_admission(band: Band) -> float:

@@ -78,7 +78,7 @@ class DispatchLedger:
         self._finished_since_reading = 0
         self._seen_unstarted_at_reading = sum(1 for rid in self._unstarted if _seen_by(self._in_flight[rid], reading))
 
-    def gate_inputs(self, now: float) -> GateInputs:
+    def gate_inputs(self, now: float, better_class_active: bool = False) -> GateInputs:
         reading = self.reading
         sent_unseen = sum(1 for rid in self._unstarted if not _seen_by(self._in_flight[rid], reading))
         unseen_in_flight = sum(1 for at in self._in_flight.values() if not _seen_by(at, reading))
@@ -95,4 +95,5 @@ class DispatchLedger:
             unseen_in_flight=unseen_in_flight,
             finished_since_reading=self._finished_since_reading,
             engine_slots=self.engine_slots,
+            better_class_active=better_class_active,
         )

@@ -33,6 +33,7 @@ class GateInputs:
     unseen_in_flight: int = 0
     finished_since_reading: int = 0
     engine_slots: int = 0
+    better_class_active: bool = False  # a better-ranked class was active recently (see contention window)
 
     def reading_age(self) -> float | None:
         """Seconds since the reading was taken, None when there is none."""
@@ -100,14 +101,26 @@ def check_waiting(inputs: GateInputs, cls: PriorityClassConfig, config: GateConf
     return None if waiting < target else f"waiting {waiting} >= target {target}"
 
 
+def running_limit(inputs: GateInputs, cls: PriorityClassConfig) -> int:
+    """How many requests the engine may run for this class to add one (0: no limit): the tighter of
+    `max_engine_running` and, while a better class is active, `max_engine_running_when_contended`."""
+    limits = [cls.max_engine_running]
+    if inputs.better_class_active:
+        limits.append(cls.max_engine_running_when_contended)
+    return min((limit for limit in limits if limit), default=0)
+
+
 def check_running(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
-    """Keep engine slots free for higher classes: this class only while fewer than its limit run."""
-    if not cls.max_engine_running:
+    """Keep engine slots free, and its steps short, for better classes: this class only while fewer than
+    its limit run."""
+    limit = running_limit(inputs, cls)
+    if not limit:
         return None
     running = inputs.estimated_running()
-    if running < cls.max_engine_running:
+    if running < limit:
         return None
-    return f"running {running} >= {cls.max_engine_running} allowed for {cls.name}"
+    contended = " (better class active)" if inputs.better_class_active and limit != cls.max_engine_running else ""
+    return f"running {running} >= {limit} allowed for {cls.name}{contended}"
 
 
 def check_tpot(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:

@@ -218,3 +218,67 @@ def test_tpot_over_the_interactive_limit_holds_the_band_until_it_recovers() -> N
     assert h.dispatch() == [] and ticket.state is TicketState.QUEUED
     h.reading(waiting=0, tpot=0.05)
     assert h.dispatch() == [ticket]
+
+
+def contended_harness() -> Harness:
+    """Interactive over batch; batch may run 6 at the engine, 2 while interactive was active in 5 s."""
+    return Harness(
+        scheduling={
+            "default_class": "interactive",
+            "classes": [
+                {"name": "interactive", "rank": 0},
+                {
+                    "name": "batch",
+                    "rank": 1,
+                    "max_engine_running": 6,
+                    "max_engine_running_when_contended": 2,
+                    "contention_window_seconds": 5.0,
+                },
+            ],
+        },
+        model={"gate": {"waiting_target": 100}},
+        cap=None,  # the real signal gate
+    )
+
+
+def test_batch_fills_up_to_its_limit_when_no_better_class_was_seen() -> None:
+    h = contended_harness()
+    h.reading()
+    for _ in range(10):
+        h.submit("etl", priority_class="batch")
+    assert len(h.dispatch()) == 6
+
+
+def test_batch_is_held_to_its_contended_limit_while_interactive_is_around_and_fills_up_after() -> None:
+    h = contended_harness()
+    h.reading()
+    question = h.submit("alice", max_tokens=1)
+    assert h.dispatch() == [question]
+    h.step()  # the interactive request finishes: its class was active just now
+    assert question.state is TicketState.DONE
+    for _ in range(10):
+        h.submit("etl", priority_class="batch")
+    h.reading()
+    assert len(h.dispatch()) == 2  # alice's request is over: 2 batch may run
+    decision = next(s.decision for s in h.dispatcher.backend_states() if s.priority_class == "batch")
+    assert not decision.open and "running 2 >= 2" in decision.reason and "better class active" in decision.reason
+    h.clock.advance(4.9)
+    h.reading()
+    assert h.dispatch() == []  # still within the window
+    h.clock.advance(0.2)
+    h.reading()
+    assert len(h.dispatch()) == 4  # interactive quiet for 5 s: batch fills up to 6 running
+
+
+def test_a_running_interactive_request_keeps_batch_contended_past_the_window() -> None:
+    h = contended_harness()
+    h.reading()
+    h.submit("alice", max_tokens=10_000)
+    h.dispatch()
+    h.clock.advance(60.0)
+    h.reading()
+    for _ in range(10):
+        h.submit("etl", priority_class="batch")
+    h.clock.advance(60.0)  # the batch admissions are old too; alice's request still runs
+    h.reading()
+    assert len(h.dispatch()) == 1  # 2 running at most, alice's included
