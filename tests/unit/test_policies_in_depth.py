@@ -5,6 +5,7 @@ Everything runs on a fake clock with a test gate that models an engine with a fi
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import pytest
@@ -282,3 +283,32 @@ def test_a_running_interactive_request_keeps_batch_contended_past_the_window() -
     h.clock.advance(60.0)  # the batch admissions are old too; alice's request still runs
     h.reading()
     assert len(h.dispatch()) == 1  # 2 running at most, alice's included
+
+
+def test_vtc_settles_after_long_answers_that_started_together_end_together() -> None:
+    """Both users start at once on an idle 32-slot engine, so the long answers that fill it in arrival order
+    end together one lifetime later. Counting whole 1000-token answers ahead at each dispatch then starves
+    the long user for another lifetime (0.3x in a 500-step window); with the look-ahead horizon every
+    500-step window after the first lifetime stays near equal."""
+    h = Harness({"fairness": "vtc"}, cap=32)
+    tokens = {"long": 1000, "short": 50}
+
+    def top_up() -> None:  # closed loops: each user keeps 48 requests queued or running
+        for user, n in tokens.items():
+            while h.dispatcher.queues.user_depth(user) + h.handle.user_in_flight.get(user, 0) < 48:
+                h.submit(user, max_tokens=n, prompt="pp")
+
+    for _ in range(48):  # interleaved arrivals, each sent on arrival while the engine has room
+        for user, n in tokens.items():
+            h.submit(user, max_tokens=n, prompt="pp")
+            h.dispatch()
+    windows = []
+    for step in range(3000):
+        h.step()
+        top_up()
+        h.dispatch()
+        if step % 500 == 499:
+            windows.append(dict(h.tokens_by_user))
+    served = [{u: later[u] - earlier.get(u, 0) for u in tokens} for earlier, later in itertools.pairwise(windows)]
+    for window in served[1:]:  # from one long lifetime (1000 steps) on
+        assert 0.8 <= window["long"] / window["short"] <= 1.25, served
