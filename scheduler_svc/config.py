@@ -43,7 +43,9 @@ class ServerConfig:
         10.0, "On SIGTERM: how long queued and running requests may drain before they are cut."
     )
     queue_update_interval_seconds: float = _field(
-        1.0, "How often a streaming client waiting in the queue is told its new position (if changed)."
+        1.0,
+        "A streaming client waiting in the queue is told its new position when it changes, at most this "
+        "often (per model: one pass over the queues whose head moved, none while nothing moves).",
     )
     log_format: str = _field("console", 'Log output: "console" (human) or "json" (one object per line).')
     log_level: str = _field("info", "Minimum log level: debug, info, warning, error.")

@@ -22,7 +22,7 @@ from scheduler_svc.ledger import DispatchLedger
 from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
 from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, Gate, GateDecision, GateInputs
 from scheduler_svc.policies.weights import WeightResolver
-from scheduler_svc.queues import Band, ModelQueues
+from scheduler_svc.queues import Band, Flow, ModelQueues
 from scheduler_svc.rate import RateMeter
 from scheduler_svc.request import QueuedRequest
 from scheduler_svc.ticket import Outcome, Ticket
@@ -96,6 +96,8 @@ class ModelDispatcher:
         self._activity = ClassActivity(scheduling.classes)
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()  # set whenever a request reaches its outcome
+        self._moved: set[Flow] = set()  # flows whose head left since streaming clients were last told
+        self._flows_moved = asyncio.Event()
 
     # -- admission and withdrawal ---------------------------------------------------------------------
     def enqueue(self, request: QueuedRequest) -> Ticket:
@@ -132,10 +134,31 @@ class ModelDispatcher:
             )
 
     def withdraw(self, ticket: Ticket) -> None:
-        """Take a still-queued request out of the queue (cancelled, expired, shutting down)."""
+        """Take a still-queued request out of the queue (dispatched, cancelled, expired, shutting down)."""
+        flow = self.queues.flow_of(ticket.request.request_id)
         if self.queues.remove(ticket.request.request_id) is not None:
             del self._queued[ticket.request.request_id]
             self._set_depth(ticket.request.priority_class)
+            if flow:  # the requests behind it moved up
+                self._moved.add(flow)
+                self._flows_moved.set()
+
+    async def run_position_updates(self, interval: float) -> None:
+        """Nudge the streaming clients whose queue position changed, at most once per `interval`.
+
+        Event-driven so that idle queued streams cost nothing: a timer per queued stream cost ~40 us a
+        second each, most of a core at 20,000 queued. Only flows whose head left are visited.
+        """
+        while True:
+            await self._flows_moved.wait()
+            self._flows_moved.clear()
+            moved, self._moved = self._moved, set()
+            for flow in moved:
+                for request in flow:
+                    ticket = self._queued.get(request.request_id)
+                    if ticket is not None and ticket.watches_position:
+                        ticket.nudge()
+            await asyncio.sleep(interval)  # a rate limit, not a synchronisation
 
     def expire(self, ticket: Ticket) -> None:
         """End a queued request whose deadline passed; it is never dispatched."""

@@ -94,6 +94,10 @@ class Scheduler:
         async with asyncio.TaskGroup() as tasks:
             for dispatcher in self.dispatchers.values():
                 tasks.create_task(dispatcher.run(), name=f"dispatch:{dispatcher.model.name}")
+                tasks.create_task(
+                    dispatcher.run_position_updates(self.config.server.queue_update_interval_seconds),
+                    name=f"positions:{dispatcher.model.name}",
+                )
                 for handle in dispatcher.backends:
                     tasks.create_task(
                         _monitor(dispatcher, handle, self.metrics),

@@ -26,6 +26,7 @@ from scheduler_svc.servicer import SchedulerServicer
 
 log = structlog.get_logger(__name__)
 
+PENDING_CALL_MARGIN = 3000  # calls beyond the queue caps that still reach admission (to be refused properly)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 
 
@@ -51,7 +52,7 @@ class SchedulerServer:
     ) -> None:
         self.config = config
         self.scheduler = Scheduler(config, backend_factory=backend_factory, clock=clock)
-        self._grpc = grpc.aio.server()
+        self._grpc = grpc.aio.server(options=_server_options(config))
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._metrics_runner: web.AppRunner | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
@@ -65,11 +66,7 @@ class SchedulerServer:
     async def start(self) -> None:
         """Bind the ports and start serving."""
         pb_grpc.add_SchedulerServiceServicer_to_server(
-            SchedulerServicer(
-                self.scheduler,
-                Authenticator(self.config.auth),
-                self.config.server.queue_update_interval_seconds,
-            ),
+            SchedulerServicer(self.scheduler, Authenticator(self.config.auth)),
             self._grpc,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
@@ -138,3 +135,18 @@ class SchedulerServer:
             self._metrics_runner = None
         await self.scheduler.aclose()
         log.info("stopped")
+
+
+def _server_options(config: Config) -> list[tuple[str, int]]:
+    """gRPC core options sized from the queue caps.
+
+    gRPC holds calls that arrived before the Python server picked them up, and past 1,000 of them
+    (3,000 for certain) it drops new ones with a bare CANCELLED: no RetryInfo, no metric, no log. A burst
+    of a few thousand Stream calls does that on two cores. Raising both limits to what the queues could
+    hold lets every call reach admission, which answers over-cap calls with RESOURCE_EXHAUSTED itself.
+    """
+    capacity = sum(model.max_queued for model in config.models) + PENDING_CALL_MARGIN
+    return [
+        ("grpc.server.max_pending_requests", capacity),
+        ("grpc.server.max_pending_requests_hard_limit", capacity),
+    ]

@@ -47,10 +47,9 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     """Implements llmsched.v1.SchedulerService on top of a Scheduler."""
 
-    def __init__(self, scheduler: Scheduler, authenticator: Authenticator, queue_update_interval: float) -> None:
+    def __init__(self, scheduler: Scheduler, authenticator: Authenticator) -> None:
         self._scheduler = scheduler
         self._auth = authenticator
-        self._update_interval = queue_update_interval
 
     def _admit(self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Ticket:
         user = self._auth.identify(context.invocation_metadata())
@@ -127,8 +126,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         req = ticket.request
         try:
             position = ticket.position()
+            ticket.watches_position = True  # the dispatcher nudges it when its position moves
             yield pb.StreamResponse(queued=self._queued(ticket, position))
-            while not await ticket.wait_dispatched(self._update_interval):
+            while not await ticket.wait_dispatched(None):
                 new_position = ticket.position()
                 if new_position != position and new_position > 0:
                     position = new_position

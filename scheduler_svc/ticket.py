@@ -59,6 +59,7 @@ class Ticket:
         self._dispatcher = dispatcher
         self._woken = asyncio.Event()
         self._close_reason: Exception | None = None
+        self.watches_position = False  # a streaming client wants to hear when its position changes
 
     # -- called by the dispatcher -------------------------------------------------------------------
     def assign(self, backend: BackendHandle, now: float, engine_priority: int | None = None) -> None:
@@ -71,6 +72,10 @@ class Ticket:
         backend.ledger.dispatched(self.request.request_id)
         self._woken.set()
 
+    def nudge(self) -> None:
+        """The request's position in its queue changed: wake the waiter, which re-reads it."""
+        self._woken.set()
+
     def end_in_queue(self, outcome: Outcome, reason: Exception) -> None:
         """Finish a request that never left the queue (expired, or the service is stopping)."""
         self._close_reason = reason
@@ -79,8 +84,8 @@ class Ticket:
 
     # -- called by the servicer ---------------------------------------------------------------------
     async def wait_dispatched(self, timeout: float | None) -> bool:
-        """True once dispatched; False if `timeout` passed first. Raises if the request ended in the queue
-        (QueueTimeout once its deadline passes: an expired request is never dispatched)."""
+        """True once dispatched; False if `timeout` passed or a `nudge` came first. Raises if the request
+        ended in the queue (QueueTimeout once its deadline passes: an expired request is never dispatched)."""
         if self.state is TicketState.QUEUED:
             deadline = self.request.deadline
             wait = timeout
@@ -93,6 +98,7 @@ class Ticket:
                     async with asyncio.timeout(wait):
                         await self._woken.wait()
             if self.state is TicketState.QUEUED:
+                self._woken.clear()  # woken by a nudge: the next wait must block again
                 if deadline is None or self._dispatcher.clock.now() < deadline:
                     return False
                 self._dispatcher.expire(self)

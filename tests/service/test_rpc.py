@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import grpc
 import pytest
@@ -201,3 +202,24 @@ async def test_shutdown_rejects_what_is_still_queued_with_unavailable() -> None:
                 pass
         await stopping
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_burst_of_thousands_of_streams_all_reach_admission() -> None:
+    """gRPC drops calls the Python server has not picked up yet beyond 1,000 (3,000 for certain) with a
+    bare CANCELLED unless told otherwise; every call of a burst must be queued or refused by admission."""
+    engine = ControlledEngine(waiting=50)  # the gate stays closed: everything stays queued
+    burst = 4000
+    async with (
+        serving(make_config(gate={"waiting_target": 3}), engine.factory()) as server,
+        client_for(server) as client,
+    ):
+        calls = [client.stream("m", "x", request_id=f"r{i}") for i in range(burst)]
+        firsts = await asyncio.gather(*(call.read() for call in calls), return_exceptions=True)
+        queued = [e for e in firsts if not isinstance(e, BaseException) and e.HasField("queued")]
+        codes = Counter(e.code() for e in firsts if isinstance(e, grpc.aio.AioRpcError))
+        # one user, 1,000 queued at most: admission refuses the rest, nothing is dropped before it
+        assert (len(queued), codes) == (1000, Counter({grpc.StatusCode.RESOURCE_EXHAUSTED: burst - 1000}))
+        for call in calls:
+            call.cancel()
+        await until_settled(server, lambda: outcome_count(server, "cancelled") == 1000, timeout=60)
+    assert engine.started == []
