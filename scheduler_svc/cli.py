@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 import time
@@ -91,6 +92,10 @@ def _serve(path: str) -> None:
     async def run() -> None:
         server = SchedulerServer(config)
         await server.start()
+        # Everything built so far lives as long as the process: keep it out of the collector's full
+        # passes, which otherwise walk it all (a 30 ms pause, seen as a TTFT outlier in S5).
+        gc.collect()
+        gc.freeze()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -5,7 +5,8 @@ rate for a few seconds and go quiet; the run ends when the batch is done (or a t
 interactive TTFT (against the idle-engine TTFT of the same path) and TPOT, and the batch's progress:
 tokens/s while interactive traffic runs and after, and whether every batch request completes.
 
-Runs: the engine alone (FIFO; priority with interactive requests sending `priority: -1`), and
+Runs: the engine alone (FIFO; priority with interactive requests sending `priority: -1`; and the same
+interactive arrivals with no batch at all, the floor no scheduler can beat), and
 llm-scheduler with an `interactive` class (rank 0, TPOT limit) and a `batch` class (rank 1, dispatched only
 while the engine's waiting queue is empty), configured two ways:
 
@@ -47,6 +48,7 @@ from bench.scenarios._common import divide, jsonable, ms, not_run, number, run_m
 
 TITLE = "priority classes"
 DIRECT_FIFO = "engine alone (FIFO)"
+FLOOR = "engine alone, interactive only (no batch: the floor)"
 DIRECT_PRIORITY = "engine alone (priority, interactive -1)"
 THROUGHPUT_FIRST = "scheduler, throughput first (batch <= 3/4 of slots)"
 LATENCY_FIRST = "scheduler, latency first (batch <= 1/4 of slots while interactive is active)"
@@ -106,6 +108,7 @@ def modes() -> list[Mode]:
     return [
         Mode(DIRECT_PRIORITY, engine_policy="priority"),
         Mode(DIRECT_FIFO),
+        Mode(FLOOR),
         Mode(THROUGHPUT_FIRST, config=config(False)),
         Mode(LATENCY_FIRST, config=config(True)),
     ]
@@ -131,7 +134,7 @@ async def _body(run: RunContext, p: S5Params) -> dict[str, Any]:
     run.clock.reset()
     run.probe.start()
     rng = random.Random(p.seed)
-    for i in range(p.batch_requests):
+    for i in range(0 if run.mode.label == FLOOR else p.batch_requests):
         tokens = rng.randint(p.batch_tokens_min, p.batch_tokens_max)
         run.send("batch", "batch", tokens, f"Batch job {i}: classify this document.", priority_class="batch")
     await asyncio.sleep(p.interactive_start)
@@ -154,8 +157,8 @@ async def _body(run: RunContext, p: S5Params) -> dict[str, Any]:
     return {
         "idle_ttft": percentile(idle_ttfts, 50) if idle_ttfts else None,
         "interactive": _latencies(inter),
-        "batch_completed": sum(1 for r in batch if r.completed) / len(batch),
-        "batch_done_at": max((r.finished or end) for r in batch),
+        "batch_completed": sum(1 for r in batch if r.completed) / len(batch) if batch else None,
+        "batch_done_at": max((r.finished or end) for r in batch) if batch else None,
         "batch_tokens_per_s_during": _rate(batch, p.interactive_start, p.interactive_end),
         "batch_tokens_per_s_after": _rate(batch, p.interactive_end, min(end, p.interactive_end + 3.0)),
         "errors": sorted({r.error for r in run.records if r.error and r.error != "cancelled"}),
@@ -214,7 +217,8 @@ async def run(provider: EngineProvider, p: S5Params | None = None) -> list[Scena
         ]
     )
     direct = runs.get(DIRECT_FIFO)
-    runs = dict(sorted(runs.items(), key=lambda item: (item[0] != DIRECT_FIFO, item[0] != DIRECT_PRIORITY)))
+    order = [DIRECT_FIFO, DIRECT_PRIORITY, FLOOR]
+    runs = dict(sorted(runs.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)))
     for label, r in runs.items():
         lat = r["interactive"]
         result.table.rows.append(
@@ -230,6 +234,19 @@ async def run(provider: EngineProvider, p: S5Params | None = None) -> list[Scena
         )
         if label.startswith("scheduler"):
             _targets(result, label, r, direct, ttft_target=label == LATENCY_FIRST)
+    floor = runs.get(FLOOR)
+    if floor is not None and floor["idle_ttft"] and floor["interactive"]["ttft_p99"] is not None:
+        result.notes.append(
+            f"{FLOOR}: interactive TTFT p99 {seconds(floor['interactive']['ttft_p99'])} = "
+            f"{floor['interactive']['ttft_p99'] / floor['idle_ttft']:.2f} x its idle TTFT: the same arrivals with "
+            "no batch at all, straight to the engine (they still meet each other's prefill steps); a scheduler in "
+            "front of it can only add to that."
+        )
+        for label, r in runs.items():
+            p99 = r["interactive"]["ttft_p99"]
+            if label.startswith("scheduler") and p99 is not None:
+                ratio = p99 / floor["interactive"]["ttft_p99"]
+                result.notes.append(f"{label}: interactive TTFT p99 with the batch flood = {ratio:.2f} x the floor's.")
     result.raw = {
         label: jsonable(
             {
