@@ -2,8 +2,9 @@
 
 Each test starts the scheduler on a free port pointed at a session engine from conftest.py and checks
 what the simulator can only imitate: streaming and unary generation, the gate holding the engine's own
-waiting queue at the target, scenario S1, cancellation reaching the engine, an engine dying mid-stream,
-and vLLM's priority scheduling following the priorities the scheduler sends.
+waiting queue at the target, scenario S1, a batch class held to its running limits, cancellation reaching
+the engine, an engine dying mid-stream, and vLLM's priority scheduling following the priorities the
+scheduler sends.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, EngineProcess]
     yield kind, request.getfixturevalue(f"{kind}_engine")
 
 
-def scheduler_config(kind: str, eng: EngineProcess, waiting_target: int = 2, **backend: Any) -> Any:
+def scheduler_config(
+    kind: str, eng: EngineProcess, waiting_target: int = 2, scheduling: dict[str, Any] | None = None, **backend: Any
+) -> Any:
     models = [
         {
             "name": "m",
@@ -47,7 +50,7 @@ def scheduler_config(kind: str, eng: EngineProcess, waiting_target: int = 2, **b
             ],
         }
     ]  # fmt: skip
-    return make_config(models=models, scheduling=ONE_CLASS)
+    return make_config(models=models, scheduling=scheduling or ONE_CLASS)
 
 
 async def engine_gauge(eng: EngineProcess, name: str) -> float:
@@ -120,6 +123,50 @@ async def test_gate_holds_the_engine_queue_at_the_target_and_s1_latecomer_goes_f
     assert max_waiting <= target, f"engine queue exceeded the target {target}: max {max_waiting}"
     assert flood_left >= flood_size // 2, f"latecomer waited for most of the flood ({flood_left} left)"
     assert latecomer_ttft < drained / 2, (latecomer_ttft, drained)
+
+
+async def test_batch_runs_small_while_interactive_is_around_and_fills_up_after(
+    engine: tuple[str, EngineProcess],
+) -> None:
+    """The contended limit on the engine's own running gauge: 1 batch request while interactive was active
+    within the window, up to 3 of the 4 slots after it."""
+    kind, eng = engine
+    window = 3.0
+    scheduling = {
+        "default_class": "interactive",
+        "classes": [
+            {"name": "interactive", "rank": 0},
+            {
+                "name": "batch",
+                "rank": 1,
+                "max_engine_running": 3,
+                "max_engine_running_when_contended": 1,
+                "contention_window_seconds": window,
+            },
+        ],
+    }
+    async with serving(scheduler_config(kind, eng, scheduling=scheduling)) as server, client_for(server) as client:
+        await client.submit("m", "a quick question", max_tokens=4, ignore_eos=True)
+        quiet_since = time.monotonic()  # interactive is done: batch is contended until the window passes
+        calls = [
+            asyncio.create_task(
+                client.submit("m", f"batch {i}", max_tokens=128, ignore_eos=True, priority_class="batch")
+            )
+            for i in range(16)
+        ]
+        contended: list[float] = []  # the engine's own running gauge, before the window passes
+        after: list[float] = []  # and after it, until the batch is done
+        while not all(c.done() for c in calls):
+            running = await engine_gauge(eng, RUNNING[kind])
+            since = time.monotonic() - quiet_since
+            if since < window - 0.5:
+                contended.append(running)
+            elif since > window + 0.5:
+                after.append(running)
+            await asyncio.sleep(0.05)  # a sampling interval
+        await asyncio.gather(*calls)
+    assert len(contended) >= 5 and max(contended) <= 1, contended
+    assert max(after) == 3, after  # fills up, and never past the class's own limit
 
 
 async def test_client_cancel_aborts_the_request_inside_the_engine(engine: tuple[str, EngineProcess]) -> None:
