@@ -7,7 +7,7 @@ writes only what differs between engines: `generate` (the wire format) and `_par
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import ClassVar
 
 from backends._http import HttpEngine, HttpSettings
@@ -45,7 +45,7 @@ class HttpAdapter:
     def capabilities(self) -> BackendCapabilities:
         return self._capabilities
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         raise NotImplementedError
 
     async def load(self) -> BackendLoad:

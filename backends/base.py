@@ -7,7 +7,7 @@ nowhere else; the scheduler only ever sees the types defined here.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -114,7 +114,7 @@ class Backend(Protocol):
         """Static facts about the engine."""
         ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         """Stream one generation. Closing the iterator early aborts the request inside the engine.
 
         Events: `Accepted` once the engine has the request, then `TextDelta`s, then `Finished` (always

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest
 
-GenerateHandler = Callable[[GenerationRequest], AsyncIterator[GenerationEvent]]
+GenerateHandler = Callable[[GenerationRequest], AsyncGenerator[GenerationEvent, None]]
 LoadHandler = Callable[[], BackendLoad]
 
 
@@ -42,7 +42,7 @@ class FakeBackend:
     def capabilities(self) -> BackendCapabilities:
         return self._capabilities
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         self.requests.append(request)
         return self._generate(request)
 

@@ -7,7 +7,7 @@ reused (force_close), or every other request would fail on a dead socket.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from backends._adapter import HttpAdapter
 from backends._prom import MetricSamples
@@ -29,7 +29,7 @@ class LlamaCppBackend(HttpAdapter):
     FORCE_CLOSE = True
     METRICS = (WAITING, RUNNING, TPOT_SECONDS, TPOT_TOKENS, KV_USAGE)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         path, body = openai_body(request, self._engine_model)
         return stream_openai(self._engine, path, body, request.request_id)
 

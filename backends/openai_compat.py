@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
@@ -46,7 +46,7 @@ def openai_body(request: GenerationRequest, engine_model: str) -> tuple[str, dic
 
 async def stream_openai(
     engine: HttpEngine, path: str, body: dict[str, Any], request_id: str
-) -> AsyncIterator[GenerationEvent]:
+) -> AsyncGenerator[GenerationEvent, None]:
     """POST a streaming request and turn its SSE chunks into TextDelta ... Finished.
 
     Leaving the iterator early (client cancelled) closes the connection, which makes the engine abort

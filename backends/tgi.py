@@ -8,7 +8,7 @@ Its time-per-token histogram is recorded only when a request ends, so the TPOT s
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
@@ -74,13 +74,13 @@ class TgiBackend(HttpAdapter):
     CAPABILITIES = BackendCapabilities(supports_priority=False, has_tpot=True, has_kv_usage=False)
     METRICS = (WAITING, RUNNING, TPOT_HISTOGRAM)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if request.messages is not None:
             path, body = openai_body(request, self._engine_model)
             return stream_openai(self._engine, path, body, request.request_id)
         return self._generate_stream(request)
 
-    async def _generate_stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    async def _generate_stream(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         name = self._engine.name
         response = await self._engine.post_stream("/generate_stream", tgi_body(request), request.request_id)
         yield Accepted()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from backends._adapter import HttpAdapter
 from backends._prom import MetricSamples
@@ -23,7 +23,7 @@ class VllmBackend(HttpAdapter):
     CAPABILITIES = BackendCapabilities(supports_priority=True, has_tpot=True, has_kv_usage=True)
     METRICS = (WAITING, RUNNING, *KV_USAGE, *TPOT_HISTOGRAMS)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         path, body = openai_body(request, self._engine_model)
         if self._priority_scheduling and request.engine_priority is not None:
             body["priority"] = request.engine_priority

@@ -7,6 +7,7 @@ The ticket's `close()` in `finally` records the single outcome whatever happened
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
@@ -92,11 +93,12 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 pass
             parts: list[str] = []
             finished: Finished | None = None
-            async for event in ticket.generate():
-                if isinstance(event, TextDelta):
-                    parts.append(event.text)
-                elif isinstance(event, Finished):
-                    finished = event
+            async with contextlib.aclosing(ticket.generate()) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        parts.append(event.text)
+                    elif isinstance(event, Finished):
+                        finished = event
             assert finished is not None and ticket.backend is not None
             return pb.SubmitResponse(
                 request_id=ticket.request.request_id,
@@ -143,20 +145,23 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                     queue_wait=_duration(ticket.dispatched_at - req.admitted_at),
                 )
             )
-            async for event in ticket.generate():
-                if isinstance(event, TextDelta):
-                    yield pb.StreamResponse(delta=pb.Delta(text=event.text, tokens=event.tokens))
-                elif isinstance(event, Finished):
-                    yield pb.StreamResponse(
-                        finished=pb.Finished(
-                            finish_reason=_FINISH.get(event.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
-                            usage=pb.Usage(
-                                prompt_tokens=event.prompt_tokens or 0,
-                                completion_tokens=event.completion_tokens,
-                            ),
-                            timings=self._timings(ticket),
+            # gRPC closes this handler at a `yield` when the client goes away; closing the generation here
+            # at once (not when it is garbage-collected) is what aborts the request inside the engine.
+            async with contextlib.aclosing(ticket.generate()) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        yield pb.StreamResponse(delta=pb.Delta(text=event.text, tokens=event.tokens))
+                    elif isinstance(event, Finished):
+                        yield pb.StreamResponse(
+                            finished=pb.Finished(
+                                finish_reason=_FINISH.get(event.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+                                usage=pb.Usage(
+                                    prompt_tokens=event.prompt_tokens or 0,
+                                    completion_tokens=event.completion_tokens,
+                                ),
+                                timings=self._timings(ticket),
+                            )
                         )
-                    )
         except (SchedulerError, BackendError) as exc:
             await _abort(context, exc)
         except Exception as exc:

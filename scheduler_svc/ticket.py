@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import enum
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 import structlog
@@ -110,7 +110,7 @@ class Ticket:
         """1-based position in the user's queue for this class (0 once dispatched)."""
         return self._dispatcher.position(self)
 
-    async def generate(self) -> AsyncIterator[GenerationEvent]:
+    async def generate(self) -> AsyncGenerator[GenerationEvent, None]:
         """Run the generation on the assigned backend, keeping the accounting as tokens stream."""
         assert self.backend is not None and self.state is TicketState.DISPATCHED
         backend = self.backend
@@ -123,23 +123,26 @@ class Ticket:
             engine_priority=self.engine_priority,
         )
         try:
-            async for event in backend.backend.generate(generation):
-                if isinstance(event, Accepted):
-                    backend.ledger.accepted(req.request_id, self._dispatcher.clock.now())
-                    continue
-                if isinstance(event, TextDelta):
-                    if self.first_token_at is None:
-                        self.first_token_at = self._dispatcher.clock.now()
-                        self._dispatcher.on_first_token(self)
-                    self.completion_tokens += event.tokens
-                    self._dispatcher.on_generated(self, event.tokens)
-                elif isinstance(event, Finished):
-                    # a busy engine merges tokens into one chunk: charge what its usage says was missed
-                    missed = event.completion_tokens - self.completion_tokens
-                    if missed > 0:
-                        self.completion_tokens += missed
-                        self._dispatcher.on_generated(self, missed)
-                yield event
+            # Closed as soon as this generator is: the adapter's own close aborts the engine request. Left
+            # to the garbage collector, it could go on generating for seconds after the client left.
+            async with contextlib.aclosing(backend.backend.generate(generation)) as events:
+                async for event in events:
+                    if isinstance(event, Accepted):
+                        backend.ledger.accepted(req.request_id, self._dispatcher.clock.now())
+                        continue
+                    if isinstance(event, TextDelta):
+                        if self.first_token_at is None:
+                            self.first_token_at = self._dispatcher.clock.now()
+                            self._dispatcher.on_first_token(self)
+                        self.completion_tokens += event.tokens
+                        self._dispatcher.on_generated(self, event.tokens)
+                    elif isinstance(event, Finished):
+                        # a busy engine merges tokens into one chunk: charge what its usage says was missed
+                        missed = event.completion_tokens - self.completion_tokens
+                        if missed > 0:
+                            self.completion_tokens += missed
+                            self._dispatcher.on_generated(self, missed)
+                    yield event
         except (asyncio.CancelledError, GeneratorExit):
             self.close(Outcome.CANCELLED)
             raise

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,7 +123,7 @@ class ControlledEngine:
         async with self._changed:
             self._changed.notify_all()
 
-    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    async def _generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         rid = request.request_id
         self.requests.append(request)
         self.started.append(rid)

@@ -54,7 +54,7 @@ def scheduler_config(
 
 
 async def engine_gauge(eng: EngineProcess, name: str) -> float:
-    return MetricSamples.parse(await eng.ametrics_text()).total(name) or 0.0
+    return MetricSamples.parse(await eng.ametrics_text(), (name,)).total(name) or 0.0
 
 
 async def first_delta(call: Any) -> float:
@@ -131,7 +131,7 @@ async def test_batch_runs_small_while_interactive_is_around_and_fills_up_after(
     """The contended limit on the engine's own running gauge: 1 batch request while interactive was active
     within the window, up to 3 of the 4 slots after it."""
     kind, eng = engine
-    window = 3.0
+    window = 6.0  # a busy CPU vLLM answers /metrics in up to ~0.6 s: room for several samples
     scheduling = {
         "default_class": "interactive",
         "classes": [
@@ -152,7 +152,7 @@ async def test_batch_runs_small_while_interactive_is_around_and_fills_up_after(
             asyncio.create_task(
                 client.submit("m", f"batch {i}", max_tokens=128, ignore_eos=True, priority_class="batch")
             )
-            for i in range(16)
+            for i in range(24)
         ]
         contended: list[float] = []  # the engine's own running gauge, before the window passes
         after: list[float] = []  # and after it, until the batch is done
@@ -165,7 +165,7 @@ async def test_batch_runs_small_while_interactive_is_around_and_fills_up_after(
                 after.append(running)
             await asyncio.sleep(0.05)  # a sampling interval
         await asyncio.gather(*calls)
-    assert len(contended) >= 5 and max(contended) <= 1, contended
+    assert len(contended) >= 3 and max(contended) <= 1, contended
     assert max(after) == 3, after  # fills up, and never past the class's own limit
 
 

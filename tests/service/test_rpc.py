@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections import Counter
 
 import grpc
 import pytest
 
 from clients import error_reason, pb
+from scheduler_svc.auth import Authenticator
+from scheduler_svc.servicer import SchedulerServicer
 from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, serving, until_settled
 
 
@@ -223,3 +226,36 @@ async def test_a_burst_of_thousands_of_streams_all_reach_admission() -> None:
             call.cancel()
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1000, timeout=60)
     assert engine.started == []
+
+
+class _HandlerContext:
+    """What the Stream handler reads from gRPC's context, for driving the handler directly."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("x-user-id", "alice"),)
+
+    def time_remaining(self) -> None:
+        return None
+
+    async def abort(self, code: grpc.StatusCode, details: str, trailing_metadata: object = ()) -> None:
+        raise AssertionError(f"aborted: {code} {details}")
+
+
+async def test_a_stream_closed_at_a_yield_aborts_the_engine_request_at_once() -> None:
+    """gRPC closes a server-streaming handler at its `yield` when the client goes away mid-stream. The
+    engine request must be aborted right then, not whenever the garbage collector finds the generation
+    (collection is switched off here, so a late abort would show)."""
+    engine = ControlledEngine(tokens=5)  # the first token, then it waits: the request keeps running
+    async with serving(make_config(), engine.factory()) as server:
+        handler = SchedulerServicer(server.scheduler, Authenticator(server.config.auth))
+        stream = handler.Stream(pb.StreamRequest(model="m", prompt="x", request_id="r1"), _HandlerContext())  # type: ignore[arg-type]
+        async for event in stream:
+            if event.HasField("delta"):
+                break  # the handler now sits at its `yield`
+        gc.disable()
+        try:
+            await stream.aclose()  # what gRPC does when the client cancels
+            assert engine.aborted == ["r1"]
+        finally:
+            gc.enable()
+        assert outcome_count(server, "cancelled") == 1
