@@ -204,6 +204,13 @@ class SchedulingConfig:
     default_class: str = _field("interactive", "Class used when a request leaves `priority_class` empty.")
     classes: list[PriorityClassConfig] = _field(DEFAULT_CLASSES, "The priority classes; names unique.")
     weights: WeightsConfig = _field(WeightsConfig(), "Per-user and per-group fair-share weights.")
+    vtc_lookahead_tokens: float = _field(
+        128.0,
+        "vtc: how many of each running request's expected remaining tokens count against its user when "
+        "choosing. 0 behaves like vtc_basic (a user with long answers can grab several slots before their "
+        "cost shows); very large counts whole answers at dispatch (the paper's prediction), which makes "
+        "shares swing with the period of the longest answer after long answers end together.",
+    )
     engine_priority_per_inflight: int = _field(
         1,
         "Added to a request's engine priority for each request its user already has at that engine, so a "
@@ -308,6 +315,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"scheduling.classes[{c.name}]: limits must not be negative")
         if c.max_kv_cache_usage > 1 or c.starvation_after_seconds < 0:
             raise ConfigError(f"scheduling.classes[{c.name}]: max_kv_cache_usage is 0..1, starvation >= 0")
+    if config.scheduling.vtc_lookahead_tokens < 0:
+        raise ConfigError("scheduling.vtc_lookahead_tokens must not be negative")
     weights = config.scheduling.weights
     if weights.default <= 0 or any(w <= 0 for w in [*weights.users.values(), *weights.groups.values()]):
         raise ConfigError("scheduling.weights: weights must be > 0")

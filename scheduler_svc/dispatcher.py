@@ -84,7 +84,9 @@ class ModelDispatcher:
         self.queues = ModelQueues(scheduling.classes)
         self.classes = {c.name: c for c in scheduling.classes}
         weights = WeightResolver(scheduling.weights)
-        self.fairness = {c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights) for c in scheduling.classes}
+        self.fairness = {
+            c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, scheduling) for c in scheduling.classes
+        }
         self._ordering = ORDERING_POLICIES.create(scheduling.ordering)
         self._priority_per_inflight = scheduling.engine_priority_per_inflight
         self._queued: dict[str, Ticket] = {}

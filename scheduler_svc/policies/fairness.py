@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
 
+from scheduler_svc.config import SchedulingConfig
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.weights import WeightResolver
 from scheduler_svc.queues import FlowView
@@ -71,7 +72,7 @@ class RoundRobinFairness(_ServiceHooks):
     of the ring, so behind a flood they wait for at most one more of each other backlogged user's requests.
     """
 
-    def __init__(self, weights: WeightResolver | None = None) -> None:
+    def __init__(self, weights: WeightResolver | None = None, settings: SchedulingConfig | None = None) -> None:
         self._ring: deque[str] = deque()
         self._in_ring: set[str] = set()
 
@@ -104,7 +105,7 @@ class _VirtualCounterFairness(_ServiceHooks):
     the flow that has been backlogged longest (the order of `flows`).
     """
 
-    def __init__(self, weights: WeightResolver | None = None) -> None:
+    def __init__(self, weights: WeightResolver | None = None, settings: SchedulingConfig | None = None) -> None:
         self._weights = weights or WeightResolver()
         self._user_counter: dict[str, float] = {}
         self._group_counter: dict[str, float] = {}
@@ -185,11 +186,11 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
 
     Counters are charged exactly as in `vtc_basic` (prompt at dispatch, tokens as they stream), but the
     choice also counts the tokens each user's running requests are still expected to generate, up to
-    `RESERVATION_HORIZON` per request: expected length = min(max_tokens, the user's recent mean answer
-    length). So a user whose 1000-token answers already hold engine slots is not handed another slot just
-    because their counter has not caught up (vtc_basic's overshoot).
+    `scheduling.vtc_lookahead_tokens` (default 128) per request: expected length = min(max_tokens, the
+    user's recent mean answer length). So a user whose 1000-token answers already hold engine slots is not
+    handed another slot just because their counter has not caught up (vtc_basic's overshoot).
 
-    Why a horizon: counting a whole 1000-token answer at dispatch charges tokens that arrive over the
+    Why a look-ahead limit: counting a whole 1000-token answer at dispatch charges tokens that arrive over the
     answer's entire lifetime, so after the user's running answers end together (e.g. they all started on
     an idle engine) the user gets a slot back only for every ~1000 tokens served to others, is under-served
     for a whole lifetime, then over-served: an oscillation with the period of the longest answer, 0.3x to
@@ -199,10 +200,10 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
     """
 
     SMOOTHING = 0.2  # weight of the newest answer in the per-user mean length
-    RESERVATION_HORIZON = 128.0  # tokens of each running request's expected rest counted ahead
 
-    def __init__(self, weights: WeightResolver | None = None) -> None:
-        super().__init__(weights)
+    def __init__(self, weights: WeightResolver | None = None, settings: SchedulingConfig | None = None) -> None:
+        super().__init__(weights, settings)
+        self._lookahead = (settings or SchedulingConfig()).vtc_lookahead_tokens
         self._remaining: dict[str, float] = {}  # request id -> tokens it is still expected to generate
         self._user_reserved: dict[str, float] = {}
         self._group_reserved: dict[str, float] = {}
@@ -224,7 +225,7 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
         super().on_dispatched(request)
         expected = min(float(request.max_tokens), self._mean_length.get(request.user, float(request.max_tokens)))
         self._remaining[request.request_id] = expected
-        self._reserve(request.user, min(expected, self.RESERVATION_HORIZON))
+        self._reserve(request.user, min(expected, self._lookahead))
 
     def on_generated(self, request: RequestView, tokens: int) -> None:
         super().on_generated(request, tokens)
@@ -232,13 +233,13 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
         used = min(float(tokens), remaining)
         if used:
             self._remaining[request.request_id] = remaining - used
-            horizon = self.RESERVATION_HORIZON
+            horizon = self._lookahead
             self._reserve(request.user, min(remaining - used, horizon) - min(remaining, horizon))
 
     def on_finished(self, request: RequestView, generated: int) -> None:
         remaining = self._remaining.pop(request.request_id, 0.0)
         if remaining:
-            self._reserve(request.user, -min(remaining, self.RESERVATION_HORIZON))
+            self._reserve(request.user, -min(remaining, self._lookahead))
         previous = self._mean_length.get(request.user)
         self._mean_length[request.user] = (
             float(generated) if previous is None else previous + self.SMOOTHING * (generated - previous)
