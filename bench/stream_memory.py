@@ -64,8 +64,10 @@ import aiohttp
 import grpc
 
 from backends._prom import MetricSamples
+from bench.clients import RunClock
 from bench.configs import validated_toml
 from bench.harness import cpu_seconds, free_port, scheduler_process, simulator
+from bench.probe import EngineProbe
 from clients import pb, pb_grpc
 
 MODEL = "sim-model"
@@ -111,13 +113,6 @@ async def wait_until(check: Callable[[], Awaitable[bool]], what: str, timeout: f
 # -- the engine ---------------------------------------------------------------------------------------------
 
 
-async def engine_gauges(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
-    """(waiting, running) from the engine's /metrics."""
-    async with session.get(url + "/metrics") as response:
-        samples = MetricSamples.parse(await response.text())
-    return samples.total("vllm:num_requests_waiting") or 0.0, samples.total("vllm:num_requests_running") or 0.0
-
-
 async def _hold(session: aiohttp.ClientSession, url: str) -> None:
     """One streamed completion straight to the engine, kept open until cancelled."""
     body = {"model": MODEL, "prompt": "hold", "max_tokens": 16, "stream": True, "ignore_eos": True}
@@ -132,14 +127,15 @@ async def full_engine(waiting_target: int) -> AsyncIterator[str]:
     flags = ("--max-num-seqs", "1", "--decode-base-ms", str(ENGINE_STEP_MS))
     async with simulator(*flags) as url, aiohttp.ClientSession() as session:
         holders = [asyncio.create_task(_hold(session, url)) for _ in range(waiting_target + 1)]
+        probe = EngineProbe(session, url, RunClock())
 
         async def filled() -> bool:
             for task in holders:
                 if task.done():
                     task.result()  # raises what went wrong
                     raise RuntimeError("an engine-holding request ended early")
-            waiting, running = await engine_gauges(session, url)
-            return waiting >= waiting_target and running == 1
+            sample = await probe.read()
+            return sample is not None and sample.waiting >= waiting_target and sample.running == 1
 
         try:
             await wait_until(filled, "engine waiting queue at the target", 30.0)
