@@ -9,6 +9,7 @@ fairness policy picks a user, then the ordering policy picks that user's request
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -252,8 +253,9 @@ class ModelDispatcher:
         now = self.clock.now()
         states = []
         for handle in self.backends:
+            backend_inputs = handle.ledger.gate_inputs(now)
             for cls in self.classes.values():
-                inputs = handle.ledger.gate_inputs(now, self._activity.better_active(cls, now))
+                inputs = dataclasses.replace(backend_inputs, better_class_active=self._activity.better_active(cls, now))
                 states.append(BackendState(handle.name, cls.name, handle.gate.decide(inputs, cls), inputs))
         return states
 
