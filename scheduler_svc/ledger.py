@@ -96,4 +96,5 @@ class DispatchLedger:
             finished_since_reading=self._finished_since_reading,
             engine_slots=self.engine_slots,
             better_class_active=better_class_active,
+            started_in_flight=self.in_flight - len(self._unstarted),
         )

@@ -34,6 +34,7 @@ class GateInputs:
     finished_since_reading: int = 0
     engine_slots: int = 0
     better_class_active: bool = False  # a better-ranked class was active recently (see contention window)
+    started_in_flight: int = 0  # ours that produced a token and have not ended: running at the engine
 
     def reading_age(self) -> float | None:
         """Seconds since the reading was taken, None when there is none."""
@@ -46,8 +47,13 @@ class GateInputs:
 
     def estimated_running(self) -> int:
         """Requests the engine is running now, at most: the seen running count plus every request of ours
-        the reading cannot show (counted as running, to be safe)."""
-        return self._seen_running() + self.unseen_in_flight
+        the reading cannot show (counted as running, to be safe), and never fewer than ours known to run.
+
+        The floor matters because an engine frees a slot a moment before its client sees the stream end: a
+        scrape taken in between no longer counts the request, and its end, seen after the reading, would
+        be subtracted a second time.
+        """
+        return max(self._seen_running() + self.unseen_in_flight, self.started_in_flight + self.sent_unseen)
 
     def estimated_waiting(self) -> int:
         """The engine's waiting queue now, as best we know: last reading corrected by what happened since.
@@ -60,7 +66,8 @@ class GateInputs:
         if not self.engine_slots or seen > 0 or self.reading is None:
             return waiting
         started_unseen = self.unseen_in_flight - self.sent_unseen
-        free = max(0, self.engine_slots - self._seen_running() - started_unseen)
+        running = max(self._seen_running() + started_unseen, self.started_in_flight)  # see estimated_running
+        free = max(0, self.engine_slots - running)
         return max(0, waiting - free)
 
 

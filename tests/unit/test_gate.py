@@ -117,6 +117,21 @@ def test_running_estimate_follows_starts_finishes_and_unseen_requests() -> None:
     assert ledger.gate_inputs(100.1).estimated_running() == 2
 
 
+def test_an_end_the_reading_already_missed_does_not_lower_the_running_estimate() -> None:
+    """The engine freed a slot, was scraped, and only then did its client see the stream end (seen on
+    llama.cpp under load): the end must not be subtracted from a reading that no longer counts it."""
+    ledger = DispatchLedger()
+    for rid in ("a", "b", "c"):
+        send(ledger, rid, 99.0)
+        ledger.started(rid)
+    ledger.record_reading(BackendLoad(ok=True, read_at=100.0, waiting=0, running=2))  # "a" already freed
+    ledger.finished("a")
+    assert ledger.gate_inputs(100.1).estimated_running() == 2  # "b" and "c", not 1
+    batch = PriorityClassConfig("batch", max_engine_running=3)
+    send(ledger, "d", None)
+    assert not SignalGate(GateConfig()).decide(ledger.gate_inputs(100.1), batch).open
+
+
 def test_a_class_limited_in_running_requests_leaves_slots_free() -> None:
     gate, ledger = QueueDepthGate(GateConfig()), DispatchLedger()
     batch = PriorityClassConfig("batch", max_engine_running=48, require_idle_engine=True)
