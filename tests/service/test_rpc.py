@@ -181,8 +181,10 @@ async def test_every_admitted_request_has_exactly_one_outcome() -> None:
     engine = ControlledEngine(auto_release=True)
     async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
         await asyncio.gather(*(client.submit("m", f"p{i}") for i in range(6)))
-        call = client.stream("m", "cancel me")
+        engine.auto_release = False  # the last one is held at the engine until its client cancels it
+        call = client.stream("m", "cancel me", request_id="held")
         await call.read()
+        await engine.wait_for(lambda: "held" in engine.started)
         call.cancel()
         await until_settled(
             server, lambda: outcome_count(server, "completed") + outcome_count(server, "cancelled") == 7
@@ -192,6 +194,7 @@ async def test_every_admitted_request_has_exactly_one_outcome() -> None:
         )
     assert admitted == 7
     assert outcome_count(server, "completed") == 6
+    assert engine.aborted == ["held"]
 
 
 async def test_shutdown_rejects_what_is_still_queued_with_unavailable() -> None:
