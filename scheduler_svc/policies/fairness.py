@@ -215,6 +215,10 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
         self._user_reserved[user] = self._user_reserved.get(user, 0.0) + cost / self._weights.user_weight(user)
         self._group_reserved[group] = self._group_reserved.get(group, 0.0) + cost / self._weights.group_weight(group)
 
+    def _counted(self, remaining: float) -> float:
+        """How much of a running request's expected remainder counts against its user: the look-ahead."""
+        return min(remaining, self._lookahead)
+
     def _user_key(self, user: str) -> float:
         return super()._user_key(user) + self._user_reserved.get(user, 0.0)
 
@@ -225,7 +229,7 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
         super().on_dispatched(request)
         expected = min(float(request.max_tokens), self._mean_length.get(request.user, float(request.max_tokens)))
         self._remaining[request.request_id] = expected
-        self._reserve(request.user, min(expected, self._lookahead))
+        self._reserve(request.user, self._counted(expected))
 
     def on_generated(self, request: RequestView, tokens: int) -> None:
         super().on_generated(request, tokens)
@@ -233,13 +237,12 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
         used = min(float(tokens), remaining)
         if used:
             self._remaining[request.request_id] = remaining - used
-            horizon = self._lookahead
-            self._reserve(request.user, min(remaining - used, horizon) - min(remaining, horizon))
+            self._reserve(request.user, self._counted(remaining - used) - self._counted(remaining))
 
     def on_finished(self, request: RequestView, generated: int) -> None:
         remaining = self._remaining.pop(request.request_id, 0.0)
         if remaining:
-            self._reserve(request.user, -min(remaining, self._lookahead))
+            self._reserve(request.user, -self._counted(remaining))
         previous = self._mean_length.get(request.user)
         self._mean_length[request.user] = (
             float(generated) if previous is None else previous + self.SMOOTHING * (generated - previous)
