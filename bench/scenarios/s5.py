@@ -17,11 +17,11 @@ waiting queue is empty), configured two ways:
   idle engine's; once interactive goes quiet, batch fills up to three quarters again.
 
 "Interactive TTFT p99 within 2x idle" is measured against the idle baseline's p99: the same interactive
-arrivals on the same engine without the flood. A p99 cannot be held to 2x one request alone on an idle
-engine (reported too, as "idle TTFT"): an engine does not start a new request mid-step, so a first token
-comes after the rest of the running step plus one step with its own prefill, and with Poisson arrivals the
-worst 1% always includes a request that arrived just as another one's prefill step began. That is 2x a
-lone request before any batch runs; the idle baseline measured 2.0-2.3x here with no batch at all.
+arrivals on the same engine without the flood. Against one request alone on an idle engine (reported
+too, as "idle TTFT") 2x is the engine's own limit: an engine does not start a new request mid-step, so a
+first token comes after the rest of the running step plus one step with its own prefill, and with Poisson
+arrivals the worst 1% includes a request that arrived just as another one's prefill step began. That is
+about 2x a lone request before any batch runs; the idle baseline measured 2.0-2.3x here with no batch.
 
 Interactive prompts are 512 tokens (a chat turn with its history). Behind a big batch the decode part of
 every step grows (this profile: 20 ms at batch 1, 39 ms at 64), which is what latency first limits, at
@@ -276,7 +276,7 @@ def _targets(
     baseline_p99: float | None,
 ) -> None:
     """TTFT against the idle baseline's p99 (without that run, against 2x one request alone on the idle
-    engine, which no p99 can meet: see the module docstring), TPOT and batch completion."""
+    engine, the engine's own limit: see the module docstring), TPOT and batch completion."""
     lat = r["interactive"]
     if baseline_p99:
         bound, target = (
