@@ -192,6 +192,17 @@ class ModelConfig:
     max_queued_per_user: int = _field(
         1000, "Requests one user may have queued for the model; beyond it RESOURCE_EXHAUSTED."
     )
+    failover_attempts: int = _field(
+        1,
+        "How many times a request that fails before its first token (engine unreachable, connection "
+        "dropped, HTTP 5xx or 429) goes back to the head of its queue to be sent again, to another backend "
+        "while the failed one cools down. 0: it fails at once with the engine's error.",
+    )
+    failover_cooldown_seconds: float = _field(
+        2.0,
+        "After a backend fails a request before its first token, no request is sent to it for this long; "
+        "then its gate decides again (a dead engine fails the next one fast and cools down again).",
+    )
     backends: list[BackendConfig] = _field([], "Engines serving the model (at least one).")
 
 
@@ -330,6 +341,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{where}.gate: waiting_target and fallback_max_in_flight must be >= 1")
         if model.max_queued < 1 or model.max_queued_per_user < 1:
             raise ConfigError(f"{where}: max_queued and max_queued_per_user must be >= 1")
+        if model.failover_attempts < 0 or model.failover_cooldown_seconds < 0:
+            raise ConfigError(f"{where}: failover_attempts and failover_cooldown_seconds must be >= 0")
         if not 1 <= model.default_max_tokens <= model.max_tokens_limit:
             raise ConfigError(f"{where}: need 1 <= default_max_tokens <= max_tokens_limit")
         if not model.backends:

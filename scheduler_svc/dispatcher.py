@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import structlog
 
 from backends.base import Backend
+from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
 from scheduler_svc.activity import ClassActivity
 from scheduler_svc.clock import Clock
 from scheduler_svc.config import BackendConfig, ModelConfig, PriorityClassConfig, SchedulingConfig
@@ -34,6 +35,8 @@ log = structlog.get_logger(__name__)
 MIN_RETRY_SECONDS = 0.1
 MAX_RETRY_SECONDS = 300.0
 UNKNOWN_RATE_RETRY_SECONDS = 1.0
+# Errors that say nothing against the request itself, only that this engine could not take it now.
+FAILOVER_ERRORS = (BackendUnavailable, BackendOverloaded)
 
 
 @dataclass(eq=False)
@@ -47,6 +50,7 @@ class BackendHandle:
 
     def __post_init__(self) -> None:
         self.user_in_flight: dict[str, int] = {}
+        self.cool_until = 0.0  # no request goes to it before this time: it failed one before its first token
 
     @property
     def name(self) -> str:
@@ -207,6 +211,37 @@ class ModelDispatcher:
         self._series[backend.name].in_flight.set(backend.ledger.in_flight)
         self.wake()
 
+    def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
+        """The backend failed `ticket` before its first token: queue it again at the head of its user's
+        queue and cool the backend down, so the next dispatch goes elsewhere. False when the error is not
+        about the engine's availability or the request used its attempts: it then fails as it is."""
+        if not isinstance(error, FAILOVER_ERRORS) or ticket.attempts > self.model.failover_attempts:
+            return False
+        handle = ticket.backend
+        assert handle is not None
+        now = self.clock.now()
+        handle.cool_until = now + self.model.failover_cooldown_seconds
+        self.on_finished(ticket)
+        ticket.requeued()
+        request = ticket.request
+        band = self.queues.band(request.priority_class)
+        _, newly_backlogged = self.queues.push(request, front=True)
+        self._queued[request.request_id] = ticket
+        if newly_backlogged:
+            self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
+        self._set_depth(request.priority_class)
+        self._series[handle.name].failovers.inc()
+        log.warning(
+            "request_failed_over",
+            model=self.model.name,
+            request_id=request.request_id,
+            backend=handle.name,
+            attempt=ticket.attempts,
+            error=str(error),
+        )
+        self.wake()
+        return True
+
     def on_outcome(self, ticket: Ticket) -> None:
         self._metrics.outcomes.labels(self.model.name, ticket.outcome.value if ticket.outcome else "?").inc()
         log.debug(
@@ -256,7 +291,11 @@ class ModelDispatcher:
             backend_inputs = handle.ledger.gate_inputs(now)
             for cls in self.classes.values():
                 inputs = dataclasses.replace(backend_inputs, better_class_active=self._activity.better_active(cls, now))
-                states.append(BackendState(handle.name, cls.name, handle.gate.decide(inputs, cls), inputs))
+                decision = handle.gate.decide(inputs, cls)
+                if now < handle.cool_until:
+                    reason = f"cooling down {handle.cool_until - now:.1f}s after failing a request ({decision.reason})"
+                    decision = GateDecision(False, reason, decision.fresh)
+                states.append(BackendState(handle.name, cls.name, decision, inputs))
         return states
 
     # -- the loop -------------------------------------------------------------------------------------
@@ -304,7 +343,8 @@ class ModelDispatcher:
             series = self._series[handle.name]
             series.dispatched.inc()
             series.in_flight.set(handle.ledger.in_flight)
-            self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
+            if ticket.attempts == 1:  # a failed-over request's wait was observed at its first dispatch
+                self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
             sent += 1
         return sent
 
@@ -342,11 +382,14 @@ class ModelDispatcher:
         return top, handle
 
     def _open_backend(self, priority_class: PriorityClassConfig, now: float) -> BackendHandle | None:
-        """The least loaded backend whose gate admits one more request of this class, if any."""
+        """The least loaded backend whose gate admits one more request of this class, if any; a backend
+        cooling down after a failover gets none."""
         best: tuple[int, int] | None = None
         chosen: BackendHandle | None = None
         better_active = self._activity.better_active(priority_class, now)
         for handle in self.backends:
+            if now < handle.cool_until:
+                continue
             inputs = handle.ledger.gate_inputs(now, better_active)
             decision = handle.gate.decide(inputs, priority_class)
             series = self._series[handle.name]

@@ -34,6 +34,12 @@ class SchedulerMetrics:
         self.dispatched = Counter(
             "llmsched_requests_dispatched", "Requests sent to an engine.", ["model", "backend"], registry=r
         )
+        self.failovers = Counter(
+            "llmsched_requests_failed_over",
+            "Requests that failed at a backend before their first token and were queued again.",
+            ["model", "backend"],
+            registry=r,
+        )
         self.outcomes = Counter(
             "llmsched_request_outcomes",
             "Final outcome of every admitted request (exactly one each).",
@@ -97,6 +103,7 @@ class BackendSeries:
     """One backend's labelled series, resolved once: `labels()` on every token costs real CPU."""
 
     dispatched: Any
+    failovers: Any
     generated_tokens: Any
     in_flight: Any
     gate_open: Any
@@ -118,6 +125,7 @@ def backend_series(metrics: SchedulerMetrics, model: str, backend: str) -> Backe
     labels = (model, backend)
     return BackendSeries(
         dispatched=metrics.dispatched.labels(*labels),
+        failovers=metrics.failovers.labels(*labels),
         generated_tokens=metrics.generated_tokens.labels(*labels),
         in_flight=metrics.in_flight.labels(*labels),
         gate_open=metrics.gate_open.labels(*labels),

@@ -50,6 +50,12 @@ class Flow:
         self._next_seq += 1
         self._items[request.request_id] = request
 
+    def push_front(self, request: QueuedRequest) -> None:
+        """Put a request back ahead of the others (it was sent and came back before its first token)."""
+        request.seq = self.head().seq - 1 if self._items else self._next_seq
+        self._items[request.request_id] = request
+        self._items.move_to_end(request.request_id, last=False)
+
     def remove(self, request_id: str) -> QueuedRequest | None:
         return self._items.pop(request_id, None)
 
@@ -93,14 +99,18 @@ class ModelQueues:
     def band(self, priority_class: str) -> Band:
         return self._band_by_class[priority_class]
 
-    def push(self, request: QueuedRequest) -> tuple[Flow, bool]:
-        """Queue `request`; returns its flow and whether that flow just became backlogged."""
+    def push(self, request: QueuedRequest, *, front: bool = False) -> tuple[Flow, bool]:
+        """Queue `request` (at the head of its flow with `front`); returns its flow and whether that flow
+        just became backlogged."""
         band = self._band_by_class[request.priority_class]
         flow = band.flows.get(request.user)
         newly_backlogged = flow is None
         if flow is None:
             flow = band.flows[request.user] = Flow(request.user, request.priority_class)
-        flow.push(request)
+        if front:
+            flow.push_front(request)
+        else:
+            flow.push(request)
         band.size += 1
         self.size += 1
         self._flow_of[request.request_id] = flow

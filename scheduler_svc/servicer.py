@@ -25,7 +25,7 @@ from scheduler_svc.auth import Authenticator
 from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError, to_grpc_status
 from scheduler_svc.introspection import queue_state
 from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.ticket import Ticket
+from scheduler_svc.ticket import Requeued, Ticket
 
 log = structlog.get_logger(__name__)
 
@@ -89,16 +89,21 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         except SchedulerError as exc:
             await self._reject(request, context, exc)
         try:
-            while not await ticket.wait_dispatched(None):
-                pass
-            parts: list[str] = []
-            finished: Finished | None = None
-            async with contextlib.aclosing(ticket.generate()) as events:
-                async for event in events:
-                    if isinstance(event, TextDelta):
-                        parts.append(event.text)
-                    elif isinstance(event, Finished):
-                        finished = event
+            while True:  # more than once only when a backend fails the request before its first token
+                while not await ticket.wait_dispatched(None):
+                    pass
+                parts: list[str] = []
+                finished: Finished | None = None
+                try:
+                    async with contextlib.aclosing(ticket.generate()) as events:
+                        async for event in events:
+                            if isinstance(event, TextDelta):
+                                parts.append(event.text)
+                            elif isinstance(event, Finished):
+                                finished = event
+                except Requeued:
+                    continue
+                break
             assert finished is not None and ticket.backend is not None
             return pb.SubmitResponse(
                 request_id=ticket.request.request_id,
@@ -130,38 +135,26 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             position = ticket.position()
             ticket.watches_position = True  # the dispatcher nudges it when its position moves
             yield pb.StreamResponse(queued=self._queued(ticket, position))
-            while not await ticket.wait_dispatched(None):
-                new_position = ticket.position()
-                if new_position != position and new_position > 0:
-                    position = new_position
-                    yield pb.StreamResponse(queued=self._queued(ticket, position))
-            assert ticket.backend is not None and ticket.dispatched_at is not None
-            sent_at = timestamp_pb2.Timestamp()
-            sent_at.FromNanoseconds(int((ticket.dispatched_wall or time.time()) * 1e9))
-            yield pb.StreamResponse(
-                dispatched=pb.Dispatched(
-                    backend=ticket.backend.name,
-                    dispatched_at=sent_at,
-                    queue_wait=_duration(ticket.dispatched_at - req.admitted_at),
-                )
-            )
-            # gRPC closes this handler at a `yield` when the client goes away; closing the generation here
-            # at once (not when it is garbage-collected) is what aborts the request inside the engine.
-            async with contextlib.aclosing(ticket.generate()) as events:
-                async for event in events:
-                    if isinstance(event, TextDelta):
-                        yield pb.StreamResponse(delta=pb.Delta(text=event.text, tokens=event.tokens))
-                    elif isinstance(event, Finished):
-                        yield pb.StreamResponse(
-                            finished=pb.Finished(
-                                finish_reason=_FINISH.get(event.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
-                                usage=pb.Usage(
-                                    prompt_tokens=event.prompt_tokens or 0,
-                                    completion_tokens=event.completion_tokens,
-                                ),
-                                timings=self._timings(ticket),
-                            )
-                        )
+            while True:  # more than once only when a backend fails the request before its first token
+                while not await ticket.wait_dispatched(None):
+                    new_position = ticket.position()
+                    if new_position != position and new_position > 0:
+                        position = new_position
+                        yield pb.StreamResponse(queued=self._queued(ticket, position))
+                yield pb.StreamResponse(dispatched=self._dispatched(ticket))
+                try:
+                    # gRPC closes this handler at a `yield` when the client goes away; closing the generation
+                    # here at once (not when it is garbage-collected) is what aborts the engine request.
+                    async with contextlib.aclosing(ticket.generate()) as events:
+                        async for event in events:
+                            if isinstance(event, TextDelta):
+                                yield pb.StreamResponse(delta=pb.Delta(text=event.text, tokens=event.tokens))
+                            elif isinstance(event, Finished):
+                                yield pb.StreamResponse(finished=self._finished(ticket, event))
+                except Requeued:
+                    position = 0  # announce the position in the queue again
+                    continue
+                break
         except (SchedulerError, BackendError) as exc:
             await _abort(context, exc)
         except Exception as exc:
@@ -169,6 +162,23 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             await _abort(context, exc)
         finally:
             ticket.close()
+
+    def _dispatched(self, ticket: Ticket) -> pb.Dispatched:
+        assert ticket.backend is not None and ticket.dispatched_at is not None
+        sent_at = timestamp_pb2.Timestamp()
+        sent_at.FromNanoseconds(int((ticket.dispatched_wall or time.time()) * 1e9))
+        return pb.Dispatched(
+            backend=ticket.backend.name,
+            dispatched_at=sent_at,
+            queue_wait=_duration(ticket.dispatched_at - ticket.request.admitted_at),
+        )
+
+    def _finished(self, ticket: Ticket, event: Finished) -> pb.Finished:
+        return pb.Finished(
+            finish_reason=_FINISH.get(event.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+            usage=pb.Usage(prompt_tokens=event.prompt_tokens or 0, completion_tokens=event.completion_tokens),
+            timings=self._timings(ticket),
+        )
 
     def _queued(self, ticket: Ticket, position: int) -> pb.Queued:
         dispatcher = self._scheduler.dispatchers[ticket.request.model]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
+from backends.errors import BackendError
 from scheduler_svc.errors import ShuttingDown
 
 if TYPE_CHECKING:
@@ -34,6 +35,11 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"
     EXPIRED = "expired"
     REJECTED = "rejected"
+
+
+class Requeued(Exception):
+    """The generation failed before its first token and the request is queued again (failover): the
+    caller waits for the next dispatch instead of failing. Never reaches a client."""
 
 
 class TicketState(enum.Enum):
@@ -56,6 +62,7 @@ class Ticket:
         self.finished_at: float | None = None
         self.completion_tokens = 0
         self.engine_priority: int | None = None
+        self.attempts = 0  # dispatches so far: more than one after a failover
         self._dispatcher = dispatcher
         self._woken = asyncio.Event()
         self._close_reason: Exception | None = None
@@ -69,8 +76,17 @@ class Ticket:
         self.engine_priority = engine_priority
         self.dispatched_at = now
         self.dispatched_wall = time.time()
+        self.attempts += 1
         backend.ledger.dispatched(self.request.request_id)
         self._woken.set()
+
+    def requeued(self) -> None:
+        """The dispatcher put the request back in its queue after its backend failed it."""
+        self.state = TicketState.QUEUED
+        self.backend = None
+        self.engine_priority = None
+        self.dispatched_at = self.dispatched_wall = None
+        self._woken.clear()
 
     def nudge(self) -> None:
         """The request's position in its queue changed: wake the waiter, which re-reads it."""
@@ -122,6 +138,7 @@ class Ticket:
             params=req.params,
             engine_priority=self.engine_priority,
         )
+        shown = False  # whether the caller has seen any of this generation
         try:
             # Closed as soon as this generator is: the adapter's own close aborts the engine request. Left
             # to the garbage collector, it could go on generating for seconds after the client left.
@@ -142,9 +159,15 @@ class Ticket:
                         if missed > 0:
                             self.completion_tokens += missed
                             self._dispatcher.on_generated(self, missed)
+                    shown = True
                     yield event
         except (asyncio.CancelledError, GeneratorExit):
             self.close(Outcome.CANCELLED)
+            raise
+        except BackendError as exc:
+            if not shown and self._dispatcher.fail_over(self, exc):
+                raise Requeued(str(exc)) from exc
+            self.close(Outcome.FAILED)
             raise
         except BaseException:
             self.close(Outcome.FAILED)

@@ -104,6 +104,33 @@ async def test_engine_killed_mid_stream_gives_unavailable_and_service_resumes_wh
             await first_engine.__aexit__(None, None, None)
 
 
+async def test_a_dead_engine_fails_requests_over_to_a_live_one_over_real_http() -> None:
+    """b0's port refuses connections (the adapter's BackendUnavailable), b1 is a live simulator: every
+    request completes on b1, and only the first one ever tried b0 while it cooled down."""
+    async with running_simulator(SimConfig(**FAST)) as sim:
+        config = make_config(
+            models=[
+                {
+                    "name": "m",
+                    "default_max_tokens": 8,
+                    "failover_cooldown_seconds": 30.0,
+                    "backends": [
+                        {"name": "b0", "kind": "vllm", "url": "http://127.0.0.1:1", "engine_model": "sim-model"},
+                        {"name": "b1", "kind": "vllm", "url": sim.url, "engine_model": "sim-model"},
+                    ],
+                }
+            ]
+        )
+        async with serving(config) as server, client_for(server) as client:
+            responses = [await client.submit("m", f"q{i}", max_tokens=4, ignore_eos=True) for i in range(3)]
+            failed_over = server.scheduler.metrics.registry.get_sample_value(
+                "llmsched_requests_failed_over_total", {"model": "m", "backend": "b0"}
+            )
+    assert [r.backend for r in responses] == ["b1"] * 3
+    assert all(r.usage.completion_tokens == 4 for r in responses)
+    assert failed_over == 1
+
+
 async def test_dead_metrics_endpoint_degrades_to_a_concurrency_cap() -> None:
     async with running_simulator(SimConfig(max_num_seqs=8, **FAST)) as sim:
         sim.faults.update({"metrics_down": True})

@@ -311,7 +311,9 @@ class StreamResponse(_message.Message):
 
     @_builtins.property
     def dispatched(self) -> Global___Dispatched:
-        """The request was sent to an engine."""
+        """The request was sent to an engine. It comes again (after a new `queued`) when an engine failed the
+        request before its first token and the scheduler sent it on (see the model's failover_attempts).
+        """
 
     @_builtins.property
     def delta(self) -> Global___Delta:

@@ -1,0 +1,140 @@
+"""Failover: a request a backend fails before its first token goes back to the head of its queue and is
+sent again, to another backend while the failed one cools down. Real gRPC over a socket."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from backends.base import Backend, GenerationEvent, GenerationRequest, SamplingParams, TextDelta
+from backends.errors import BackendError, BackendRejectedRequest, BackendUnavailable
+from backends.fake import FakeBackend
+from scheduler_svc.config import BackendConfig, Config, ModelConfig, PriorityClassConfig, config_from_dict
+from scheduler_svc.queues import ModelQueues
+from scheduler_svc.request import QueuedRequest
+from tests.helpers import ControlledEngine, client_for, outcome_count, serving
+
+
+def two_backends(**model: Any) -> Config:
+    """Model "m" on backends b0 (listed first, so chosen first when both are idle) and b1."""
+    backends = [
+        {"name": name, "kind": "vllm", "url": "http://127.0.0.1:1", "scrape_interval_seconds": 0.05}
+        for name in ("b0", "b1")
+    ]
+    return config_from_dict(
+        {
+            "server": {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0"},
+            "models": [{"name": "m", "default_max_tokens": 16, "backends": backends, **model}],
+        }
+    )
+
+
+def failing(error: BackendError, after_tokens: int = 0, name: str = "b0") -> FakeBackend:
+    """A backend whose every generation fails with `error`, after `after_tokens` tokens."""
+
+    async def generate(request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        for i in range(after_tokens):
+            yield TextDelta(f"t{i}")
+        raise error
+
+    return FakeBackend(generate, name=name)
+
+
+def factory(b0: FakeBackend, b1: Backend) -> Callable[[ModelConfig, BackendConfig], Backend]:
+    return lambda model, backend: b0 if backend.name == "b0" else b1
+
+
+def failovers(server: Any, backend: str = "b0") -> float:
+    value = server.scheduler.metrics.registry.get_sample_value(
+        "llmsched_requests_failed_over_total", {"model": "m", "backend": backend}
+    )
+    return value or 0.0
+
+
+async def test_a_request_an_engine_cannot_take_completes_on_the_other_backend() -> None:
+    b0, engine = failing(BackendUnavailable("connection refused")), ControlledEngine(auto_release=True)
+    async with serving(two_backends(), factory(b0, engine.backend("b1"))) as server, client_for(server) as client:
+        events = [event async for event in client.stream("m", "hello")]
+    dispatched = [e.dispatched.backend for e in events if e.WhichOneof("event") == "dispatched"]
+    assert dispatched == ["b0", "b1"]  # the client sees where its request went, both times
+    assert events[-1].WhichOneof("event") == "finished"
+    assert len(b0.requests) == 1 and len(engine.finished) == 1
+    assert failovers(server) == 1
+    assert outcome_count(server, "completed") == 1 and outcome_count(server, "failed") == 0
+
+
+async def test_while_a_failed_backend_cools_down_new_requests_go_elsewhere() -> None:
+    b0, engine = failing(BackendUnavailable("HTTP 503")), ControlledEngine(auto_release=True)
+    config = two_backends(failover_cooldown_seconds=30.0)
+    async with serving(config, factory(b0, engine.backend("b1"))) as server, client_for(server) as client:
+        backends = [(await client.submit("m", f"q{i}")).backend for i in range(4)]
+        states = server.scheduler.dispatchers["m"].backend_states()
+    assert backends == ["b1"] * 4
+    assert len(b0.requests) == 1  # only the first request found out that b0 was down
+    cooling = [state.decision for state in states if state.name == "b0"]
+    assert cooling and all(not d.open and d.reason.startswith("cooling down") for d in cooling)  # introspection
+
+
+async def test_failover_stops_after_its_attempts_with_the_engines_error() -> None:
+    b0 = failing(BackendUnavailable("connection refused"))
+    b1 = failing(BackendUnavailable("connection refused"), name="b1")
+    config = two_backends(failover_attempts=2, failover_cooldown_seconds=0.0)
+    async with serving(config, factory(b0, b1)) as server, client_for(server) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.submit("m", "hello")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert len(b0.requests) + len(b1.requests) == 3  # the first try and two failovers
+    assert outcome_count(server, "failed") == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "after_tokens", "code"),
+    [
+        (BackendUnavailable("connection dropped"), 2, grpc.StatusCode.UNAVAILABLE),  # tokens already sent
+        (BackendRejectedRequest("prompt too long"), 0, grpc.StatusCode.INVALID_ARGUMENT),  # the request's fault
+    ],
+)
+async def test_no_failover_after_the_first_token_or_for_a_rejected_request(
+    error: BackendError, after_tokens: int, code: grpc.StatusCode
+) -> None:
+    b0, engine = failing(error, after_tokens), ControlledEngine(auto_release=True)
+    async with serving(two_backends(), factory(b0, engine.backend("b1"))) as server, client_for(server) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in client.stream("m", "hello"):
+                pass
+    assert err.value.code() == code
+    assert len(b0.requests) == 1 and engine.started == []
+    assert failovers(server) == 0
+
+
+async def test_failover_can_be_switched_off() -> None:
+    b0, engine = failing(BackendUnavailable("connection refused")), ControlledEngine(auto_release=True)
+    config = two_backends(failover_attempts=0)
+    async with serving(config, factory(b0, engine.backend("b1"))) as server, client_for(server) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.submit("m", "hello")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert engine.started == []
+
+
+def test_a_request_put_back_goes_ahead_of_its_users_queue_and_positions_stay_right() -> None:
+    queues = ModelQueues([PriorityClassConfig()])
+    requests = [
+        QueuedRequest(f"r{i}", "m", "alice", "interactive", "p", None, SamplingParams(max_tokens=4), float(i))
+        for i in range(3)
+    ]
+    for request in requests:
+        queues.push(request)
+    flow = queues.flow_of("r0")
+    assert flow is not None
+    queues.remove("r0")  # dispatched
+    queues.push(requests[0], front=True)  # failed before its first token: back at the head
+    assert flow.head() is requests[0]
+    assert [flow.position(r) for r in requests] == [1, 2, 3]
+    queues.remove("r0")
+    queues.remove("r1")
+    queues.push(requests[1], front=True)  # and once more, after another left
+    assert [r.request_id for r in flow] == ["r1", "r2"] and flow.position(requests[2]) == 2
