@@ -106,6 +106,7 @@ class ModelDispatcher:
         self._settled = asyncio.Event()  # set whenever a request reaches its outcome
         self._moved: set[Flow] = set()  # flows whose head left since streaming clients were last told
         self._flows_moved = asyncio.Event()
+        self.stopping = False  # set once the queue is closed on shutdown: no more failovers
 
     # -- admission and withdrawal ---------------------------------------------------------------------
     def enqueue(self, request: QueuedRequest) -> Ticket:
@@ -174,7 +175,9 @@ class ModelDispatcher:
         ticket.end_in_queue(Outcome.EXPIRED, QueueTimeout(f"request {ticket.request.request_id} expired in the queue"))
 
     def reject_all_queued(self, reason: str) -> int:
-        """End every queued request with UNAVAILABLE (the service is stopping); returns how many."""
+        """End every queued request with UNAVAILABLE (the service is stopping); returns how many. From
+        here on a request an engine fails is not queued again either."""
+        self.stopping = True
         tickets = list(self._queued.values())
         for ticket in tickets:
             self.withdraw(ticket)
@@ -196,6 +199,12 @@ class ModelDispatcher:
         self._series[ticket.backend.name].generated_tokens.inc(tokens)
 
     def on_finished(self, ticket: Ticket) -> None:
+        self._release(ticket)
+        self.fairness[ticket.request.priority_class].on_finished(ticket.request, ticket.completion_tokens)
+        self.wake()
+
+    def _release(self, ticket: Ticket) -> None:
+        """A dispatched request no longer holds its backend."""
         backend = ticket.backend
         assert backend is not None
         backend.ledger.finished(ticket.request.request_id)
@@ -207,29 +216,36 @@ class ModelDispatcher:
             backend.user_in_flight.pop(user, None)
         if self._running.pop(ticket.request.request_id, None) is not None:
             self._activity.ended(ticket.request.priority_class, self.clock.now())
-        self.fairness[ticket.request.priority_class].on_finished(ticket.request, ticket.completion_tokens)
         self._series[backend.name].in_flight.set(backend.ledger.in_flight)
-        self.wake()
 
     def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
         """The backend failed `ticket` before its first token: queue it again at the head of its user's
-        queue and cool the backend down, so the next dispatch goes elsewhere. False when the error is not
-        about the engine's availability or the request used its attempts: it then fails as it is."""
-        if not isinstance(error, FAILOVER_ERRORS) or ticket.attempts > self.model.failover_attempts:
+        queue and cool the backend down, so the next dispatch goes elsewhere. False when it should fail as
+        it is: the error is not about the engine's availability, the request used its attempts or its
+        deadline, or the service is stopping."""
+        request = ticket.request
+        now = self.clock.now()
+        if (
+            not isinstance(error, FAILOVER_ERRORS)
+            or ticket.attempts > self.model.failover_attempts
+            or (request.deadline is not None and now >= request.deadline)
+            or self.stopping
+        ):
             return False
         handle = ticket.backend
         assert handle is not None
-        now = self.clock.now()
         handle.cool_until = now + self.model.failover_cooldown_seconds
-        self.on_finished(ticket)
-        ticket.requeued()
-        request = ticket.request
+        self._release(ticket)
+        ticket.requeued()  # first: from here a failure below leaves a ticket that close() can end cleanly
+        self.fairness[request.priority_class].on_requeued(request)
         band = self.queues.band(request.priority_class)
-        _, newly_backlogged = self.queues.push(request, front=True)
+        flow, newly_backlogged = self.queues.push(request, front=True)
         self._queued[request.request_id] = ticket
         if newly_backlogged:
             self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
         self._set_depth(request.priority_class)
+        self._moved.add(flow)  # the requests behind it moved down one
+        self._flows_moved.set()
         self._series[handle.name].failovers.inc()
         log.warning(
             "request_failed_over",
@@ -388,11 +404,12 @@ class ModelDispatcher:
         chosen: BackendHandle | None = None
         better_active = self._activity.better_active(priority_class, now)
         for handle in self.backends:
+            series = self._series[handle.name]
             if now < handle.cool_until:
+                series.gate_open.set(0)
                 continue
             inputs = handle.ledger.gate_inputs(now, better_active)
             decision = handle.gate.decide(inputs, priority_class)
-            series = self._series[handle.name]
             series.gate_open.set(1 if decision.open else 0)
             series.metrics_fresh.set(1 if decision.fresh else 0)
             series.estimated_waiting.set(inputs.estimated_waiting())

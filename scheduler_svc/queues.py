@@ -52,7 +52,10 @@ class Flow:
 
     def push_front(self, request: QueuedRequest) -> None:
         """Put a request back ahead of the others (it was sent and came back before its first token)."""
-        request.seq = self.head().seq - 1 if self._items else self._next_seq
+        if not self._items:
+            self.push(request)
+            return
+        request.seq = self.head().seq - 1
         self._items[request.request_id] = request
         self._items.move_to_end(request.request_id, last=False)
 

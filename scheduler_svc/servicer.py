@@ -151,8 +151,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                                 yield pb.StreamResponse(delta=pb.Delta(text=event.text, tokens=event.tokens))
                             elif isinstance(event, Finished):
                                 yield pb.StreamResponse(finished=self._finished(ticket, event))
-                except Requeued:
-                    position = 0  # announce the position in the queue again
+                except Requeued:  # back at the head of the queue: say so, then wait for the next dispatch
+                    position = ticket.position()
+                    yield pb.StreamResponse(queued=self._queued(ticket, position))
                     continue
                 break
         except (SchedulerError, BackendError) as exc:

@@ -165,7 +165,12 @@ class Ticket:
             self.close(Outcome.CANCELLED)
             raise
         except BackendError as exc:
-            if not shown and self._dispatcher.fail_over(self, exc):
+            try:
+                requeued = not shown and self._dispatcher.fail_over(self, exc)
+            except Exception:
+                log.exception("failover_failed", request_id=req.request_id)
+                requeued = False
+            if requeued:
                 raise Requeued(str(exc)) from exc
             self.close(Outcome.FAILED)
             raise

@@ -46,6 +46,11 @@ class FairnessPolicy(Protocol):
         """`request` ended (any outcome) after generating `generated` tokens."""
         ...
 
+    def on_requeued(self, request: RequestView) -> None:
+        """`request` came back before its first token (failover) and is queued again: undo what
+        `on_dispatched` charged, since the engine did no work for it; it will be dispatched again."""
+        ...
+
     def counters(self) -> dict[str, float]:
         """Per-user fair-share state for introspection (empty when the policy keeps none)."""
         ...
@@ -61,6 +66,9 @@ class _ServiceHooks:
         return None
 
     def on_finished(self, request: RequestView, generated: int) -> None:
+        return None
+
+    def on_requeued(self, request: RequestView) -> None:
         return None
 
 
@@ -89,6 +97,14 @@ class RoundRobinFairness(_ServiceHooks):
                 return user
             self._in_ring.discard(user)  # went idle: forget it; it rejoins at the end when it returns
         raise LookupError("select() called with backlogged flows that were never announced")
+
+    def on_requeued(self, request: RequestView) -> None:
+        """The user's turn was spent on a request the engine failed: give the turn back."""
+        if request.user in self._in_ring:
+            self._ring.remove(request.user)
+        else:
+            self._in_ring.add(request.user)
+        self._ring.appendleft(request.user)
 
     def counters(self) -> dict[str, float]:
         return {}
@@ -160,6 +176,9 @@ class WeightedRoundRobinFairness(_VirtualCounterFairness):
     def on_dispatched(self, request: RequestView) -> None:
         self._charge(request.user, 1.0)
 
+    def on_requeued(self, request: RequestView) -> None:
+        self._charge(request.user, -1.0)
+
 
 class BasicVirtualTokenCounterFairness(_VirtualCounterFairness):
     """Virtual Token Counter as published (Sheng et al., OSDI 2024): shares of tokens by weight.
@@ -176,6 +195,9 @@ class BasicVirtualTokenCounterFairness(_VirtualCounterFairness):
 
     def on_dispatched(self, request: RequestView) -> None:
         self._charge(request.user, self.PROMPT_WEIGHT * request.prompt_tokens_estimate)
+
+    def on_requeued(self, request: RequestView) -> None:
+        self._charge(request.user, -self.PROMPT_WEIGHT * request.prompt_tokens_estimate)
 
     def on_generated(self, request: RequestView, tokens: int) -> None:
         self._charge(request.user, self.GENERATED_WEIGHT * tokens)
@@ -239,10 +261,18 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
             self._remaining[request.request_id] = remaining - used
             self._reserve(request.user, self._counted(remaining - used) - self._counted(remaining))
 
-    def on_finished(self, request: RequestView, generated: int) -> None:
+    def on_requeued(self, request: RequestView) -> None:
+        super().on_requeued(request)
+        self._release(request)  # and no answer length to learn from
+
+    def _release(self, request: RequestView) -> None:
+        """The request no longer runs: what it was still expected to generate stops counting."""
         remaining = self._remaining.pop(request.request_id, 0.0)
         if remaining:
             self._reserve(request.user, -self._counted(remaining))
+
+    def on_finished(self, request: RequestView, generated: int) -> None:
+        self._release(request)
         previous = self._mean_length.get(request.user)
         self._mean_length[request.user] = (
             float(generated) if previous is None else previous + self.SMOOTHING * (generated - previous)

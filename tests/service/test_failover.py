@@ -15,7 +15,7 @@ from backends.fake import FakeBackend
 from scheduler_svc.config import BackendConfig, Config, ModelConfig, PriorityClassConfig, config_from_dict
 from scheduler_svc.queues import ModelQueues
 from scheduler_svc.request import QueuedRequest
-from tests.helpers import ControlledEngine, client_for, outcome_count, serving
+from tests.helpers import ControlledEngine, client_for, outcome_count, serving, until_settled
 
 
 def two_backends(**model: Any) -> Config:
@@ -58,12 +58,28 @@ async def test_a_request_an_engine_cannot_take_completes_on_the_other_backend() 
     b0, engine = failing(BackendUnavailable("connection refused")), ControlledEngine(auto_release=True)
     async with serving(two_backends(), factory(b0, engine.backend("b1"))) as server, client_for(server) as client:
         events = [event async for event in client.stream("m", "hello")]
-    dispatched = [e.dispatched.backend for e in events if e.WhichOneof("event") == "dispatched"]
-    assert dispatched == ["b0", "b1"]  # the client sees where its request went, both times
-    assert events[-1].WhichOneof("event") == "finished"
+        dispatcher = server.scheduler.dispatchers["m"]
+        leftovers = [(h.ledger.in_flight, h.user_in_flight) for h in dispatcher.backends], dispatcher.busy
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[:4] == ["queued", "dispatched", "queued", "dispatched"]  # told it went back, then where to
+    assert [e.dispatched.backend for e in events if e.HasField("dispatched")] == ["b0", "b1"]
+    assert events[2].queued.position_in_user_queue == 1 and kinds[-1] == "finished"
     assert len(b0.requests) == 1 and len(engine.finished) == 1
     assert failovers(server) == 1
     assert outcome_count(server, "completed") == 1 and outcome_count(server, "failed") == 0
+    assert leftovers == ([(0, {}), (0, {})], 0)  # nothing held anywhere once it is done
+
+
+async def test_a_client_that_leaves_while_its_request_waits_to_go_again_cancels_it() -> None:
+    b0, engine = failing(BackendUnavailable("connection refused")), ControlledEngine(waiting=50)  # b1 is full
+    async with serving(two_backends(), factory(b0, engine.backend("b1"))) as server, client_for(server) as client:
+        call = client.stream("m", "hello")
+        kinds = [(await call.read()).WhichOneof("event") for _ in range(3)]
+        call.cancel()
+        await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
+        busy = server.scheduler.dispatchers["m"].busy
+    assert kinds == ["queued", "dispatched", "queued"]  # back in the queue, where it stays: b1 has no room
+    assert busy == 0 and engine.started == [] and outcome_count(server, "failed") == 0
 
 
 async def test_while_a_failed_backend_cools_down_new_requests_go_elsewhere() -> None:
@@ -138,3 +154,9 @@ def test_a_request_put_back_goes_ahead_of_its_users_queue_and_positions_stay_rig
     queues.remove("r1")
     queues.push(requests[1], front=True)  # and once more, after another left
     assert [r.request_id for r in flow] == ["r1", "r2"] and flow.position(requests[2]) == 2
+    queues.remove("r1")
+    queues.remove("r2")
+    queues.push(requests[1], front=True)  # into an emptied queue, then a new request behind it
+    queues.push(requests[2])
+    flow = queues.flow_of("r1")
+    assert flow is not None and [flow.position(r) for r in requests[1:]] == [1, 2]

@@ -98,3 +98,21 @@ def test_a_user_returning_from_idle_rejoins(harness: Harness) -> None:
     harness.add("a", 1)
     served = [harness.serve().user for _ in range(4)]
     assert served.count("a") == 1 and served.count("b") == 3
+
+
+def test_a_requeued_request_costs_its_user_nothing(harness: Harness) -> None:
+    """Failover: a request dispatched and put back before its first token leaves the counters as they were,
+    and its user is served next as if it had never left."""
+    harness.add("a", 3)
+    harness.add("b", 3)
+    harness.serve()
+    harness.serve()
+    before = harness.policy.counters()
+    user = harness.policy.select(harness.band.flow_views)
+    request = harness.band.flows[user].head()
+    harness.queues.remove(request.request_id)
+    harness.policy.on_dispatched(request)
+    harness.queues.push(request, front=True)
+    harness.policy.on_requeued(request)
+    assert harness.policy.counters() == pytest.approx(before)
+    assert harness.serve() is request
