@@ -7,10 +7,15 @@ give both about the same. Prompts are a couple of tokens, because VTC also charg
 scenario is about output tokens.
 
 A 1000-token request holds its batch slot for about one long-request lifetime (1000 decode steps) and
-the engine never preempts it, so any policy's batch composition, and with it the token shares, settles
-only after about that long; the measuring window starts one lifetime after the first token. To keep that
-within the suite's budget the engine gets 32 batch slots instead of 64 (same per-step timing, so
-steps are shorter and a lifetime is about 30 s); 32 slots still resolve a 10% share difference.
+the engine never preempts it. So whatever share the long user's first requests take when the idle
+engine fills (nothing is queued yet, no policy chooses) it keeps for a whole lifetime, and `vtc` can only
+even it out afterwards: it counts service cumulatively and pays a user's surplus back once those slots
+free. VTC's guarantee is accordingly about the whole backlogged period (the difference between two
+backlogged users' service stays bounded), not any short window: the target is measured over two
+lifetimes from the first token. The 15 s window one lifetime in, where that payback happens, is
+reported beside it. To keep this within the suite's budget the engine gets 32 batch slots instead of
+64 (same per-step timing, so steps are shorter and a lifetime is about 30 s); 32 slots still resolve a
+10% share difference.
 
 The engine alone is not run: its FIFO counts requests just as `round_robin` does (the 20:1 reference).
 """
@@ -40,8 +45,9 @@ class S4Params:
     long_concurrency: int = 48
     short_concurrency: int = 48
     max_num_seqs: int = 32
-    warmup: float = 30.0
-    window: float = 15.0
+    warmup: float = 0.0  # the whole backlogged period counts: VTC's guarantee is cumulative
+    window: float = 60.0  # two long lifetimes
+    payback_window: tuple[float, float] = (30.0, 45.0)  # reported: one lifetime in, seconds after the start
     timeout: float = 60.0
 
 
@@ -73,7 +79,9 @@ async def _body(run: RunContext, p: S4Params) -> dict[str, Any]:
     start, end, engine_rate = await measuring_window(run, p.warmup, p.window, p.timeout)
     stop.set()
     tokens = tokens_by_user(run.records, start, end)
+    payback = tokens_by_user(run.records, start + p.payback_window[0], start + p.payback_window[1])
     return {
+        "payback_long_over_short": payback.get(LONG, 0) / max(1, payback.get(SHORT, 0)),
         "tokens": tokens,
         "engine_tokens_per_s": engine_rate,
         "long_over_short": tokens.get(LONG, 0) / max(1, tokens.get(SHORT, 0)),
@@ -90,7 +98,7 @@ async def run(provider: EngineProvider, p: S4Params | None = None) -> list[Scena
     workload = (
         f"user '{LONG}' keeps {p.long_concurrency} requests of {p.long_tokens} output tokens outstanding, user "
         f"'{SHORT}' {p.short_concurrency} of {p.short_tokens}; output tokens counted over {p.window:g} s, starting "
-        f"{p.warmup:g} s after the first token"
+        f"{p.warmup:g} s after the first token (two lifetimes of a long request)"
     )
     runs, skipped = await run_modes(provider, modes(), lambda r: _body(r, p), timeout=p.warmup + p.window + p.timeout)
     if not runs:
@@ -115,11 +123,17 @@ async def run(provider: EngineProvider, p: S4Params | None = None) -> list[Scena
                     label,
                     abs(r["long_over_short"] - 1),
                     threshold=0.10,
-                    fail_at=0.20,  # the window is one long lifetime in: the ratio moves a few points run to run
+                    fail_at=0.20,
                     higher_is_better=False,
                     unit="%",
                 )
             )
+    for label, r in runs.items():
+        result.notes.append(
+            f"{label}: {LONG} ÷ {SHORT} in the {p.payback_window[1] - p.payback_window[0]:g} s window "
+            f"{p.payback_window[0]:g} s in (one lifetime, when the first long answers end): "
+            f"{r['payback_long_over_short']:.2f}."
+        )
     result.notes.append(
         f"Request-count fairness is expected near {p.long_tokens / p.short_tokens:.0f}:1 once the batch has "
         "settled (the reference the VTC result is measured against, not a target)."
