@@ -113,16 +113,23 @@ class ModelDispatcher:
         """Queue an admitted request and return its ticket; QueueFull when a cap is reached."""
         self._check_capacity(request)
         ticket = Ticket(request, self)
-        band = self.queues.band(request.priority_class)
-        _, newly_backlogged = self.queues.push(request)
-        self._queued[request.request_id] = ticket
-        if newly_backlogged:
-            self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
+        self._put_in_queue(ticket)
         self._class_series[request.priority_class].admitted.inc()
         self._activity.touch(request.priority_class, self.clock.now())
         self._set_depth(request.priority_class)
         self.wake()
         return ticket
+
+    def _put_in_queue(self, ticket: Ticket, *, front: bool = False) -> Flow:
+        """Queue the ticket's request (at the head of its user's queue with `front`) and tell the band's
+        fairness policy when the user just became backlogged."""
+        request = ticket.request
+        band = self.queues.band(request.priority_class)
+        flow, newly_backlogged = self.queues.push(request, front=front)
+        self._queued[request.request_id] = ticket
+        if newly_backlogged:
+            self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
+        return flow
 
     def _check_capacity(self, request: QueuedRequest) -> None:
         now = self.clock.now()
@@ -238,11 +245,7 @@ class ModelDispatcher:
         self._release(ticket)
         ticket.requeued()  # first: from here a failure below leaves a ticket that close() can end cleanly
         self.fairness[request.priority_class].on_requeued(request)
-        band = self.queues.band(request.priority_class)
-        flow, newly_backlogged = self.queues.push(request, front=True)
-        self._queued[request.request_id] = ticket
-        if newly_backlogged:
-            self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
+        flow = self._put_in_queue(ticket, front=True)
         self._set_depth(request.priority_class)
         self._moved.add(flow)  # the requests behind it moved down one
         self._flows_moved.set()
