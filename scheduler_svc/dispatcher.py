@@ -358,11 +358,11 @@ class ModelDispatcher:
             ticket.assign(handle, now, priority)
             self._running[request.request_id] = ticket
             self._activity.started(request.priority_class, now)
-            self.drain.record(now)
             series = self._series[handle.name]
             series.dispatched.inc()
             series.in_flight.set(handle.ledger.in_flight)
-            if ticket.attempts == 1:  # a failed-over request's wait was observed at its first dispatch
+            if ticket.attempts == 1:  # a failed-over request left the queue, and was observed, the first time
+                self.drain.record(now)
                 self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
             sent += 1
         return sent

@@ -15,7 +15,9 @@ from backends.fake import FakeBackend
 from scheduler_svc.config import BackendConfig, Config, ModelConfig, PriorityClassConfig, config_from_dict
 from scheduler_svc.queues import ModelQueues
 from scheduler_svc.request import QueuedRequest
+from scheduler_svc.ticket import Outcome, TicketState
 from tests.helpers import ControlledEngine, client_for, outcome_count, serving, until_settled
+from tests.unit.dispatch_harness import Harness
 
 
 def two_backends(**model: Any) -> Config:
@@ -160,3 +162,21 @@ def test_a_request_put_back_goes_ahead_of_its_users_queue_and_positions_stay_rig
     queues.push(requests[2])
     flow = queues.flow_of("r1")
     assert flow is not None and [flow.position(r) for r in requests[1:]] == [1, 2]
+
+
+def test_no_failover_past_the_deadline_or_once_shutdown_closed_the_queue() -> None:
+    """On the fake clock: the same failure is failed over while the request still has time and the service
+    runs, and not otherwise (it would only expire, or be cut, in the queue)."""
+    classes = [{"name": "interactive", "rank": 0, "queue_ttl_seconds": 5.0}]
+    h = Harness({"classes": classes, "default_class": "interactive"}, cap=4)
+    error = BackendUnavailable("connection refused")
+    in_time, late = h.submit("a"), h.submit("b")
+    h.dispatch()
+    assert h.dispatcher.fail_over(in_time, error) and in_time.state is TicketState.QUEUED
+    h.clock.advance(6.0)  # past the 5 s TTL of both
+    assert not h.dispatcher.fail_over(late, error) and late.state is TicketState.DISPATCHED
+    at_shutdown = h.submit("c")  # a fresh deadline
+    h.dispatch()
+    assert in_time.outcome is Outcome.EXPIRED  # never sent again once its time was up
+    h.dispatcher.reject_all_queued("stopping")
+    assert not h.dispatcher.fail_over(at_shutdown, error) and at_shutdown.state is TicketState.DISPATCHED
