@@ -56,6 +56,10 @@ class BackendHandle:
     def name(self) -> str:
         return self.config.name
 
+    def cooling_for(self, now: float) -> float:
+        """Seconds until it may take requests again after a failover (0: it may now)."""
+        return max(0.0, self.cool_until - now)
+
     @property
     def sends_priority(self) -> bool:
         """Whether requests to this backend carry a numeric engine priority."""
@@ -311,8 +315,8 @@ class ModelDispatcher:
             for cls in self.classes.values():
                 inputs = dataclasses.replace(backend_inputs, better_class_active=self._activity.better_active(cls, now))
                 decision = handle.gate.decide(inputs, cls)
-                if now < handle.cool_until:
-                    reason = f"cooling down {handle.cool_until - now:.1f}s after failing a request ({decision.reason})"
+                if cooling := handle.cooling_for(now):
+                    reason = f"cooling down {cooling:.1f}s after failing a request ({decision.reason})"
                     decision = GateDecision(False, reason, decision.fresh)
                 states.append(BackendState(handle.name, cls.name, decision, inputs))
         return states
@@ -408,7 +412,7 @@ class ModelDispatcher:
         better_active = self._activity.better_active(priority_class, now)
         for handle in self.backends:
             series = self._series[handle.name]
-            if now < handle.cool_until:
+            if handle.cooling_for(now):
                 series.gate_open.set(0)
                 continue
             inputs = handle.ledger.gate_inputs(now, better_active)
