@@ -9,11 +9,12 @@ import uuid
 from backends.base import ChatMessage, SamplingParams
 from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.config import Config
-from scheduler_svc.errors import InvalidRequest, ModelNotFound
+from scheduler_svc.errors import InvalidRequest, ModelNotFound, PromptTooLarge
 from scheduler_svc.request import QueuedRequest
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOP_STRINGS = 16
+MAX_MESSAGES = 4096  # bounds the wire overhead beyond the counted bytes (a few bytes of framing each)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 
 GenerateRequest = pb.SubmitRequest | pb.StreamRequest
@@ -31,6 +32,8 @@ def build_request(
     if message.prompt and message.messages:
         raise InvalidRequest("set either prompt or messages, not both")
     messages: tuple[ChatMessage, ...] | None = None
+    if len(message.messages) > MAX_MESSAGES:
+        raise InvalidRequest(f"messages: at most {MAX_MESSAGES}, got {len(message.messages)}")
     if message.messages:
         for i, m in enumerate(message.messages):
             if m.role not in ROLES:
@@ -56,15 +59,22 @@ def build_request(
     if priority_class is None:
         known = [c.name for c in config.scheduling.classes]
         raise InvalidRequest(f"unknown priority_class {class_name!r}; known: {known}")
-    request_id = message.request_id or uuid.uuid4().hex
-    if not _REQUEST_ID.match(request_id):
+    if message.request_id and not _REQUEST_ID.match(message.request_id):
         raise InvalidRequest("request_id: 1-128 characters of letters, digits and ._:/-")
     if timeout is not None and timeout <= 0:
         raise InvalidRequest("the call's deadline has already passed")
     deadlines = [now + t for t in (timeout, priority_class.queue_ttl_seconds or None) if t is not None]
     prompt_chars = len(message.prompt) if messages is None else sum(len(m.content) for m in messages)
+    prompt_bytes = request_bytes(message)
+    if prompt_bytes > model.max_prompt_bytes:
+        raise PromptTooLarge(
+            f"the prompt, messages and stop strings take {prompt_bytes} bytes of UTF-8; model {model.name} "
+            f"accepts at most {model.max_prompt_bytes} (max_prompt_bytes)",
+            limit=model.max_prompt_bytes,
+        )
     return QueuedRequest(
-        request_id=request_id,
+        request_id=server_request_id(message.request_id),
+        client_request_id=message.request_id,
         model=model.name,
         user=user,
         priority_class=class_name,
@@ -81,4 +91,21 @@ def build_request(
         admitted_at=now,
         deadline=min(deadlines, default=None),
         prompt_chars=prompt_chars,
+        prompt_bytes=prompt_bytes,
     )
+
+
+def server_request_id(client_request_id: str) -> str:
+    """A new unique id for a request: random, prefixed with the client's id when it gave one, so engine logs
+    and journals can be matched to the client's (`~` never occurs in a client id)."""
+    unique = uuid.uuid4().hex
+    return f"{client_request_id}~{unique[:16]}" if client_request_id else unique
+
+
+def request_bytes(message: GenerateRequest) -> int:
+    """The UTF-8 bytes a request makes the scheduler hold: its prompt, every message's role and content,
+    and its stop strings (what `max_prompt_bytes` and the byte caps count)."""
+    total = len(message.prompt.encode())
+    for m in message.messages:
+        total += len(m.role.encode()) + len(m.content.encode())
+    return total + sum(len(s.encode()) for s in message.stop)

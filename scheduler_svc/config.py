@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 BACKEND_KINDS = ("vllm", "tgi", "llamacpp")
+MAX_PROMPT_BYTES_LIMIT = 64 << 20  # a request larger than this is no prompt; gRPC messages stay well under 2 GB
 
 
 class ConfigError(ValueError):
@@ -46,6 +47,16 @@ class ServerConfig:
         1.0,
         "A streaming client waiting in the queue is told its new position when it changes, at most this "
         "often (per model: one pass over the queues whose head moved, none while nothing moves).",
+    )
+    unhealthy_after_failed_passes: int = _field(
+        3,
+        "Health turns NOT_SERVING when a model's dispatch loop fails this many passes in a row with an "
+        "unexpected error (counted in llmsched_internal_errors_total); SERVING again after a good pass.",
+    )
+    unhealthy_after_stalled_seconds: float = _field(
+        30.0,
+        "Health turns NOT_SERVING when a model has had work queued and a gate open for the best queued class "
+        "for this long without a single dispatch (a wedged loop); 0 disables the check.",
     )
     log_format: str = _field("console", 'Log output: "console" (human) or "json" (one object per line).')
     log_level: str = _field("info", "Minimum log level: debug, info, warning, error.")
@@ -192,6 +203,20 @@ class ModelConfig:
     max_queued_per_user: int = _field(
         1000, "Requests one user may have queued for the model; beyond it RESOURCE_EXHAUSTED."
     )
+    max_prompt_bytes: int = _field(
+        1 << 20,
+        "Largest request accepted, in UTF-8 bytes of its prompt, every message's role and content, and its "
+        "stop strings; larger ones get INVALID_ARGUMENT (reason PROMPT_TOO_LARGE). gRPC's receive limit is "
+        "set from the largest of these plus a margin, so the service answers, not the transport.",
+    )
+    max_queued_bytes: int = _field(
+        256 << 20,
+        "Prompt bytes (as max_prompt_bytes counts them) the model's queued and running requests may hold "
+        "together; beyond it RESOURCE_EXHAUSTED with a retry hint (reason QUEUE_BYTES_FULL).",
+    )
+    max_queued_bytes_per_user: int = _field(
+        32 << 20, "Prompt bytes one user's queued and running requests for the model may hold; beyond it the same."
+    )
     failover_attempts: int = _field(
         1,
         "How many times a request that fails before its first token (engine unreachable, connection "
@@ -303,6 +328,8 @@ def _validate(config: Config) -> None:
 
     if not config.models:
         raise ConfigError("models: configure at least one [[models]] entry")
+    if config.server.unhealthy_after_failed_passes < 1 or config.server.unhealthy_after_stalled_seconds < 0:
+        raise ConfigError("server: unhealthy_after_failed_passes must be >= 1, unhealthy_after_stalled_seconds >= 0")
     FAIRNESS_POLICIES.check(config.scheduling.fairness, "scheduling.fairness")
     ORDERING_POLICIES.check(config.scheduling.ordering, "scheduling.ordering")
     class_names = [c.name for c in config.scheduling.classes]
@@ -341,6 +368,10 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{where}.gate: waiting_target and fallback_max_in_flight must be >= 1")
         if model.max_queued < 1 or model.max_queued_per_user < 1:
             raise ConfigError(f"{where}: max_queued and max_queued_per_user must be >= 1")
+        if min(model.max_prompt_bytes, model.max_queued_bytes, model.max_queued_bytes_per_user) < 1:
+            raise ConfigError(f"{where}: max_prompt_bytes and the byte caps must be >= 1")
+        if model.max_prompt_bytes > MAX_PROMPT_BYTES_LIMIT:
+            raise ConfigError(f"{where}: max_prompt_bytes is at most {MAX_PROMPT_BYTES_LIMIT}")
         if model.failover_attempts < 0 or model.failover_cooldown_seconds < 0:
             raise ConfigError(f"{where}: failover_attempts and failover_cooldown_seconds must be >= 0")
         if not 1 <= model.default_max_tokens <= model.max_tokens_limit:

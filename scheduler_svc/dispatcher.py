@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -20,7 +20,8 @@ from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
 from scheduler_svc.activity import ClassActivity
 from scheduler_svc.clock import Clock
 from scheduler_svc.config import BackendConfig, ModelConfig, PriorityClassConfig, SchedulingConfig
-from scheduler_svc.errors import QueueFull, QueueTimeout, ShuttingDown
+from scheduler_svc.errors import InternalError, QueueBytesFull, QueueFull, QueueTimeout, ShuttingDown
+from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.ledger import DispatchLedger
 from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
 from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, Gate, GateDecision, GateInputs
@@ -86,6 +87,10 @@ class ModelDispatcher:
         backends: Sequence[BackendHandle],
         clock: Clock,
         metrics: SchedulerMetrics,
+        *,
+        errors: InternalErrors | None = None,
+        health: LoopHealth | None = None,
+        on_done: Callable[[Ticket], None] | None = None,
     ) -> None:
         self.model = model
         self.clock = clock
@@ -110,7 +115,17 @@ class ModelDispatcher:
         self._settled = asyncio.Event()  # set whenever a request reaches its outcome
         self._moved: set[Flow] = set()  # flows whose head left since streaming clients were last told
         self._flows_moved = asyncio.Event()
-        self.stopping = False  # set once the queue is closed on shutdown: no more failovers
+        self.stopping = False  # set once the queue is closed on shutdown: no more dispatches nor failovers
+        self.errors = errors or InternalErrors(lambda component: metrics.internal_errors.labels(component).inc())
+        self.health = health or LoopHealth(
+            f"dispatch:{model.name}", ServiceHealth(), max_failed_passes=3, max_stall_seconds=0.0
+        )
+        self._on_done = on_done
+        self.dispatches = 0  # requests sent so far (the watchdog compares it between looks)
+        self._dispatches_at_last_look = 0
+        # Prompt bytes held by queued and running requests, for the byte caps (released at the outcome).
+        self.held_bytes = 0
+        self._user_bytes: dict[str, int] = {}
 
     # -- admission and withdrawal ---------------------------------------------------------------------
     def enqueue(self, request: QueuedRequest) -> Ticket:
@@ -118,6 +133,8 @@ class ModelDispatcher:
         self._check_capacity(request)
         ticket = Ticket(request, self)
         self._put_in_queue(ticket)
+        self.held_bytes += request.prompt_bytes
+        self._user_bytes[request.user] = self._user_bytes.get(request.user, 0) + request.prompt_bytes
         self._class_series[request.priority_class].admitted.inc()
         self._activity.touch(request.priority_class, self.clock.now())
         self._set_depth(request.priority_class)
@@ -138,6 +155,20 @@ class ModelDispatcher:
     def _check_capacity(self, request: QueuedRequest) -> None:
         now = self.clock.now()
         rate = self.drain.rate(now)
+        if self.held_bytes + request.prompt_bytes > self.model.max_queued_bytes:
+            raise QueueBytesFull(
+                f"model {self.model.name} holds {self.held_bytes} prompt bytes in queued and running requests "
+                f"(capacity {self.model.max_queued_bytes}, max_queued_bytes)",
+                retry_after_seconds=_retry_after(self.busy, rate),
+            )
+        user_bytes = self._user_bytes.get(request.user, 0)
+        if user_bytes + request.prompt_bytes > self.model.max_queued_bytes_per_user:
+            user_rate = rate / max(1, len(self.queues.band(request.priority_class).flows))
+            raise QueueBytesFull(
+                f"user {request.user} holds {user_bytes} prompt bytes in queued and running requests for "
+                f"{self.model.name} (limit {self.model.max_queued_bytes_per_user}, max_queued_bytes_per_user)",
+                retry_after_seconds=_retry_after(max(1, self.queues.user_depth(request.user)), user_rate),
+            )
         if len(self.queues) >= self.model.max_queued:
             raise QueueFull(
                 f"model {self.model.name} has {len(self.queues)} requests queued (capacity {self.model.max_queued})",
@@ -194,6 +225,10 @@ class ModelDispatcher:
             self.withdraw(ticket)
             ticket.end_in_queue(Outcome.REJECTED, ShuttingDown(reason))
         return len(tickets)
+
+    def cut_running(self, reason: str) -> int:
+        """Cut every running generation (the shutdown grace is over); returns how many were cut."""
+        return sum(ticket.cut(ShuttingDown(reason)) for ticket in list(self._running.values()))
 
     # -- events from running requests ---------------------------------------------------------------
     def on_first_token(self, ticket: Ticket) -> None:
@@ -266,6 +301,15 @@ class ModelDispatcher:
         return True
 
     def on_outcome(self, ticket: Ticket) -> None:
+        request = ticket.request
+        self.held_bytes -= request.prompt_bytes
+        left = self._user_bytes.get(request.user, 0) - request.prompt_bytes
+        if left > 0:
+            self._user_bytes[request.user] = left
+        else:
+            self._user_bytes.pop(request.user, None)
+        if self._on_done is not None:
+            self._on_done(ticket)
         self._metrics.outcomes.labels(self.model.name, ticket.outcome.value if ticket.outcome else "?").inc()
         log.debug(
             "request_done",
@@ -332,8 +376,20 @@ class ModelDispatcher:
             self._wake.clear()
             try:
                 self.dispatch_ready()
-            except Exception:  # a policy bug must not stop the model: log it, retry on the next event
-                log.exception("dispatch_failed", model=self.model.name)
+            except Exception as exc:  # a policy bug must not stop the model: count it, retry on the next event
+                self.errors.report("dispatch", exc, model=self.model.name)
+                self.health.pass_done(ok=False)
+
+    def watchdog_look(self) -> None:
+        """Tell the loop's health whether work that could go now has been waiting without any dispatch."""
+        now = self.clock.now()
+        moved = self.dispatches != self._dispatches_at_last_look
+        self._dispatches_at_last_look = self.dispatches
+        could = False
+        if self.queues.size and not self.stopping:
+            top = next(self.queues.backlogged_bands())
+            could = self._open_backend(top.priority_class, now) is not None
+        self.health.observe(now, could_dispatch=could, dispatched_since_last=moved)
 
     async def wait_settled(self) -> None:
         """Wait until some request reaches its outcome (used to drain on shutdown)."""
@@ -341,35 +397,57 @@ class ModelDispatcher:
         await self._settled.wait()
 
     def dispatch_ready(self) -> int:
-        """Send every request the gates allow now; returns how many were sent."""
+        """Send every request the gates allow now; returns how many were sent.
+
+        A band whose dispatch raises an unexpected error is left out for the rest of the pass, so the other
+        bands keep going; the error is counted and the pass reported failed to the loop's health.
+        """
+        if self.stopping:
+            return 0
         sent = 0
         now = self.clock.now()
+        broken: set[str] = set()
         while self.queues.size:
-            choice = self._choose_band(now)
+            choice = self._choose_band(now, broken)
             if choice is None:
                 break
             band, handle = choice
-            fairness = self.fairness[band.priority_class.name]
-            user = fairness.select(band.flow_views)
-            ticket = self._next_live(band, user, now)
-            if ticket is None:
-                continue  # the user's queue held only expired requests
-            request = ticket.request
-            self.withdraw(ticket)
+            try:
+                sent += self._dispatch_one(band, handle, now)
+            except Exception as exc:
+                broken.add(band.priority_class.name)
+                self.errors.report("dispatch", exc, model=self.model.name, priority_class=band.priority_class.name)
+        self.dispatches += sent
+        self.health.pass_done(ok=not broken)
+        return sent
+
+    def _dispatch_one(self, band: Band, handle: BackendHandle, now: float) -> int:
+        """Send the band's next request (fairness picks the user, ordering the request) to `handle`."""
+        fairness = self.fairness[band.priority_class.name]
+        user = fairness.select(band.flow_views)
+        ticket = self._next_live(band, user, now)
+        if ticket is None:
+            return 0  # the user's queue held only expired requests
+        request = ticket.request
+        self.withdraw(ticket)
+        try:
             fairness.on_dispatched(request)
             priority = self._engine_priority(ticket.request, handle) if handle.sends_priority else None
-            handle.user_in_flight[request.user] = handle.user_in_flight.get(request.user, 0) + 1
-            ticket.assign(handle, now, priority)
-            self._running[request.request_id] = ticket
-            self._activity.started(request.priority_class, now)
-            series = self._series[handle.name]
-            series.dispatched.inc()
-            series.in_flight.set(handle.ledger.in_flight)
-            if ticket.attempts == 1:  # a failed-over request left the queue, and was observed, the first time
-                self.drain.record(now)
-                self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
-            sent += 1
-        return sent
+        except Exception:
+            # Out of the queue and not sent: end it now, or its client would wait for nothing.
+            ticket.end_in_queue(Outcome.FAILED, InternalError("the scheduler failed to dispatch the request"))
+            raise
+        handle.user_in_flight[request.user] = handle.user_in_flight.get(request.user, 0) + 1
+        ticket.assign(handle, now, priority)
+        self._running[request.request_id] = ticket
+        self._activity.started(request.priority_class, now)
+        series = self._series[handle.name]
+        series.dispatched.inc()
+        series.in_flight.set(handle.ledger.in_flight)
+        if ticket.attempts == 1:  # a failed-over request left the queue, and was observed, the first time
+            self.drain.record(now)
+            self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
+        return 1
 
     def _next_live(self, band: Band, user: str, now: float) -> Ticket | None:
         """The user's next request by the ordering policy, expiring dead ones on the way, so that expired
@@ -382,7 +460,7 @@ class ModelDispatcher:
             self.expire(ticket)
         return None
 
-    def _choose_band(self, now: float) -> tuple[Band, BackendHandle] | None:
+    def _choose_band(self, now: float, broken: set[str]) -> tuple[Band, BackendHandle] | None:
         """The band to serve and the backend to send to, or None when nothing may go now.
 
         Strict priority: the best backlogged band decides, and while its gate is closed lower bands wait
@@ -390,7 +468,9 @@ class ModelDispatcher:
         longer than its `starvation_after_seconds` sends one request under the top band's gate, then the
         top band gets the next turn, so a starving band gets at most every other dispatch.
         """
-        backlogged = list(self.queues.backlogged_bands())
+        backlogged = [b for b in self.queues.backlogged_bands() if b.priority_class.name not in broken]
+        if not backlogged:
+            return None
         top = backlogged[0]
         handle = self._open_backend(top.priority_class, now)
         if handle is None:

@@ -1,11 +1,15 @@
 """The scheduler's exception tree, and the one place that turns exceptions into gRPC statuses.
 
     SchedulerError                      -> INTERNAL
+    ├── InternalError                   -> INTERNAL (a bug of ours, counted in llmsched_internal_errors_total)
     ├── InvalidRequest                  -> INVALID_ARGUMENT
+    │   └── PromptTooLarge              -> INVALID_ARGUMENT (reason PROMPT_TOO_LARGE, the limit in metadata)
     ├── ModelNotFound                   -> NOT_FOUND
     ├── Unauthenticated                 -> UNAUTHENTICATED
     ├── PermissionDenied                -> PERMISSION_DENIED
+    ├── AlreadyExists                   -> ALREADY_EXISTS (a live request of the user has that request_id)
     ├── QueueFull                       -> RESOURCE_EXHAUSTED (+ google.rpc.RetryInfo)
+    │   └── QueueBytesFull              -> RESOURCE_EXHAUSTED (reason QUEUE_BYTES_FULL)
     ├── QueueTimeout                    -> DEADLINE_EXCEEDED
     └── ShuttingDown                    -> UNAVAILABLE
     backends.errors.BackendError        -> its own status_code (UNAVAILABLE, RESOURCE_EXHAUSTED, ...)
@@ -34,11 +38,32 @@ class SchedulerError(Exception):
     reason: ClassVar[str] = "INTERNAL"
 
 
+class InternalError(SchedulerError):
+    """The scheduler itself failed the request (a bug): counted and logged where it happened."""
+
+
 class InvalidRequest(SchedulerError):
     """The request is malformed; the message says which field and why."""
 
     status_code = grpc.StatusCode.INVALID_ARGUMENT
     reason = "INVALID_REQUEST"
+
+
+class PromptTooLarge(InvalidRequest):
+    """The prompt, messages and stop strings take more bytes than the model's `max_prompt_bytes`."""
+
+    reason = "PROMPT_TOO_LARGE"
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class AlreadyExists(SchedulerError):
+    """The user already has a live request with this request_id."""
+
+    status_code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "REQUEST_ID_IN_USE"
 
 
 class ModelNotFound(SchedulerError):
@@ -73,6 +98,12 @@ class QueueFull(SchedulerError):
         self.retry_after_seconds = retry_after_seconds
 
 
+class QueueBytesFull(QueueFull):
+    """A byte cap (prompt bytes queued or in flight, per user or per model) was hit."""
+
+    reason = "QUEUE_BYTES_FULL"
+
+
 class QueueTimeout(SchedulerError):
     """The request's deadline or queue TTL passed before it could be dispatched."""
 
@@ -100,6 +131,8 @@ def to_grpc_status(exc: BaseException) -> grpc.Status:
     else:
         code, reason, message = grpc.StatusCode.INTERNAL, "INTERNAL", f"internal error: {type(exc).__name__}"
     metadata = {"backend": exc.backend} if isinstance(exc, BackendError) and exc.backend else {}
+    if isinstance(exc, PromptTooLarge):
+        metadata = {"max_prompt_bytes": str(exc.limit)}
     details = [_pack(error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata))]
     if isinstance(exc, QueueFull):
         delay = duration_pb2.Duration()

@@ -90,6 +90,12 @@ class SchedulerMetrics:
             ["model", "backend"],
             registry=r,
         )
+        self.internal_errors = Counter(
+            "llmsched_internal_errors",
+            "Unexpected exceptions in the scheduler's own code, by component (see scheduler_svc.health).",
+            ["component"],
+            registry=r,
+        )
         self.scrape_failures = Counter(
             "llmsched_backend_scrape_failures",
             "Failed reads of an engine's metrics.",

@@ -33,6 +33,10 @@ class QueuedRequest:
 
     Times are `time.monotonic()` values of the scheduler's clock. `seq` is the request's index in its
     flow (user queue), used for cheap position estimates.
+
+    `request_id` is made by the server and unique: every queue, ledger and policy keys on it, and the engine
+    sees it. The client's own `client_request_id` is only a label, scoped to its user (two users may use
+    the same one), so no client can collide with another request's state.
     """
 
     request_id: str
@@ -46,6 +50,13 @@ class QueuedRequest:
     deadline: float | None = None
     seq: int = 0
     prompt_chars: int = field(default=0)
+    prompt_bytes: int = field(default=0)
+    client_request_id: str = ""
+
+    @property
+    def public_id(self) -> str:
+        """The id clients see: theirs when they gave one, else the server-made one."""
+        return self.client_request_id or self.request_id
 
     @property
     def prompt_tokens_estimate(self) -> int:

@@ -18,7 +18,8 @@ from backends.base import BackendLoad
 from scheduler_svc.clock import Clock, MonotonicClock
 from scheduler_svc.config import BackendConfig, Config, ModelConfig
 from scheduler_svc.dispatcher import BackendHandle, ModelDispatcher
-from scheduler_svc.errors import ModelNotFound, ShuttingDown
+from scheduler_svc.errors import AlreadyExists, ModelNotFound, ShuttingDown
+from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.ledger import DispatchLedger
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.policies import GATE_POLICIES
@@ -28,6 +29,7 @@ from scheduler_svc.ticket import Ticket
 log = structlog.get_logger(__name__)
 
 BackendFactory = Callable[[ModelConfig, BackendConfig], Backend]
+CUT_REPORT_SECONDS = 1.0  # after cutting running requests, how long their RPCs get to report it
 
 
 def default_backend_factory(model: ModelConfig, backend: BackendConfig) -> Backend:
@@ -61,7 +63,11 @@ class Scheduler:
         self.config = config
         self.clock = clock or MonotonicClock()
         self.metrics = metrics or SchedulerMetrics()
+        self.health = ServiceHealth()
+        self.errors = InternalErrors(lambda component: self.metrics.internal_errors.labels(component).inc())
         self.dispatchers: dict[str, ModelDispatcher] = {}
+        # (user, client request_id) -> its live ticket: a client's id is unique among its own live requests
+        self._live_ids: dict[tuple[str, str], Ticket] = {}
         for model in config.models:
             handles = [
                 BackendHandle(
@@ -72,7 +78,21 @@ class Scheduler:
                 )
                 for b in model.backends
             ]
-            self.dispatchers[model.name] = ModelDispatcher(model, config.scheduling, handles, self.clock, self.metrics)
+            self.dispatchers[model.name] = ModelDispatcher(
+                model,
+                config.scheduling,
+                handles,
+                self.clock,
+                self.metrics,
+                errors=self.errors,
+                health=LoopHealth(
+                    f"dispatch:{model.name}",
+                    self.health,
+                    max_failed_passes=config.server.unhealthy_after_failed_passes,
+                    max_stall_seconds=config.server.unhealthy_after_stalled_seconds,
+                ),
+                on_done=self._forget_id,
+            )
         self._accepting = True
 
     @property
@@ -80,14 +100,28 @@ class Scheduler:
         return self.dispatchers
 
     def admit(self, request: QueuedRequest) -> Ticket:
-        """Queue a validated request; raises ModelNotFound or ShuttingDown."""
+        """Queue a validated request; raises ModelNotFound, AlreadyExists, QueueFull or ShuttingDown."""
         if not self._accepting:
-            self.metrics.rejected.labels(request.model, "shutting_down").inc()
             raise ShuttingDown("the scheduler is shutting down; retry on another instance")
         dispatcher = self.dispatchers.get(request.model)
         if dispatcher is None:
-            raise ModelNotFound(f"unknown model {request.model!r}; served models: {sorted(self.dispatchers)}")
-        return dispatcher.enqueue(request)
+            raise ModelNotFound(f"unknown model; served models: {sorted(self.dispatchers)}")
+        key = (request.user, request.client_request_id)
+        if request.client_request_id and key in self._live_ids:
+            raise AlreadyExists(
+                f"request_id {request.client_request_id} is in use by another live request of user "
+                f"{request.user}; use a new id, or wait for that request to end"
+            )
+        ticket = dispatcher.enqueue(request)
+        if request.client_request_id:
+            self._live_ids[key] = ticket
+        return ticket
+
+    def _forget_id(self, ticket: Ticket) -> None:
+        """A request reached its outcome: its client id may be used again."""
+        request = ticket.request
+        if request.client_request_id and self._live_ids.get((request.user, request.client_request_id)) is ticket:
+            del self._live_ids[(request.user, request.client_request_id)]
 
     async def run(self) -> None:
         """Run every dispatcher and backend monitor until cancelled."""
@@ -98,18 +132,36 @@ class Scheduler:
                     dispatcher.run_position_updates(self.config.server.queue_update_interval_seconds),
                     name=f"positions:{dispatcher.model.name}",
                 )
+                if self.config.server.unhealthy_after_stalled_seconds:
+                    tasks.create_task(self._watchdog(dispatcher), name=f"watchdog:{dispatcher.model.name}")
                 for handle in dispatcher.backends:
                     tasks.create_task(
-                        _monitor(dispatcher, handle, self.metrics),
+                        _monitor(dispatcher, handle, self.metrics, self.errors),
                         name=f"monitor:{dispatcher.model.name}:{handle.name}",
                     )
+
+    async def _watchdog(self, dispatcher: ModelDispatcher) -> None:
+        """Look at the dispatcher a few times per stall limit: work ready and nothing sent means it is wedged."""
+        period = min(1.0, self.config.server.unhealthy_after_stalled_seconds / 4)
+        while True:
+            await asyncio.sleep(period)  # a sampling period, not a synchronisation
+            try:
+                dispatcher.watchdog_look()
+            except Exception as exc:
+                self.errors.report("watchdog", exc, model=dispatcher.model.name)
 
     def stop_admission(self) -> None:
         self._accepting = False
 
     async def drain(self, grace_seconds: float) -> None:
-        """Stop admitting; wait up to `grace_seconds` for queued and running work; reject what is left queued."""
+        """Stop admitting and dispatching; end what is queued at once with UNAVAILABLE (reason SHUTTING_DOWN)
+        so its clients retry elsewhere; give running requests up to `grace_seconds`, then cut the rest,
+        which end with the same status and reason."""
         self.stop_admission()
+        for dispatcher in self.dispatchers.values():
+            rejected = dispatcher.reject_all_queued("the scheduler is shutting down; retry on another instance")
+            if rejected:
+                log.warning("drain_rejected_queued", model=dispatcher.model.name, count=rejected)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_seconds
         for dispatcher in self.dispatchers.values():
@@ -118,10 +170,16 @@ class Scheduler:
                     await asyncio.wait_for(dispatcher.wait_settled(), remaining)
                 except TimeoutError:
                     break
-        for dispatcher in self.dispatchers.values():
-            rejected = dispatcher.reject_all_queued("the scheduler is shutting down")
-            if rejected:
-                log.warning("drain_rejected_queued", model=dispatcher.model.name, count=rejected)
+        reason = "the scheduler shut down before the request finished; retry on another instance"
+        cut = sum(dispatcher.cut_running(reason) for dispatcher in self.dispatchers.values())
+        if cut:
+            log.warning("drain_cut_running", count=cut)
+            for dispatcher in self.dispatchers.values():  # let each RPC send its status before gRPC stops
+                while dispatcher.busy:
+                    try:
+                        await asyncio.wait_for(dispatcher.wait_settled(), CUT_REPORT_SECONDS)
+                    except TimeoutError:
+                        break
 
     async def aclose(self) -> None:
         for dispatcher in self.dispatchers.values():
@@ -129,7 +187,9 @@ class Scheduler:
                 await handle.backend.aclose()
 
 
-async def _monitor(dispatcher: ModelDispatcher, handle: BackendHandle, metrics: SchedulerMetrics) -> None:
+async def _monitor(
+    dispatcher: ModelDispatcher, handle: BackendHandle, metrics: SchedulerMetrics, errors: InternalErrors
+) -> None:
     """Read one backend's metrics every scrape interval and wake its dispatcher with each reading."""
     interval = handle.config.scrape_interval_seconds
     was_ok: bool | None = None
@@ -137,7 +197,7 @@ async def _monitor(dispatcher: ModelDispatcher, handle: BackendHandle, metrics: 
         try:
             reading: BackendLoad = await handle.backend.load()
         except Exception as exc:  # an adapter bug must not stop the model: count it as a failed scrape
-            log.exception("backend_load_failed", model=dispatcher.model.name, backend=handle.name)
+            errors.report("monitor", exc, model=dispatcher.model.name, backend=handle.name)
             reading = BackendLoad(ok=False, read_at=time.monotonic(), error=f"{type(exc).__name__}: {exc}")
         handle.ledger.record_reading(reading)
         if not reading.ok:

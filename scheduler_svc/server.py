@@ -26,6 +26,7 @@ from scheduler_svc.servicer import SchedulerServicer
 
 log = structlog.get_logger(__name__)
 
+RECEIVE_MARGIN_BYTES = 256 * 1024  # fields beside the prompt, and per-message framing (see _server_options)
 PENDING_CALL_MARGIN = 3000  # calls beyond the queue caps that still reach admission (to be refused properly)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 
@@ -56,6 +57,7 @@ class SchedulerServer:
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._metrics_runner: web.AppRunner | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
+        self._health_task: asyncio.Task[None] | None = None
         self.port = 0
         self.metrics_port = 0
 
@@ -86,8 +88,8 @@ class SchedulerServer:
         await self._grpc.start()
         if self.config.server.metrics_listen:
             await self._start_metrics()
-        for name in ("", SERVICE_NAME):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health(serving=True)
+        self._health_task = asyncio.create_task(self._follow_health(), name="health")
         log.info(
             "serving",
             grpc=self.address,
@@ -116,6 +118,19 @@ class SchedulerServer:
         sockets = getattr(server, "sockets", None) or []
         self.metrics_port = sockets[0].getsockname()[1] if sockets else port
 
+    async def _set_health(self, *, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, status)
+
+    async def _follow_health(self) -> None:
+        """Mirror the core's health (wedged or failing dispatch loops) in grpc.health.v1."""
+        health = self.scheduler.health
+        while True:
+            await health.changed.wait()
+            health.changed.clear()
+            await self._set_health(serving=health.serving)
+
     async def wait_for_termination(self) -> None:
         await self._grpc.wait_for_termination()
 
@@ -123,6 +138,9 @@ class SchedulerServer:
         """Drain and stop; safe to call more than once."""
         grace = self.config.server.shutdown_grace_seconds if grace is None else grace
         await self._health.enter_graceful_shutdown()
+        if self._health_task is not None:
+            self._health_task.cancel()
+            self._health_task = None
         await self.scheduler.drain(grace)
         await self._grpc.stop(grace=1.0)
         if self._scheduler_task is not None:
@@ -138,7 +156,11 @@ class SchedulerServer:
 
 
 def _server_options(config: Config) -> list[tuple[str, int]]:
-    """gRPC core options sized from the queue caps.
+    """gRPC core options sized from the queue caps and the prompt limits.
+
+    The receive limit is the largest `max_prompt_bytes` plus room for the other fields and the framing of
+    up to MAX_MESSAGES chat messages, so an oversized prompt reaches admission and gets its own answer
+    (INVALID_ARGUMENT, PROMPT_TOO_LARGE, naming the limit) instead of gRPC's bare RESOURCE_EXHAUSTED.
 
     gRPC holds calls that arrived before the Python server picked them up, and past 1,000 of them
     (3,000 for certain) it drops new ones with a bare CANCELLED: no RetryInfo, no metric, no log. A burst
@@ -146,7 +168,9 @@ def _server_options(config: Config) -> list[tuple[str, int]]:
     hold lets every call reach admission, which answers over-cap calls with RESOURCE_EXHAUSTED itself.
     """
     capacity = sum(model.max_queued for model in config.models) + PENDING_CALL_MARGIN
+    largest_prompt = max(model.max_prompt_bytes for model in config.models)
     return [
         ("grpc.server.max_pending_requests", capacity),
         ("grpc.server.max_pending_requests_hard_limit", capacity),
+        ("grpc.max_receive_message_length", largest_prompt + RECEIVE_MARGIN_BYTES),
     ]

@@ -106,7 +106,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 break
             assert finished is not None and ticket.backend is not None
             return pb.SubmitResponse(
-                request_id=ticket.request.request_id,
+                request_id=ticket.request.public_id,
                 text="".join(parts),
                 finish_reason=_FINISH.get(finished.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
                 usage=pb.Usage(prompt_tokens=finished.prompt_tokens or 0, completion_tokens=finished.completion_tokens),
@@ -185,7 +185,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         dispatcher = self._scheduler.dispatchers[ticket.request.model]
         wait = dispatcher.estimated_wait(ticket)
         return pb.Queued(
-            request_id=ticket.request.request_id,
+            request_id=ticket.request.public_id,
             position_in_user_queue=position,
             model_queue_depth=len(dispatcher.queues),
             priority_class=ticket.request.priority_class,

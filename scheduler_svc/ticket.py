@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+# gRPC's deadline timer and ours start a moment apart: a queued call cancelled this close to its deadline
+# was cancelled by the deadline, not by its client.
+DEADLINE_SLACK_SECONDS = 0.05
+
 
 class Outcome(enum.Enum):
     """How an admitted request ended. Each request gets exactly one."""
@@ -66,6 +70,8 @@ class Ticket:
         self._dispatcher = dispatcher
         self._woken = asyncio.Event()
         self._close_reason: Exception | None = None
+        self._runner: asyncio.Task[object] | None = None  # the task running the generation, while it runs
+        self._cut_reason: Exception | None = None  # set when shutdown cuts the running generation
         self.watches_position = False  # a streaming client wants to hear when its position changes
 
     # -- called by the dispatcher -------------------------------------------------------------------
@@ -91,6 +97,16 @@ class Ticket:
     def nudge(self) -> None:
         """The request's position in its queue changed: wake the waiter, which re-reads it."""
         self._woken.set()
+
+    def cut(self, reason: Exception) -> bool:
+        """End a running generation now (shutdown's grace is over): the engine request is aborted and the
+        caller gets `reason` instead of the rest of the answer. False when nothing is running."""
+        if self.state is not TicketState.DISPATCHED:
+            return False
+        self._cut_reason = reason  # a generation not started yet fails as it starts
+        if self._runner is not None and not self._runner.done():
+            self._runner.cancel()
+        return True
 
     def end_in_queue(self, outcome: Outcome, reason: Exception) -> None:
         """Finish a request that never left the queue (expired, or the service is stopping)."""
@@ -139,6 +155,10 @@ class Ticket:
             engine_priority=self.engine_priority,
         )
         shown = False  # whether the caller has seen any of this generation
+        if self._cut_reason is not None:
+            self.close(Outcome.FAILED)
+            raise self._cut_reason
+        self._runner = asyncio.current_task()
         try:
             # Closed as soon as this generator is: the adapter's own close aborts the engine request. Left
             # to the garbage collector, it could go on generating for seconds after the client left.
@@ -161,7 +181,14 @@ class Ticket:
                             self._dispatcher.on_generated(self, missed)
                     shown = True
                     yield event
-        except (asyncio.CancelledError, GeneratorExit):
+        except asyncio.CancelledError:
+            if self._cut_reason is None or self._runner is None:
+                self.close(Outcome.CANCELLED)
+                raise
+            self._runner.uncancel()  # our own cut, not the caller's: end with its status instead
+            self.close(Outcome.FAILED)
+            raise self._cut_reason from None
+        except GeneratorExit:
             self.close(Outcome.CANCELLED)
             raise
         except BackendError as exc:
@@ -177,12 +204,20 @@ class Ticket:
         except BaseException:
             self.close(Outcome.FAILED)
             raise
+        finally:
+            self._runner = None
         self.close(Outcome.COMPLETED)
 
-    def close(self, outcome: Outcome = Outcome.CANCELLED) -> None:
-        """Record the final outcome (first call wins) and release the queue slot or the backend."""
+    def close(self, outcome: Outcome | None = None) -> None:
+        """Record the final outcome (first call wins) and release the queue slot or the backend. Without an
+        outcome the caller went away: CANCELLED, or EXPIRED for a queued request whose deadline had passed
+        (gRPC cancels a call at its deadline, a moment before our own timer may fire)."""
         if self.state is TicketState.DONE:
             return
+        if outcome is None:
+            deadline = self.request.deadline
+            expired = deadline is not None and self._dispatcher.clock.now() >= deadline - DEADLINE_SLACK_SECONDS
+            outcome = Outcome.EXPIRED if self.state is TicketState.QUEUED and expired else Outcome.CANCELLED
         if self.state is TicketState.QUEUED:
             self._dispatcher.withdraw(self)
         elif self.state is TicketState.DISPATCHED:

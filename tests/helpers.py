@@ -16,6 +16,11 @@ from scheduler_svc.config import BackendConfig, Config, ModelConfig, config_from
 from scheduler_svc.server import SchedulerServer
 
 
+def client_label(engine_request_id: str) -> str:
+    """The client's request_id inside the id an engine sees (`<client id>~<unique>`, or the bare unique id)."""
+    return engine_request_id.split("~", 1)[0]
+
+
 def make_config(
     *,
     models: list[dict[str, Any]] | None = None,
@@ -124,7 +129,7 @@ class ControlledEngine:
             self._changed.notify_all()
 
     async def _generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        rid = request.request_id
+        rid = client_label(request.request_id)
         self.requests.append(request)
         self.started.append(rid)
         self.concurrent += 1

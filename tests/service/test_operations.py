@@ -15,7 +15,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from backends.sim import SimConfig, running_simulator
 from clients import error_reason, retry_delay
-from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, serving, until_settled
+from tests.helpers import (
+    ControlledEngine,
+    client_for,
+    client_label,
+    make_config,
+    outcome_count,
+    serving,
+    until_settled,
+)
 
 GRPCURL = shutil.which("grpcurl") or str(__import__("pathlib").Path(sys.executable).parent / "grpcurl")
 
@@ -156,8 +164,8 @@ async def test_engine_priority_lets_a_latecomer_overtake_a_flood_inside_a_priori
             await late.submit("m", "me first", max_tokens=5, ignore_eos=True, request_id="latecomer")
             await asyncio.gather(*flood_calls)
         served = sim.engine.stats()["served_order"]
-    priorities = {entry["request_id"]: entry["priority"] for entry in served}
+    priorities = {client_label(entry["request_id"]): entry["priority"] for entry in served}
     assert priorities["latecomer"] == 0
     assert sorted(p for rid, p in priorities.items() if rid != "latecomer")[-1] >= 2  # the flood's later ones
-    late_index = [e["request_id"] for e in served].index("latecomer")
+    late_index = [client_label(e["request_id"]) for e in served].index("latecomer")
     assert late_index < len(served) - 2, "the latecomer waited behind the whole flood"

@@ -13,7 +13,7 @@ from clients import pb
 from scheduler_svc.dispatcher import BackendHandle, ModelDispatcher
 from scheduler_svc.request import QueuedRequest
 from scheduler_svc.ticket import Ticket
-from tests.helpers import client_for, eventually, make_config, outcome_count, serving, until_settled
+from tests.helpers import client_for, client_label, eventually, make_config, outcome_count, serving, until_settled
 
 FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
 
@@ -53,7 +53,7 @@ async def test_s1_latecomers_are_served_long_before_the_flood_drains(monkeypatch
             late = b.stream("m", "just one question", max_tokens=8, ignore_eos=True, request_id="latecomer")
             await _first_delta(late)
             flood_left = sum(not t.done() for t in flood)
-            order = [entry["request_id"] for entry in sim.engine.stats()["served_order"]]
+            order = [client_label(entry["request_id"]) for entry in sim.engine.stats()["served_order"]]
             late.cancel()
             results = await asyncio.gather(*flood)
             stats = sim.engine.stats()

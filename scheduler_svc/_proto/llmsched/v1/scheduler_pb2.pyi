@@ -10,13 +10,20 @@ result (Submit) or streams it (Stream).
 The caller is identified by call metadata: `x-user-id: <user>`, or, when the service is configured with
 API keys, by `authorization: Bearer <key>` (the key decides the user; `x-user-id` is then ignored).
 
-Errors travel as gRPC status codes with google.rpc details:
-  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class)
+Errors travel as gRPC status codes with google.rpc details (google.rpc.ErrorInfo with a reason on all):
+  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class,
+                      an undecodable message); reason PROMPT_TOO_LARGE when the prompt, messages and stop
+                      strings exceed the model's max_prompt_bytes in UTF-8 (ErrorInfo metadata names it)
   NOT_FOUND           unknown model
+  ALREADY_EXISTS      the caller already has a live (queued or running) request with this request_id
   UNAUTHENTICATED     no user identity, or an unknown API key
-  RESOURCE_EXHAUSTED  a queue cap was hit; carries google.rpc.RetryInfo and google.rpc.ErrorInfo
+  PERMISSION_DENIED   the caller may not do this (GetQueueState without being an admin user)
+  RESOURCE_EXHAUSTED  a queue cap was hit (reason QUEUE_FULL: requests; QUEUE_BYTES_FULL: prompt bytes
+                      queued and running); carries google.rpc.RetryInfo
   DEADLINE_EXCEEDED   the call's deadline (or the class's queue TTL) passed while queued
-  UNAVAILABLE         the engine could not be reached or dropped the stream; the service is shutting down
+  UNAVAILABLE         the engine could not be reached or dropped the stream; or the service is shutting
+                      down (reason SHUTTING_DOWN: queued requests at once, running ones when the drain's
+                      grace ends): retry on another instance
 """
 
 from collections import abc as _abc
@@ -119,7 +126,10 @@ class SubmitRequest(_message.Message):
     priority_class: _builtins.str
     """A configured priority class (e.g. "interactive", "batch"); empty means the default class."""
     request_id: _builtins.str
-    """Client-supplied id for tracing and idempotent logging; generated when empty."""
+    """Client-supplied id for tracing (1-128 of [A-Za-z0-9._:/-]), scoped to the caller: a second request with
+    the id of one of the caller's live requests gets ALREADY_EXISTS; other users' ids never collide with it.
+    Generated when empty. Engines see a unique server-made id that starts with it.
+    """
     ignore_eos: _builtins.bool
     """Keep generating past the end-of-sequence token until `max_tokens` (benchmarks, load tests)."""
     @_builtins.property
@@ -246,7 +256,10 @@ class StreamRequest(_message.Message):
     priority_class: _builtins.str
     """A configured priority class (e.g. "interactive", "batch"); empty means the default class."""
     request_id: _builtins.str
-    """Client-supplied id for tracing and idempotent logging; generated when empty."""
+    """Client-supplied id for tracing (1-128 of [A-Za-z0-9._:/-]), scoped to the caller: a second request with
+    the id of one of the caller's live requests gets ALREADY_EXISTS; other users' ids never collide with it.
+    Generated when empty. Engines see a unique server-made id that starts with it.
+    """
     ignore_eos: _builtins.bool
     """Keep generating past the end-of-sequence token until `max_tokens` (benchmarks, load tests)."""
     @_builtins.property

@@ -10,13 +10,20 @@ result (Submit) or streams it (Stream).
 The caller is identified by call metadata: `x-user-id: <user>`, or, when the service is configured with
 API keys, by `authorization: Bearer <key>` (the key decides the user; `x-user-id` is then ignored).
 
-Errors travel as gRPC status codes with google.rpc details:
-  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class)
+Errors travel as gRPC status codes with google.rpc details (google.rpc.ErrorInfo with a reason on all):
+  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class,
+                      an undecodable message); reason PROMPT_TOO_LARGE when the prompt, messages and stop
+                      strings exceed the model's max_prompt_bytes in UTF-8 (ErrorInfo metadata names it)
   NOT_FOUND           unknown model
+  ALREADY_EXISTS      the caller already has a live (queued or running) request with this request_id
   UNAUTHENTICATED     no user identity, or an unknown API key
-  RESOURCE_EXHAUSTED  a queue cap was hit; carries google.rpc.RetryInfo and google.rpc.ErrorInfo
+  PERMISSION_DENIED   the caller may not do this (GetQueueState without being an admin user)
+  RESOURCE_EXHAUSTED  a queue cap was hit (reason QUEUE_FULL: requests; QUEUE_BYTES_FULL: prompt bytes
+                      queued and running); carries google.rpc.RetryInfo
   DEADLINE_EXCEEDED   the call's deadline (or the class's queue TTL) passed while queued
-  UNAVAILABLE         the engine could not be reached or dropped the stream; the service is shutting down
+  UNAVAILABLE         the engine could not be reached or dropped the stream; or the service is shutting
+                      down (reason SHUTTING_DOWN: queued requests at once, running ones when the drain's
+                      grace ends): retry on another instance
 """
 
 from collections import abc as _abc
