@@ -15,10 +15,31 @@ from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 
 
 class SchedulerClient:
-    """Talks to one llm-scheduler. Pass `user` (sent as `x-user-id`) or `api_key` (sent as a bearer key)."""
+    """Talks to one llm-scheduler. Pass `user` (sent as `x-user-id`) or `api_key` (sent as a bearer key).
 
-    def __init__(self, target: str, *, user: str | None = None, api_key: str | None = None) -> None:
-        self._channel = grpc.aio.insecure_channel(target)
+    TLS: `tls=True` verifies the server against the system's CAs, `root_certificates` (PEM) against a
+    private CA (and implies TLS); `certificate_chain` with `private_key` (PEM) present a client
+    certificate for mutual TLS.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        user: str | None = None,
+        api_key: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+    ) -> None:
+        if (certificate_chain is None) != (private_key is None):
+            raise ValueError("a client certificate needs both certificate_chain and private_key")
+        if tls or root_certificates is not None or certificate_chain is not None:
+            credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
+            self._channel = grpc.aio.secure_channel(target, credentials)
+        else:
+            self._channel = grpc.aio.insecure_channel(target)
         self._stub = pb_grpc.SchedulerServiceStub(self._channel)
         metadata: list[tuple[str, str]] = []
         if user:

@@ -4,6 +4,7 @@ llmsched serve --config FILE            run the scheduler
 llmsched sim --flavor vllm --port 8000  run a simulated engine (no GPU here)
 llmsched submit|stream --model M --user U "prompt"
 llmsched config-reference               every config field with its default and meaning
+llmsched hash-key < KEYFILE             the SHA-256 digest of an API key, for auth.api_key_sha256
 llmsched policies                       the registered fairness / ordering / gate policies
 """
 
@@ -13,14 +14,20 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from scheduler_svc.config import ConfigError, describe_fields, load_config
 from scheduler_svc.logs import configure_logging
+
+if TYPE_CHECKING:
+    from clients import SchedulerClient
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,10 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("submit", "stream"):
         call = commands.add_parser(name, help=f"{name} one request to a running scheduler")
         call.add_argument("prompt", nargs="?", default="", help="prompt text (or use --message)")
-        call.add_argument("--target", default="127.0.0.1:50051", help="scheduler address")
+        _add_connection_arguments(call)
         call.add_argument("--model", required=True)
-        call.add_argument("--user", help="sent as x-user-id")
-        call.add_argument("--api-key", help="sent as authorization: Bearer KEY")
         call.add_argument("--message", action="append", default=[], metavar="ROLE:TEXT", help="chat message")
         call.add_argument("--max-tokens", type=int)
         call.add_argument("--temperature", type=float)
@@ -49,13 +54,14 @@ def main(argv: list[str] | None = None) -> None:
         call.add_argument("--timeout", type=float, help="call deadline in seconds")
 
     state = commands.add_parser("queue-state", help="show queue depths, gate states and fair-share counters")
-    state.add_argument("--target", default="127.0.0.1:50051", help="scheduler address")
+    _add_connection_arguments(state)
     state.add_argument("--model", default="", help="only this model")
-    state.add_argument("--user", help="sent as x-user-id")
-    state.add_argument("--api-key", help="sent as authorization: Bearer KEY")
 
     commands.add_parser("config-reference", help="print every configuration field with default and meaning")
     commands.add_parser("policies", help="list the registered policies")
+    commands.add_parser(
+        "hash-key", help="read an API key on stdin (or a prompt) and print its SHA-256 digest for auth.api_key_sha256"
+    )
 
     args = parser.parse_args(argv)
     if args.command == "serve":
@@ -73,12 +79,60 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "config-reference":
         for name, default, doc in describe_fields():
             print(f"{name:<48} {default:<24} {doc}")
+    elif args.command == "hash-key":
+        _hash_key()
     elif args.command == "policies":
         from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
 
         for registry in (FAIRNESS_POLICIES, ORDERING_POLICIES, GATE_POLICIES):
             for name, doc in registry.describe().items():
                 print(f"{registry.kind:<10} {name:<16} {doc}")
+
+
+def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="127.0.0.1:50051", help="scheduler address")
+    parser.add_argument("--user", help="sent as x-user-id")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("LLMSCHED_API_KEY"),
+        help="sent as authorization: Bearer KEY (default: $LLMSCHED_API_KEY, which keeps it out of `ps`)",
+    )
+    parser.add_argument("--tls", action="store_true", help="use TLS, verifying the server with the system CAs")
+    parser.add_argument("--ca-cert", metavar="PEM", help="verify the server with this CA bundle (implies --tls)")
+    parser.add_argument("--client-cert", metavar="PEM", help="client certificate for mutual TLS (with --client-key)")
+    parser.add_argument("--client-key", metavar="PEM", help="private key of --client-cert")
+
+
+def _client(args: argparse.Namespace) -> SchedulerClient:
+    from clients import SchedulerClient
+
+    def read(path: str | None) -> bytes | None:
+        return Path(path).read_bytes() if path else None
+
+    try:
+        return SchedulerClient(
+            args.target,
+            user=args.user,
+            api_key=args.api_key,
+            tls=args.tls,
+            root_certificates=read(args.ca_cert),
+            certificate_chain=read(args.client_cert),
+            private_key=read(args.client_key),
+        )
+    except (OSError, ValueError) as exc:
+        sys.exit(f"error: {exc}")
+
+
+def _hash_key() -> None:
+    """Print the digest of a key read from stdin (one trailing newline dropped), or typed at a prompt."""
+    import getpass
+
+    from scheduler_svc.keys import key_digest
+
+    key = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.read().removesuffix("\n")
+    if not key or any(c.isspace() for c in key):
+        sys.exit("error: an API key must be non-empty and contain no whitespace")
+    print(key_digest(key))
 
 
 def _serve(path: str) -> None:
@@ -109,9 +163,7 @@ def _serve(path: str) -> None:
 async def _queue_state(args: argparse.Namespace) -> int:
     from google.protobuf import json_format
 
-    from clients import SchedulerClient
-
-    async with SchedulerClient(args.target, user=args.user, api_key=args.api_key) as client:
+    async with _client(args) as client:
         try:
             state = await client.queue_state(args.model)
         except grpc.aio.AioRpcError as exc:
@@ -122,8 +174,6 @@ async def _queue_state(args: argparse.Namespace) -> int:
 
 
 async def _call(args: argparse.Namespace) -> int:
-    from clients import SchedulerClient
-
     fields: dict[str, object] = {"priority_class": args.priority_class}
     if args.max_tokens is not None:
         fields["max_tokens"] = args.max_tokens
@@ -133,7 +183,7 @@ async def _call(args: argparse.Namespace) -> int:
     if any(len(m) != 2 for m in messages):
         print("--message must be ROLE:TEXT", file=sys.stderr)
         return 2
-    async with SchedulerClient(args.target, user=args.user, api_key=args.api_key) as client:
+    async with _client(args) as client:
         try:
             if args.command == "submit":
                 started = time.monotonic()

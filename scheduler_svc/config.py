@@ -8,6 +8,8 @@ Unknown keys are errors, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import tomllib
 import types
 import typing
@@ -60,19 +62,49 @@ class ServerConfig:
     )
     log_format: str = _field("console", 'Log output: "console" (human) or "json" (one object per line).')
     log_level: str = _field("info", "Minimum log level: debug, info, warning, error.")
+    tls_cert_file: str = _field(
+        "",
+        "PEM certificate chain of the service. With tls_key_file, every listener (gRPC, metrics) speaks "
+        "TLS only; both empty: plaintext. Read at startup.",
+    )
+    tls_key_file: str = _field("", "PEM private key (unencrypted) for tls_cert_file; set both or neither.")
+    tls_client_ca_file: str = _field(
+        "",
+        "PEM CA bundle for mutual TLS: when set, every listener requires a client certificate signed by it "
+        "(see auth.identity_from_client_cert). Needs tls_cert_file and tls_key_file.",
+    )
 
 
 @dataclass(frozen=True)
 class AuthConfig:
     """How callers are identified."""
 
-    api_keys: dict[str, str] = _field(
+    api_key_sha256: dict[str, str] = _field(
         {},
-        "API key -> user id. When non-empty, every call needs `authorization: Bearer <key>` and the key "
-        "alone decides the user (x-user-id is ignored). When empty, the user comes from `x-user-id`.",
+        "Hex SHA-256 digest of an API key -> user id (`printf %s KEY | sha256sum` or `llmsched hash-key`). "
+        "With any key configured (here, api_keys_file or api_keys_env), every call needs "
+        "`authorization: Bearer <key>` and the key alone decides the user (x-user-id is ignored).",
+    )
+    api_keys_file: str = _field(
+        "",
+        "File of API keys, one `<user> <key>` or `<user> sha256:<hex digest>` per line (# comments); read "
+        "at startup, merged with api_key_sha256. Empty: none.",
+    )
+    api_keys_env: str = _field(
+        "", "Name of an environment variable holding API keys in the api_keys_file format. Empty: none."
     )
     admin_users: list[str] = _field(
         [], "Users allowed to call GetQueueState (it shows every user's queue); empty: any identified caller."
+    )
+    trust_user_header: bool = _field(
+        False,
+        "Allow admin_users with identities taken from x-user-id (no API keys, no client certificates). Only "
+        "for deployments where a trusted proxy sets x-user-id: otherwise anyone can claim to be an admin.",
+    )
+    identity_from_client_cert: bool = _field(
+        False,
+        "The user is the client certificate's identity: its first DNS or URI SAN, else its subject CN "
+        "(needs server.tls_client_ca_file; cannot be combined with API keys).",
     )
 
 
@@ -283,6 +315,7 @@ def load_config(path: str | Path) -> Config:
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Build and validate a Config from parsed TOML."""
+    _reject_plain_api_keys(raw)
     config = _build(Config, raw, "")
     _validate(config)
     return config
@@ -326,6 +359,7 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
 def _validate(config: Config) -> None:
     from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
 
+    _validate_identity(config)
     if not config.models:
         raise ConfigError("models: configure at least one [[models]] entry")
     if config.server.unhealthy_after_failed_passes < 1 or config.server.unhealthy_after_stalled_seconds < 0:
@@ -390,6 +424,57 @@ def _validate(config: Config) -> None:
                 raise ConfigError(f"{where}.backends[{backend.name}].url must be http(s)://...")
             if backend.scrape_interval_seconds <= 0:
                 raise ConfigError(f"{where}.backends[{backend.name}]: scrape_interval_seconds must be > 0")
+
+
+def _reject_plain_api_keys(raw: dict[str, Any]) -> None:
+    """A plain-text `auth.api_keys` table is refused, with the digests to put in its place."""
+    auth = raw.get("auth")
+    if not isinstance(auth, dict) or "api_keys" not in auth:
+        return
+    keys = auth["api_keys"] if isinstance(auth["api_keys"], dict) else {}
+    digests = ", ".join(
+        f'"{hashlib.sha256(str(key).encode()).hexdigest()}" = {json.dumps(str(user))}' for key, user in keys.items()
+    )
+    raise ConfigError(
+        "auth.api_keys: plain-text API keys are no longer accepted in the configuration. Store their SHA-256 "
+        "digests instead (`printf %s KEY | sha256sum` or `llmsched hash-key`), for these keys: "
+        f"api_key_sha256 = {{ {digests} }}; or move the keys to the file named by auth.api_keys_file or the "
+        "environment variable named by auth.api_keys_env (lines of `<user> <key>`)."
+    )
+
+
+def _validate_identity(config: Config) -> None:
+    """Users named in the config have the user-id form, and no setup lets a caller pick its own identity."""
+    from scheduler_svc.identity import user_id_problem
+    from scheduler_svc.keys import load_key_digests
+    from scheduler_svc.tls import ServerTls
+
+    auth = config.auth
+    weights = config.scheduling.weights
+    named = [
+        *(("auth.admin_users", user) for user in auth.admin_users),
+        *(("scheduling.weights.users", user) for user in weights.users),
+        *(("scheduling.weights.members", user) for user in weights.members),
+    ]
+    for where, user in named:
+        if problem := user_id_problem(user):
+            raise ConfigError(f"{where}: {problem}")
+    has_keys = bool(load_key_digests(auth))
+    tls = ServerTls.from_config(config.server)
+    if auth.identity_from_client_cert:
+        if tls is None or not tls.mutual:
+            raise ConfigError("auth.identity_from_client_cert needs server.tls_client_ca_file (mutual TLS)")
+        if has_keys:
+            raise ConfigError(
+                "auth.identity_from_client_cert cannot be combined with API keys: choose one source of identity"
+            )
+    if auth.admin_users and not (has_keys or auth.identity_from_client_cert or auth.trust_user_header):
+        raise ConfigError(
+            "auth.admin_users without API keys or client-certificate identity lets anyone become an admin by "
+            "sending `x-user-id`. Configure API keys (auth.api_key_sha256, api_keys_file or api_keys_env) or "
+            "auth.identity_from_client_cert; or, only if a trusted proxy sets x-user-id, set "
+            "auth.trust_user_header = true."
+        )
 
 
 def describe_fields(cls: type[Any] = Config, prefix: str = "") -> list[tuple[str, str, str]]:

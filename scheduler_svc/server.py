@@ -23,6 +23,7 @@ from scheduler_svc.clock import Clock
 from scheduler_svc.config import Config
 from scheduler_svc.scheduler import BackendFactory, Scheduler, default_backend_factory
 from scheduler_svc.servicer import SchedulerServicer
+from scheduler_svc.tls import ServerTls
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +55,7 @@ class SchedulerServer:
         self.config = config
         self.scheduler = Scheduler(config, backend_factory=backend_factory, clock=clock)
         self._grpc = grpc.aio.server(options=_server_options(config))
+        self._tls = ServerTls.from_config(config.server)  # read once, at startup; shared by every listener
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._metrics_runner: web.AppRunner | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
@@ -80,7 +82,10 @@ class SchedulerServer:
             ),
             self._grpc,
         )
-        self.port = self._grpc.add_insecure_port(self.config.server.listen)
+        if self._tls is not None:
+            self.port = self._grpc.add_secure_port(self.config.server.listen, self._tls.grpc_credentials())
+        else:
+            self.port = self._grpc.add_insecure_port(self.config.server.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.server.listen}")
         self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="scheduler")
@@ -97,6 +102,7 @@ class SchedulerServer:
             if self.metrics_port
             else None,
             models=[m.name for m in self.config.models],
+            tls="off" if self._tls is None else "mutual" if self._tls.mutual else "on",
         )
 
     async def _start_metrics(self) -> None:
@@ -112,7 +118,8 @@ class SchedulerServer:
         self._metrics_runner = web.AppRunner(app, access_log=None)
         await self._metrics_runner.setup()
         host, port = _split(self.config.server.metrics_listen)
-        site = web.TCPSite(self._metrics_runner, host, port)
+        ssl_context = self._tls.ssl_context() if self._tls is not None else None
+        site = web.TCPSite(self._metrics_runner, host, port, ssl_context=ssl_context)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []

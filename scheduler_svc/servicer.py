@@ -53,7 +53,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         self._auth = authenticator
 
     def _admit(self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Ticket:
-        user = self._auth.identify(context.invocation_metadata())
+        user = self._auth.identify(context.invocation_metadata(), context.auth_context)
         request = build_request(
             message,
             user=user,
@@ -196,7 +196,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         self, request: pb.GetQueueStateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetQueueStateResponse:
         try:
-            user = self._auth.identify(context.invocation_metadata())
+            user = self._auth.identify(context.invocation_metadata(), context.auth_context)
             admins = self._scheduler.config.auth.admin_users
             if admins and user not in admins:
                 raise PermissionDenied(f"user {user} may not read the queue state (auth.admin_users)")

@@ -121,7 +121,7 @@ async def test_class_queue_ttl_ends_a_waiting_request_with_deadline_exceeded() -
 
 async def test_get_queue_state_shows_depths_gates_and_counters_and_is_admin_only() -> None:
     engine = ControlledEngine(waiting=50)
-    config = make_config(scheduling={"fairness": "vtc"}, auth={"admin_users": ["root"]})
+    config = make_config(scheduling={"fairness": "vtc"}, auth={"admin_users": ["root"], "trust_user_header": True})
     async with serving(config, engine.factory()) as server, client_for(server) as alice:
         call = alice.stream("m", "waiting", priority_class="batch")
         await call.read()

@@ -11,6 +11,7 @@ import pytest
 
 from clients import error_reason, pb
 from scheduler_svc.auth import Authenticator
+from scheduler_svc.keys import key_digest
 from scheduler_svc.servicer import SchedulerServicer
 from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, serving, until_settled
 
@@ -109,7 +110,7 @@ async def test_missing_user_is_unauthenticated() -> None:
 
 async def test_api_keys_decide_the_user_and_cannot_be_spoofed() -> None:
     engine = ControlledEngine(waiting=50)
-    config = make_config(auth={"api_keys": {"sk-alice": "alice", "sk-bob": "bob"}})
+    config = make_config(auth={"api_key_sha256": {key_digest("sk-alice"): "alice", key_digest("sk-bob"): "bob"}})
     async with serving(config, engine.factory()) as server:
         queues = server.scheduler.dispatchers["m"].queues
         async with client_for(server, user="bob", api_key="sk-alice") as spoofer:
@@ -236,6 +237,9 @@ class _HandlerContext:
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return (("x-user-id", "alice"),)
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
 
     def time_remaining(self) -> None:
         return None

@@ -8,7 +8,13 @@ users fairly, dispatches to an inference engine only while the engine is not con
 result (Submit) or streams it (Stream).
 
 The caller is identified by call metadata: `x-user-id: <user>`, or, when the service is configured with
-API keys, by `authorization: Bearer <key>` (the key decides the user; `x-user-id` is then ignored).
+API keys, by `authorization: Bearer <key>` (the key decides the user; `x-user-id` is then ignored), or,
+with mutual TLS and `auth.identity_from_client_cert`, by the client certificate (its first DNS or URI
+subject alternative name, else its subject common name).
+
+A user id is 1-128 ASCII characters from `A-Z a-z 0-9 . _ @ + : / -`, starting with a letter or digit.
+Any other value (surrounding spaces, control characters, non-ASCII bytes) is refused with
+UNAUTHENTICATED, never trimmed or repaired; so is an `x-user-id` or `authorization` sent twice.
 
 Errors travel as gRPC status codes with google.rpc details (google.rpc.ErrorInfo with a reason on all):
   INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class,
@@ -16,7 +22,7 @@ Errors travel as gRPC status codes with google.rpc details (google.rpc.ErrorInfo
                       strings exceed the model's max_prompt_bytes in UTF-8 (ErrorInfo metadata names it)
   NOT_FOUND           unknown model
   ALREADY_EXISTS      the caller already has a live (queued or running) request with this request_id
-  UNAUTHENTICATED     no user identity, or an unknown API key
+  UNAUTHENTICATED     no user identity, a user id not of the form above, or an unknown API key
   PERMISSION_DENIED   the caller may not do this (GetQueueState without being an admin user)
   RESOURCE_EXHAUSTED  a queue cap was hit (reason QUEUE_FULL: requests; QUEUE_BYTES_FULL: prompt bytes
                       queued and running); carries google.rpc.RetryInfo
