@@ -150,7 +150,14 @@ async def full_engine(waiting_target: int) -> AsyncIterator[str]:
 
 
 def scheduler_toml(
-    engine_url: str, metrics_port: int, *, capacity: int, users: int, waiting_target: int, update_interval: float
+    engine_url: str,
+    metrics_port: int,
+    *,
+    capacity: int,
+    users: int,
+    waiting_target: int,
+    update_interval: float,
+    prompt_bytes: int = 0,
 ) -> str:
     """One model on the engine, caps that admit `capacity` requests spread evenly over `users` users."""
     config: dict[str, Any] = {
@@ -167,6 +174,9 @@ def scheduler_toml(
                 "name": MODEL,
                 "max_queued": capacity,
                 "max_queued_per_user": math.ceil(capacity / users),
+                "max_prompt_bytes": max(prompt_bytes, 1 << 20),
+                "max_queued_bytes": max(capacity * prompt_bytes, 1 << 28),
+                "max_queued_bytes_per_user": max(math.ceil(capacity / users) * prompt_bytes, 1 << 25),
                 "gate": {"waiting_target": waiting_target, "stale_after_seconds": 3600.0},
                 "backends": [{"name": "sim-0", "kind": "vllm", "url": engine_url, "scrape_interval_seconds": 0.2}],
             }
@@ -205,13 +215,15 @@ async def wait_queued(stub: pb_grpc.SchedulerServiceStub, count: int, timeout: f
 # -- the clients --------------------------------------------------------------------------------------------
 
 
-def new_call(stubs: Sequence[pb_grpc.SchedulerServiceStub], i: int, users: int, unary: bool) -> AnyCall:
+def new_call(
+    stubs: Sequence[pb_grpc.SchedulerServiceStub], i: int, users: int, unary: bool, prompt: str = PROMPT
+) -> AnyCall:
     """Call number `i`: user `u{i % users}`, on channel `i % len(stubs)`."""
     stub = stubs[i % len(stubs)]
     metadata = (("x-user-id", f"u{i % users}"),)
     if unary:
-        return stub.Submit(pb.SubmitRequest(model=MODEL, prompt=PROMPT, max_tokens=16), metadata=metadata)
-    return stub.Stream(pb.StreamRequest(model=MODEL, prompt=PROMPT, max_tokens=16), metadata=metadata)
+        return stub.Submit(pb.SubmitRequest(model=MODEL, prompt=prompt, max_tokens=16), metadata=metadata)
+    return stub.Stream(pb.StreamRequest(model=MODEL, prompt=prompt, max_tokens=16), metadata=metadata)
 
 
 async def open_streams(
@@ -224,7 +236,7 @@ async def open_streams(
 
     async def opener() -> None:
         for i in numbers:
-            call: StreamCall = new_call(stubs, i, args.users, False)
+            call: StreamCall = new_call(stubs, i, args.users, False, _prompt(args))
             calls.append(call)
             try:
                 event = await call.read()
@@ -250,7 +262,9 @@ async def open_unary(
 
     step = args.pace or count
     for first in range(0, count, step):
-        calls.extend(new_call(stubs, i, args.users, True) for i in range(first, min(first + step, count)))
+        calls.extend(
+            new_call(stubs, i, args.users, True, _prompt(args)) for i in range(first, min(first + step, count))
+        )
         await wait_until(confirmed, f"{len(calls)} Submit calls queued or ended", args.timeout, interval=0.02)
     failures: Counter[str] = Counter()
     for call in calls:
@@ -333,6 +347,11 @@ async def one_round(stubs: Sequence[pb_grpc.SchedulerServiceStub], pid: int, arg
     return Round(opened_s, open_cpu_s, after_open, after_hold, hold_cpu, client, drained_s, Memory.of(pid))
 
 
+def _prompt(args: argparse.Namespace) -> str:
+    """The prompt every call sends: the short default, or `--prompt-bytes` of ASCII."""
+    return "x" * args.prompt_bytes if args.prompt_bytes else PROMPT
+
+
 def report(number: int, r: Round, before: Memory, args: argparse.Namespace) -> None:
     kind = "submit" if args.unary else "stream"
     grown = r.after_open.rss - before.rss
@@ -347,6 +366,11 @@ def report(number: int, r: Round, before: Memory, args: argparse.Namespace) -> N
         f"  scheduler RSS after {args.hold_seconds:g} s held: {mib(r.after_hold.rss)} (+{mib(held)}) = "
         f"{held / args.streams:.0f} bytes per queued {kind}; scheduler CPU while holding: {r.hold_cpu_percent:.0f}%"
     )
+    if args.prompt_bytes:
+        queued_bytes = args.streams * args.prompt_bytes
+        print(
+            f"  per queued prompt byte: {held / queued_bytes:.2f} bytes of scheduler RSS ({mib(queued_bytes)} queued)"
+        )
     print(f"  client RSS: {mib(r.client.rss)} (peak {mib(r.client.peak)})")
     print(
         f"  cancelled all: queue drained to 0 in {r.drained_s:.1f} s; scheduler RSS after: "
@@ -366,6 +390,7 @@ async def run(args: argparse.Namespace) -> int:
             users=args.users,
             waiting_target=args.waiting_target,
             update_interval=args.update_interval,
+            prompt_bytes=args.prompt_bytes,
         )
         sched = await stack.enter_async_context(scheduler_process(toml))
         session = await stack.enter_async_context(aiohttp.ClientSession())
@@ -438,6 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--waiting-target", type=int, default=3, help="the gate's engine waiting target")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds allowed for each wait")
+    parser.add_argument(
+        "--prompt-bytes", type=int, default=0, help="send prompts of this many ASCII bytes (0: a short prompt)"
+    )
     args = parser.parse_args(argv)
     if (
         min(args.streams, args.users, args.channels, args.rounds, args.waiting_target) < 1

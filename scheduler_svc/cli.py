@@ -141,7 +141,10 @@ def _serve(path: str) -> None:
     except ConfigError as exc:
         sys.exit(f"configuration error: {exc}")
     configure_logging(config.server.log_level, config.server.log_format)
+    from scheduler_svc.memory import return_large_allocations
     from scheduler_svc.server import SchedulerServer
+
+    return_large_allocations()
 
     async def run() -> None:
         server = SchedulerServer(config)
