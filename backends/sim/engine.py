@@ -337,6 +337,7 @@ class SimEngine:
         self.journal.write(
             "received",
             id=request_id,
+            seq=request.seq,
             x_request_id=x_request_id,
             prompt_bytes=len(params.prompt.encode()),
             prompt_tokens=params.prompt_tokens,
@@ -357,6 +358,7 @@ class SimEngine:
         self.journal.write(
             "failed" if reason in FAILED_REASONS else "aborted",
             id=request.request_id,
+            seq=request.seq,
             reason=reason,
             started=request.scheduled_at is not None,
             tokens=request.num_generated,
@@ -473,7 +475,7 @@ class SimEngine:
         gap = None if request.last_token_at is None else now - request.last_token_at
         if request.first_token_at is None:
             request.first_token_at = now
-            self.journal.write("first_token", id=request.request_id)
+            self.journal.write("first_token", id=request.request_id, seq=request.seq)
         request.last_token_at = now
         request.num_generated += 1
         self._generated_total += 1
@@ -501,7 +503,9 @@ class SimEngine:
                 stop_at=stop[0] if stop else None,
             )
             self._finish(request, reason, now)
-            self.journal.write("finished", id=request.request_id, tokens=request.num_generated, reason=reason.value)
+            self.journal.write(
+                "finished", id=request.request_id, seq=request.seq, tokens=request.num_generated, reason=reason.value
+            )
         request.events.put_nowait(TokenEvent(token, request.num_generated, finished))
 
     def _admit(self, request: SimRequest, now: float) -> None:
@@ -512,7 +516,7 @@ class SimEngine:
         if request.scheduled_at is None:
             request.scheduled_at = now
             self._served_order.append({"request_id": request.request_id, "priority": request.params.priority})
-            self.journal.write("started", id=request.request_id)
+            self.journal.write("started", id=request.request_id, seq=request.seq)
             self._observer.on_scheduled(request, now)
 
     def _preempt(self, request: SimRequest) -> None:

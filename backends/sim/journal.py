@@ -5,7 +5,8 @@ the engine. This journal is the engine's count. Each line is written with one `o
 with `O_APPEND`, so nothing sits in a Python buffer when the process is killed, lines of a simulator
 restarted on the same file follow the old ones, and a reader never sees half of a line from a live writer.
 
-Events (`event` key), each with `t` (wall-clock seconds) and `pid`:
+Events (`event` key), each with `t` (wall-clock seconds) and `pid`; every line about a request also has
+`id` and `seq`, the engine's own arrival number, unique within one boot even when callers reuse an id:
 
 - `boot`: the simulator started (a line before it means every request not yet ended there died with it);
 - `received`: a request reached the engine: `id` (the engine's request id, which is the `X-Request-Id`
