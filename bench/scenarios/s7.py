@@ -192,10 +192,13 @@ class Load:
                         call.cancel_phase = "running"
                 elif event.HasField("finished"):
                     call.end = "completed"
-                if call.cancel_phase:
-                    rpc.cancel()
-                    call.end = "cancelled"
-                    return
+                if call.cancel_phase and not call.end:
+                    if rpc.cancel():
+                        call.end = "cancelled"
+                        return
+                    # The server had already ended the call (its events were still in flight to this slow
+                    # client): it was not cancelled, so read on to its real ending.
+                    call.cancel_phase, cancel_on = "", ""
             if not call.end:
                 call.end, call.code = "error", "OK_WITHOUT_FINISHED"
         except grpc.aio.AioRpcError as exc:
