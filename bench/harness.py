@@ -55,7 +55,10 @@ def spawn(args: Sequence[str], name: str) -> Proc:
     log_dir.mkdir(exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log = log_path.open("wb")
-    popen = subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
+    # This checkout's code, whatever the installed package points at.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    popen = subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     return Proc(popen, log_path)
 
 

@@ -20,6 +20,7 @@ from backends.sim.config import SimConfig
 from backends.sim.control import ControlApi
 from backends.sim.engine import SimEngine
 from backends.sim.faults import Faults
+from backends.sim.journal import Journal
 from backends.sim.metrics import MetricsExporter, TgiMetrics, VllmMetrics
 from backends.sim.tgi_api import TgiApi
 from backends.sim.vllm_api import VllmApi
@@ -35,15 +36,16 @@ def create_app(config: SimConfig | None = None) -> web.Application:
     config = config or SimConfig()
     app = web.Application()
     faults = Faults()
+    journal = Journal(config.journal)  # opened here (a boot line) so a bad path fails at start-up
     metrics: MetricsExporter
     if config.flavor == "vllm":
         metrics = VllmMetrics(config.model_name)
-        engine = SimEngine(config, metrics)
+        engine = SimEngine(config, metrics, journal=journal)
         VllmApi(config, engine, faults).add_routes(app)
     else:
         tgi_metrics = TgiMetrics()
         metrics = tgi_metrics
-        engine = SimEngine(config, metrics)
+        engine = SimEngine(config, metrics, journal=journal)
         TgiApi(config, engine, faults, tgi_metrics).add_routes(app)
         # TGI's Messages API is OpenAI-compatible chat; the shapes are the ones the vLLM flavour serves.
         app.router.add_post("/v1/chat/completions", VllmApi(config, engine, faults).chat_completions)
@@ -61,6 +63,7 @@ async def _start_engine(app: web.Application) -> None:
 
 async def _stop_engine(app: web.Application) -> None:
     await app[ENGINE_KEY].aclose()
+    app[ENGINE_KEY].journal.close()  # after aclose, so the shutdown aborts are journaled
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,11 @@ class SimConfig:
     eos_probability: float = _field(
         0.0, "Chance that each generated token is EOS (0.0: every request runs to its max tokens)."
     )
+    journal: str | None = _field(
+        None,
+        "Append one JSON line per request event (received, started, first token, finished, aborted, failed) "
+        "to this file, unbuffered so it survives SIGKILL; a restart appends a boot line (None: no journal).",
+    )
 
     def __post_init__(self) -> None:
         problems = list(_problems(self))

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import structlog
 
 from backends.sim.config import SimConfig
+from backends.sim.journal import FAILED_REASONS, Journal, prompt_tag
 from backends.sim.tokens import Token, TokenSampler, find_stop
 
 log = structlog.get_logger(__name__)
@@ -283,9 +284,11 @@ class SimEngine:
         *,
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
+        journal: Journal | None = None,
     ) -> None:
         self.config = config
         self._observer: EngineObserver = observer or NullObserver()
+        self.journal = journal or Journal.disabled()
         self._clock = clock
         self._sleep = sleep
         self._waiting = _WaitingQueue(by_priority=config.scheduling_policy == "priority")
@@ -326,11 +329,21 @@ class SimEngine:
 
     # Requests
 
-    def add_request(self, request_id: str, params: GenerateParams) -> RequestHandle:
-        """Queue a request; its tokens arrive on the returned handle."""
+    def add_request(self, request_id: str, params: GenerateParams, *, x_request_id: str | None = None) -> RequestHandle:
+        """Queue a request; its tokens arrive on the returned handle. `x_request_id` is only journaled."""
         self._seq += 1
         sampler = TokenSampler(params.prompt, request_seed=params.seed, config_seed=self.config.seed)
         request = SimRequest(request_id, params, self._seq, self._clock(), sampler)
+        self.journal.write(
+            "received",
+            id=request_id,
+            seq=request.seq,
+            x_request_id=x_request_id,
+            prompt_bytes=len(params.prompt.encode()),
+            prompt_tokens=params.prompt_tokens,
+            max_tokens=params.max_tokens,
+            tag=prompt_tag(params.prompt),
+        )
         self._waiting.push(request)
         self._max_waiting_seen = max(self._max_waiting_seen, len(self._waiting))
         self._wakeup.set()
@@ -342,12 +355,25 @@ class SimEngine:
             return False
         self._finish(request, FinishReason.ABORT, self._clock())
         request.events.put_nowait(Aborted(reason, request.params.prompt_tokens, request.num_generated))
+        self.journal.write(
+            "failed" if reason in FAILED_REASONS else "aborted",
+            id=request.request_id,
+            seq=request.seq,
+            reason=reason,
+            started=request.scheduled_at is not None,
+            tokens=request.num_generated,
+        )
         log.info("sim.request_aborted", request_id=request.request_id, reason=reason)
         return True
 
     def note_rejected(self) -> None:
         """Count a request the API refused before it reached the engine (overload, injected status)."""
         self._rejected_total += 1
+
+    def journal_refused(self, x_request_id: str | None, prompt: object, status: int, message: str) -> None:
+        """Journal an error answer given before the request reached the engine (`prompt`: the raw field)."""
+        tag = prompt_tag(prompt) if isinstance(prompt, str) else None
+        self.journal.write("refused", x_request_id=x_request_id, tag=tag, status=status, message=message[:200])
 
     # Inspection
 
@@ -449,6 +475,7 @@ class SimEngine:
         gap = None if request.last_token_at is None else now - request.last_token_at
         if request.first_token_at is None:
             request.first_token_at = now
+            self.journal.write("first_token", id=request.request_id, seq=request.seq)
         request.last_token_at = now
         request.num_generated += 1
         self._generated_total += 1
@@ -476,6 +503,9 @@ class SimEngine:
                 stop_at=stop[0] if stop else None,
             )
             self._finish(request, reason, now)
+            self.journal.write(
+                "finished", id=request.request_id, seq=request.seq, tokens=request.num_generated, reason=reason.value
+            )
         request.events.put_nowait(TokenEvent(token, request.num_generated, finished))
 
     def _admit(self, request: SimRequest, now: float) -> None:
@@ -486,6 +516,7 @@ class SimEngine:
         if request.scheduled_at is None:
             request.scheduled_at = now
             self._served_order.append({"request_id": request.request_id, "priority": request.params.priority})
+            self.journal.write("started", id=request.request_id, seq=request.seq)
             self._observer.on_scheduled(request, now)
 
     def _preempt(self, request: SimRequest) -> None:

@@ -193,6 +193,7 @@ class TgiApi:
             self._engine.note_rejected()
             error_type = {429: "overloaded", 422: "validation"}.get(status, "generation")
             message = f"Simulated HTTP {status} (fault injection)"
+            self._engine.journal_refused(request.headers.get("X-Request-Id"), None, status, message)
             return None, _json({"error": message, "error_type": error_type}, status)
         try:
             body = await request.json()
@@ -202,16 +203,21 @@ class TgiApi:
             return None, _json({"error": message, "error_type": "validation"}, 422)
         return body, None
 
-    def _admit(self, body: Any) -> _TgiRequest:
+    def _admit(self, request: web.Request, body: Any) -> _TgiRequest:
         """TGI's order: the concurrency permit first, then validation."""
-        if self._in_flight >= self._config.max_concurrent_requests:
-            self._engine.note_rejected()
-            self._metrics.request_failed("overloaded")
-            raise _overloaded()
         try:
-            return _parse(body, self._config)
-        except TgiError:
-            self._metrics.request_failed("validation")
+            if self._in_flight >= self._config.max_concurrent_requests:
+                self._engine.note_rejected()
+                self._metrics.request_failed("overloaded")
+                raise _overloaded()
+            try:
+                return _parse(body, self._config)
+            except TgiError:
+                self._metrics.request_failed("validation")
+                raise
+        except TgiError as exc:
+            inputs = body.get("inputs") if isinstance(body, dict) else None
+            self._engine.journal_refused(request.headers.get("X-Request-Id"), inputs, exc.status, str(exc))
             raise
 
     def _injected_fault(self, tokens_sent: int) -> str | None:
@@ -224,8 +230,8 @@ class TgiApi:
         return None
 
     def _start(self, request: web.Request, parsed: _TgiRequest) -> RequestHandle:
-        request_id = request.headers.get("X-Request-Id") or f"tgi-{uuid.uuid4().hex}"
-        return self._engine.add_request(request_id, parsed.params)
+        header_id = request.headers.get("X-Request-Id")
+        return self._engine.add_request(header_id or f"tgi-{uuid.uuid4().hex}", parsed.params, x_request_id=header_id)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         """`POST /generate`: the whole text at once."""
@@ -233,7 +239,7 @@ class TgiApi:
         if early is not None:
             return early
         try:
-            parsed = self._admit(body)
+            parsed = self._admit(request, body)
         except TgiError as exc:
             return _json(exc.body(), exc.status)
         self._in_flight += 1
@@ -284,7 +290,7 @@ class TgiApi:
             await response.write(f"data:{dumps(payload)}\n\n".encode())
 
         try:
-            parsed = self._admit(body)
+            parsed = self._admit(request, body)
         except TgiError as exc:
             await send(exc.body())
             return response

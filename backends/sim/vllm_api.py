@@ -37,6 +37,19 @@ from backends.sim.vllm_protocol import (
 _INJECTED_ERROR = "Simulated engine failure (fault injection)"
 
 
+def _raw_prompt(body: object) -> object:
+    """The request's prompt (or first message's content) as sent, for the journal's tag; None if absent."""
+    if not isinstance(body, dict):
+        return None
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt:
+        prompt = prompt[0]
+    messages = body.get("messages")
+    if prompt is None and isinstance(messages, list) and messages and isinstance(messages[0], dict):
+        prompt = messages[0].get("content")
+    return prompt
+
+
 def _json(payload: object, status: int = 200) -> web.Response:
     """JSON as vLLM (FastAPI) sends it: `Content-Type: application/json`, no charset parameter."""
     return web.Response(body=dumps(payload).encode(), status=status, content_type="application/json")
@@ -75,27 +88,32 @@ class VllmApi:
         return await self._generate(request, "chat")
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        header_id = request.headers.get("X-Request-Id")
         status = self._faults.reject_all_with_status
         if status is not None:
             self._engine.note_rejected()
-            return _json(error_body(status, f"Simulated HTTP {status} (fault injection)"), status)
+            message = f"Simulated HTTP {status} (fault injection)"
+            self._engine.journal_refused(header_id, None, status, message)
+            return _json(error_body(status, message), status)
         try:
             body = await request.json()
         except ValueError as exc:
+            self._engine.journal_refused(header_id, None, 400, "invalid JSON body")
             return _json(error_body(400, f"Invalid JSON body: {exc}"), 400)
         try:
             parsed = parse_request(kind, body, self._config)
         except ApiError as exc:
+            self._engine.journal_refused(header_id, _raw_prompt(body), exc.status, exc.message)
             return _json(exc.body(), exc.status)
         limit = self._config.max_num_queued_reqs
         if limit is not None and self._engine.num_waiting >= limit:
             self._engine.note_rejected()
             message = f"The engine's waiting queue is full (max_num_queued_reqs={limit})."
+            self._engine.journal_refused(header_id, parsed.params.prompt, 503, message)
             return _json(error_body(503, message), 503)
 
-        header_id = request.headers.get("X-Request-Id")
         writer = ChunkWriter(kind, new_response_id(kind, header_id), self._config.model_name, self._fingerprint)
-        handle = self._engine.add_request(header_id or writer.response_id, parsed.params)
+        handle = self._engine.add_request(header_id or writer.response_id, parsed.params, x_request_id=header_id)
         try:
             if parsed.stream:
                 return await self._stream(request, handle, parsed, writer)

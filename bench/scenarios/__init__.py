@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult
-from bench.scenarios import s1, s3, s4, s5, s6
+from bench.scenarios import s1, s3, s4, s5, s6, s7
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], Runner]] = {
     "S4": (("S4",), lambda provider, options: s4.run(provider)),
     "S5": (("S5",), lambda provider, options: s5.run(provider)),
     "S6": (("S6",), lambda provider, options: s6.run(provider, profile=options.profile, out_dir=options.out_dir)),
+    "S7": (("S7",), lambda provider, options: s7.run(provider)),
 }
 
 TITLES = {
@@ -37,9 +38,10 @@ TITLES = {
     "S4": "token fairness",
     "S5": "priority classes",
     "S6": "overhead",
+    "S7": "faults",
 }
 
-DEFAULT = {"sim": ("S1", "S3", "S4", "S5", "S6"), "vllm": ("S1", "S6")}
+DEFAULT = {"sim": ("S1", "S3", "S4", "S5", "S6", "S7"), "vllm": ("S1", "S6")}
 
 
 def entries_for(ids: list[str]) -> list[str]:
