@@ -64,6 +64,7 @@ class S7Params:
     metrics_down_for: float = 10.0
     queued_cancels: int = 500
     running_cancels: int = 500
+    running_cancel_tokens: int = 512
     queued_cancel_workers: int = 20
     running_cancel_workers: int = 40
     duplicates: int = 50
@@ -166,7 +167,9 @@ class Load:
         request = pb.StreamRequest(
             model=SCHEDULED_MODEL,
             prompt=prompt if prompt is not None else self.prompt(call),
-            max_tokens=self.p.max_tokens,
+            # A call to cancel once running asks for a long answer, so it is surely still running when this
+            # (slow, loaded) client reads its first token; a short one could already be over at the server.
+            max_tokens=self.p.running_cancel_tokens if cancel_on == "running" else self.p.max_tokens,
             ignore_eos=True,
             request_id=call.request_id,
         )
