@@ -105,7 +105,12 @@ def server_request_id(client_request_id: str) -> str:
 def request_bytes(message: GenerateRequest) -> int:
     """The UTF-8 bytes a request makes the scheduler hold: its prompt, every message's role and content,
     and its stop strings (what `max_prompt_bytes` and the byte caps count)."""
-    total = len(message.prompt.encode())
+    total = _utf8_length(message.prompt)
     for m in message.messages:
-        total += len(m.role.encode()) + len(m.content.encode())
-    return total + sum(len(s.encode()) for s in message.stop)
+        total += _utf8_length(m.role) + _utf8_length(m.content)
+    return total + sum(_utf8_length(s) for s in message.stop)
+
+
+def _utf8_length(text: str) -> int:
+    """Bytes of `text` in UTF-8, without copying an ASCII string (str.isascii is a flag check)."""
+    return len(text) if text.isascii() else len(text.encode())
