@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     state = commands.add_parser("queue-state", help="show queue depths, gate states and fair-share counters")
     state.add_argument("--target", default="127.0.0.1:50051", help="scheduler address")
     state.add_argument("--model", default="", help="only this model")
+    state.add_argument("--for-user", default="", help="only this user's entries (--user is who asks)")
+    state.add_argument("--max-users", type=int, default=0, help="users per class, most queued first (0: 100)")
     state.add_argument("--user", help="sent as x-user-id")
     state.add_argument("--api-key", help="sent as authorization: Bearer KEY")
 
@@ -113,7 +115,7 @@ async def _queue_state(args: argparse.Namespace) -> int:
 
     async with SchedulerClient(args.target, user=args.user, api_key=args.api_key) as client:
         try:
-            state = await client.queue_state(args.model)
+            state = await client.queue_state(args.model, args.for_user, args.max_users)
         except grpc.aio.AioRpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
