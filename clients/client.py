@@ -96,10 +96,11 @@ class SchedulerClient:
         )
         return self._stub.Stream(request, metadata=self._metadata, timeout=timeout)
 
-    async def queue_state(self, model: str = "") -> pb.GetQueueStateResponse:
-        """Queue depths, gate states and fair-share counters (admins only when admin_users is set)."""
+    async def queue_state(self, model: str = "", user: str = "", max_users: int = 0) -> pb.GetQueueStateResponse:
+        """Queue depths, gate states and fair-share counters (admins only when admin_users is set); only
+        `user` when given, at most `max_users` users per class (0: the server's default)."""
         response: pb.GetQueueStateResponse = await self._stub.GetQueueState(
-            pb.GetQueueStateRequest(model=model), metadata=self._metadata
+            pb.GetQueueStateRequest(model=model, user=user, max_users=max_users), metadata=self._metadata
         )
         return response
 

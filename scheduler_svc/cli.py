@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     state = commands.add_parser("queue-state", help="show queue depths, gate states and fair-share counters")
     _add_connection_arguments(state)
     state.add_argument("--model", default="", help="only this model")
+    state.add_argument("--for-user", default="", help="only this user's entries (--user is who asks)")
+    state.add_argument("--max-users", type=int, default=0, help="users per class, most queued first (0: 100)")
 
     commands.add_parser("config-reference", help="print every configuration field with default and meaning")
     commands.add_parser("policies", help="list the registered policies")
@@ -168,7 +170,7 @@ async def _queue_state(args: argparse.Namespace) -> int:
 
     async with _client(args) as client:
         try:
-            state = await client.queue_state(args.model)
+            state = await client.queue_state(args.model, args.for_user, args.max_users)
         except grpc.aio.AioRpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1

@@ -279,6 +279,13 @@ class SchedulingConfig:
         "cost shows); very large counts whole answers at dispatch (the paper's prediction), which makes "
         "shares swing with the period of the longest answer after long answers end together.",
     )
+    idle_user_ttl_seconds: float = _field(
+        600.0,
+        "How long a user with nothing queued or running keeps its fair-share state (counter, length "
+        "estimate) when forgetting it earlier could change a decision; it is forgotten at once when that "
+        "cannot happen (its counter is at or below the floor a returning user is lifted to). Long enough "
+        "that a heavy user cannot shed its debt by pausing; 0 keeps such state for good (safe rule only).",
+    )
     engine_priority_per_inflight: int = _field(
         1,
         "Added to a request's engine priority for each request its user already has at that engine, so a "
@@ -387,6 +394,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"scheduling.classes[{c.name}]: limits must not be negative")
         if c.max_kv_cache_usage > 1 or c.starvation_after_seconds < 0:
             raise ConfigError(f"scheduling.classes[{c.name}]: max_kv_cache_usage is 0..1, starvation >= 0")
+    if config.scheduling.idle_user_ttl_seconds < 0:
+        raise ConfigError("scheduling.idle_user_ttl_seconds must not be negative")
     if config.scheduling.vtc_lookahead_tokens < 0:
         raise ConfigError("scheduling.vtc_lookahead_tokens must not be negative")
     weights = config.scheduling.weights

@@ -99,7 +99,8 @@ class ModelDispatcher:
         self.classes = {c.name: c for c in scheduling.classes}
         weights = WeightResolver(scheduling.weights)
         self.fairness = {
-            c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, scheduling) for c in scheduling.classes
+            c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, scheduling, clock)
+            for c in scheduling.classes
         }
         self._ordering = ORDERING_POLICIES.create(scheduling.ordering)
         self._priority_per_inflight = scheduling.engine_priority_per_inflight

@@ -2,30 +2,49 @@
 
 from __future__ import annotations
 
+import heapq
+
 from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.dispatcher import ModelDispatcher
+from scheduler_svc.errors import InvalidRequest
+
+DEFAULT_MAX_USERS = 100
+MAX_USERS_CAP = 1000
+MAX_USER_FILTER_BYTES = 256
 
 
-def queue_state(dispatcher: ModelDispatcher) -> pb.ModelQueueState:
-    """A snapshot of one model: bands with per-user depth and fair-share counters, and gate states."""
+def user_limits(user: str, max_users: int) -> int:
+    """Check a GetQueueState request's user filter (client input: its length is bounded, and it is never
+    echoed) and return the effective per-class user cap."""
+    if len(user.encode()) > MAX_USER_FILTER_BYTES:
+        raise InvalidRequest(f"user filter longer than {MAX_USER_FILTER_BYTES} bytes")
+    if max_users < 0:
+        raise InvalidRequest("max_users must not be negative")
+    return min(max_users or DEFAULT_MAX_USERS, MAX_USERS_CAP)
+
+
+def queue_state(dispatcher: ModelDispatcher, user: str = "", max_users: int = DEFAULT_MAX_USERS) -> pb.ModelQueueState:
+    """A snapshot of one model: bands with per-user depth and fair-share counters (only `user` when set;
+    at most `max_users` per band, most queued first), and gate states."""
     now = dispatcher.clock.now()
     classes = []
     for band in dispatcher.queues.bands:
         counters = dispatcher.fairness[band.priority_class.name].counters()
-        users = sorted(set(band.flows) | set(counters))
+        names = ({user} & (band.flows.keys() | counters.keys())) if user else band.flows.keys() | counters.keys()
+
+        depths = {name: len(band.flows[name]) if name in band.flows else 0 for name in names}
+        shown = heapq.nsmallest(max_users, depths, key=lambda name: (-depths[name], name))  # O(n log max_users)
         classes.append(
             pb.ClassQueueState(
                 priority_class=band.priority_class.name,
                 rank=band.priority_class.rank,
                 queued=band.size,
                 users=[
-                    pb.UserQueueState(
-                        user=user,
-                        queued=len(band.flows[user]) if user in band.flows else 0,
-                        fair_share_counter=counters.get(user, 0.0),
-                    )
-                    for user in users
+                    pb.UserQueueState(user=name, queued=depths[name], fair_share_counter=counters.get(name, 0.0))
+                    for name in shown
                 ],
+                users_total=len(names),
+                truncated=len(shown) < len(names),
             )
         )
     gates = []

@@ -23,7 +23,7 @@ from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from scheduler_svc.admission import GenerateRequest, build_request
 from scheduler_svc.auth import Authenticator
 from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError, to_grpc_status
-from scheduler_svc.introspection import queue_state
+from scheduler_svc.introspection import queue_state, user_limits
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.ticket import Requeued, Ticket
 
@@ -202,7 +202,10 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 raise PermissionDenied(f"user {user} may not read the queue state (auth.admin_users)")
             if request.model and request.model not in self._scheduler.dispatchers:
                 raise ModelNotFound(f"unknown model {request.model!r}")
+            max_users = user_limits(request.user, request.max_users)
         except SchedulerError as exc:
             await _abort(context, exc)
         names = [request.model] if request.model else list(self._scheduler.dispatchers)
-        return pb.GetQueueStateResponse(models=[queue_state(self._scheduler.dispatchers[name]) for name in names])
+        return pb.GetQueueStateResponse(
+            models=[queue_state(self._scheduler.dispatchers[name], request.user, max_users) for name in names]
+        )

@@ -12,10 +12,11 @@ token-cost policies work without the dispatcher knowing which policy it runs.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Protocol
 
+from scheduler_svc.clock import Clock, MonotonicClock
 from scheduler_svc.config import SchedulingConfig
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.weights import WeightResolver
@@ -55,21 +56,145 @@ class FairnessPolicy(Protocol):
         """Per-user fair-share state for introspection (empty when the policy keeps none)."""
         ...
 
+    def tracked_users(self) -> int:
+        """How many users the policy keeps any state for; idle ones are forgotten (see `_ServiceHooks`)."""
+        ...
+
 
 class _ServiceHooks:
-    """Default no-op reactions to service events, for policies that do not charge for some of them."""
+    """What every policy does on service events: track which users are active, and forget the state kept
+    for idle ones, so a stream of one-off users costs bounded memory.
+
+    A user is *idle* in a band when it has nothing queued there and nothing dispatched from there still
+    running. Each policy says in `_safe_to_forget` when an idle user's state may go; there are two rules:
+
+    - **safe rule**: forgetting cannot change a later decision (for the counter policies: its counter is at
+      or below the floor that any returning user is lifted to anyway);
+    - **idle TTL**: the user's last event is `scheduling.idle_user_ttl_seconds` old (0: this rule is off),
+      long enough that pausing is no way for a heavy user to shed its debt.
+
+    Cost, amortised O(1) per event and never a full scan: the user an event is about is checked when it
+    goes idle, and each event checks `sweep_per_event` more known users in turn (a rotating sweep), so an
+    idle user is seen again within (known users / sweep_per_event) events. Time is the injected clock's.
+    """
+
+    sweep_per_event = 2
+    pruning = True  # tests turn it off to show that pruning changes no decision
+
+    def __init__(
+        self,
+        weights: WeightResolver | None = None,
+        settings: SchedulingConfig | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._weights = weights or WeightResolver()
+        self._clock: Clock = clock or MonotonicClock()
+        self._idle_ttl = (settings or SchedulingConfig()).idle_user_ttl_seconds
+        self._flows: Mapping[str, FlowView] = {}  # the band's live backlogged flows (a read-only view)
+        self._in_flight: dict[str, int] = {}  # user -> requests dispatched from this band, still running
+        self._group_in_flight: dict[str, int] = {}
+        self._last_seen: OrderedDict[str, float] = OrderedDict()  # user -> its last event; the sweep's order
+        self._members: dict[str, int] = {}  # group -> its users in `_last_seen`
+
+    def on_backlogged(self, user: str, flows: Mapping[str, FlowView]) -> None:
+        self._flows = flows
+        self._touch(user)
+        self._sweep()
 
     def on_dispatched(self, request: RequestView) -> None:
-        return None
+        user, group = request.user, self._weights.group_of(request.user)
+        self._in_flight[user] = self._in_flight.get(user, 0) + 1
+        self._group_in_flight[group] = self._group_in_flight.get(group, 0) + 1
+        self._touch(user)
+        self._sweep()
 
     def on_generated(self, request: RequestView, tokens: int) -> None:
         return None
 
     def on_finished(self, request: RequestView, generated: int) -> None:
-        return None
+        self._ended(request.user)
+        if self._idle(request.user):
+            self._try_forget(request.user, self._clock.now())
+        self._sweep()
 
     def on_requeued(self, request: RequestView) -> None:
-        return None
+        self._ended(request.user)
+
+    def tracked_users(self) -> int:
+        """How many users the policy keeps any state for (active ones, and idle ones not yet forgotten)."""
+        return len(self._last_seen)
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+    def _ended(self, user: str) -> None:
+        """One of the user's running requests ended or came back to the queue."""
+        group = self._weights.group_of(user)
+        left = self._in_flight.pop(user, 0) - 1
+        if left > 0:
+            self._in_flight[user] = left
+        else:
+            self._all_ended(user)
+        left = self._group_in_flight.pop(group, 0) - 1
+        if left > 0:
+            self._group_in_flight[group] = left
+        else:
+            self._group_all_ended(group)
+        self._touch(user)
+
+    def _all_ended(self, user: str) -> None:
+        """The user has nothing running any more: drop what only running requests need (exactly, so no
+        rounding residue is left that a forgotten user would not have)."""
+
+    def _group_all_ended(self, group: str) -> None:
+        """Likewise for a group."""
+
+    def _idle(self, user: str) -> bool:
+        return user not in self._flows and user not in self._in_flight
+
+    def _touch(self, user: str) -> None:
+        if user not in self._last_seen:
+            group = self._weights.group_of(user)
+            self._members[group] = self._members.get(group, 0) + 1
+        self._last_seen[user] = self._clock.now()
+        self._last_seen.move_to_end(user)
+
+    def _sweep(self) -> None:
+        """Check the next few known users (bounded work) and forget those the rules allow."""
+        if not self.pruning:
+            return
+        now = self._clock.now()
+        for _ in range(min(self.sweep_per_event, len(self._last_seen))):
+            user = next(iter(self._last_seen))
+            if not self._try_forget(user, now):
+                self._last_seen.move_to_end(user)
+
+    def _try_forget(self, user: str, now: float) -> bool:
+        """Forget what the rules allow of an idle user; True once nothing of it is left."""
+        if not self.pruning or not self._idle(user):
+            return False
+        expired = self._idle_ttl > 0 and now - self._last_seen[user] >= self._idle_ttl
+        if not expired and not self._safe_to_forget(user):
+            return False
+        if not self._forget(user, expired):
+            return False
+        del self._last_seen[user]
+        group = self._weights.group_of(user)
+        if self._members[group] > 1:
+            self._members[group] -= 1
+        else:
+            del self._members[group]
+        return True
+
+    def _is_last_member(self, user: str) -> bool:
+        return self._members.get(self._weights.group_of(user), 0) <= 1
+
+    def _safe_to_forget(self, user: str) -> bool:
+        """Whether forgetting the idle `user` now can change no later decision (the safe rule)."""
+        raise NotImplementedError
+
+    def _forget(self, user: str, expired: bool) -> bool:
+        """Drop the idle user's state (`expired`: by the TTL rule, else by the safe rule); False when some
+        of it must stay until the TTL."""
+        raise NotImplementedError
 
 
 class RoundRobinFairness(_ServiceHooks):
@@ -78,36 +203,62 @@ class RoundRobinFairness(_ServiceHooks):
     Trade-off: cheap and predictable, but a user asking for 1000-token answers gets 20x the engine time of
     one asking for 50-token answers, and weights are ignored. A user who becomes backlogged joins the end
     of the ring, so behind a flood they wait for at most one more of each other backlogged user's requests.
+
+    Pruning, safe rule: a user leaves the ring when its last queued request is chosen and rejoins at its
+    end when it is backlogged again, so an idle user holds no place and nothing of it is needed (an entry
+    left behind by cancelled requests is moved to the end on return, so dropping it changes nothing).
     """
 
-    def __init__(self, weights: WeightResolver | None = None, settings: SchedulingConfig | None = None) -> None:
-        self._ring: deque[str] = deque()
-        self._in_ring: set[str] = set()
+    def __init__(
+        self,
+        weights: WeightResolver | None = None,
+        settings: SchedulingConfig | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(weights, settings, clock)
+        self._ring: OrderedDict[str, None] = OrderedDict()  # backlogged users, next to serve first
+        self._given_back: str | None = None  # a user whose failed-over request just returned its turn
 
     def on_backlogged(self, user: str, flows: Mapping[str, FlowView]) -> None:
-        if user not in self._in_ring:
-            self._ring.append(user)
-            self._in_ring.add(user)
+        if self._given_back == user:  # back after a failover: keeps the turn `on_requeued` gave back
+            self._given_back = None
+        else:
+            self._ring[user] = None
+            self._ring.move_to_end(user)
+        super().on_backlogged(user, flows)
 
     def select(self, flows: Mapping[str, FlowView]) -> str:
+        self._flows = flows
+        self._given_back = None
         while self._ring:
-            user = self._ring.popleft()
-            if user in flows:
-                self._ring.append(user)
-                return user
-            self._in_ring.discard(user)  # went idle: forget it; it rejoins at the end when it returns
+            user = next(iter(self._ring))
+            flow = flows.get(user)
+            if flow is None:  # its requests were cancelled or expired
+                del self._ring[user]
+                continue
+            if len(flow) > 1:
+                self._ring.move_to_end(user)
+            else:  # its last queued request goes now: it rejoins at the end when it has more
+                del self._ring[user]
+            return user
         raise LookupError("select() called with backlogged flows that were never announced")
 
     def on_requeued(self, request: RequestView) -> None:
         """The user's turn was spent on a request the engine failed: give the turn back."""
-        if request.user in self._in_ring:
-            self._ring.remove(request.user)
-        else:
-            self._in_ring.add(request.user)
-        self._ring.appendleft(request.user)
+        super().on_requeued(request)
+        self._ring[request.user] = None
+        self._ring.move_to_end(request.user, last=False)
+        self._given_back = request.user
 
     def counters(self) -> dict[str, float]:
         return {}
+
+    def _safe_to_forget(self, user: str) -> bool:
+        return True
+
+    def _forget(self, user: str, expired: bool) -> bool:
+        self._ring.pop(user, None)
+        return True
 
 
 class _VirtualCounterFairness(_ServiceHooks):
@@ -116,37 +267,78 @@ class _VirtualCounterFairness(_ServiceHooks):
     costs (per request, or per token as tokens stream) and may add work already committed to the engine.
 
     A flow that becomes backlogged has its counter lifted to the smallest counter among the backlogged
-    (its group's likewise), so idle time earns no credit and a returning user cannot monopolise the
-    engine; it does not go down, so briefly going idle does not wipe out what a user consumed. Ties go to
-    the flow that has been backlogged longest (the order of `flows`).
+    (its group's likewise; a group that finds the band empty, to the counter of the group whose dispatch
+    emptied it, as in the VTC paper), so idle time earns no credit and a returning user cannot monopolise
+    the engine; it does not go down, so briefly going idle does not wipe out what a user consumed. Ties go
+    to the flow that has been backlogged longest (the order of `flows`).
+
+    A dispatch charge stays *pending* until the request's first token: a failover refunds it, so the
+    settled part of a counter never goes down, and neither does the smallest settled counter among the
+    backlogged. The policy keeps that floor (`_floor`, per shared group `_member_floor`), raised as
+    `select` sees the backlog and when the band empties.
+
+    Pruning, safe rule: an idle group whose settled counter is at or below the floor is forgotten (with
+    its users), because any later return lifts it to at least that floor, which is what a forgotten
+    group (counter 0) gets too. A user in a shared group is forgotten when its counter is at or below
+    the group's floor. A user alone in its group is compared with nobody, so its own counter never
+    decides anything. Idle TTL: after `idle_user_ttl_seconds` everything of the user goes, debt included.
     """
 
-    def __init__(self, weights: WeightResolver | None = None, settings: SchedulingConfig | None = None) -> None:
-        self._weights = weights or WeightResolver()
-        self._user_counter: dict[str, float] = {}
+    def __init__(
+        self,
+        weights: WeightResolver | None = None,
+        settings: SchedulingConfig | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(weights, settings, clock)
+        self._user_counter: dict[str, float] = {}  # settled: charges of started requests, and lifts
         self._group_counter: dict[str, float] = {}
+        self._user_pending: dict[str, float] = {}  # charges of dispatched requests before their first token
+        self._group_pending: dict[str, float] = {}
+        self._pending: dict[str, float] = {}  # request id -> its pending charge
+        self._floor = 0.0  # no group is lifted below this again
+        self._member_floor: dict[str, float] = {}  # shared group -> no user of it is lifted below this again
+        self._last_group: str | None = None  # the group whose dispatch left the band empty
 
     def on_backlogged(self, user: str, flows: Mapping[str, FlowView]) -> None:
+        self._flows = flows
         group = self._weights.group_of(user)
         others = [u for u in flows if u != user]
         peers = [u for u in others if self._weights.group_of(u) == group]
         if peers:  # users are compared only within their group
             floor = min(self._user_counter.get(u, 0.0) for u in peers)
             self._user_counter[user] = max(self._user_counter.get(user, 0.0), floor)
-            return
-        groups = {self._weights.group_of(u) for u in others}  # the group just became backlogged
-        floor = min((self._group_counter.get(g, 0.0) for g in groups), default=0.0)
-        self._group_counter[group] = max(self._group_counter.get(group, 0.0), floor)
+        else:  # the group just became backlogged
+            if group in self._member_floor:
+                self._user_counter[user] = max(self._user_counter.get(user, 0.0), self._member_floor[group])
+            groups = {self._weights.group_of(u) for u in others}
+            if groups:
+                floor = min(self._group_counter.get(g, 0.0) for g in groups)
+            else:
+                floor = self._band_floor()
+                self._last_group = None
+            self._group_counter[group] = max(self._group_counter.get(group, 0.0), floor)
+        super().on_backlogged(user, flows)
+
+    def _band_floor(self) -> float:
+        """The least any group becoming backlogged from now on is lifted to. While `_last_group` is set the
+        band is empty (the next group to arrive clears it), and a group arriving then is lifted to it."""
+        if self._last_group is not None:
+            self._floor = max(self._floor, self._group_counter.get(self._last_group, 0.0))
+        return self._floor
 
     def _user_key(self, user: str) -> float:
-        return self._user_counter.get(user, 0.0)
+        return self._user_counter.get(user, 0.0) + self._user_pending.get(user, 0.0)
 
     def _group_key(self, group: str) -> float:
-        return self._group_counter.get(group, 0.0)
+        return self._group_counter.get(group, 0.0) + self._group_pending.get(group, 0.0)
 
     def select(self, flows: Mapping[str, FlowView]) -> str:
+        self._flows = flows
         best_group: tuple[float, str] | None = None
         best_user: dict[str, tuple[float, str]] = {}
+        band_floor = float("inf")
+        member_floor: dict[str, float] = {}
         for user in flows:  # dict order: longest backlogged first, so strict < keeps the older on ties
             group = self._weights.group_of(user)
             key = self._user_key(user)
@@ -155,8 +347,57 @@ class _VirtualCounterFairness(_ServiceHooks):
             group_key = self._group_key(group)
             if best_group is None or group_key < best_group[0]:
                 best_group = (group_key, group)
+            band_floor = min(band_floor, self._group_counter.get(group, 0.0))
+            if self._weights.is_shared(group):
+                settled = self._user_counter.get(user, 0.0)
+                member_floor[group] = min(member_floor.get(group, settled), settled)
         assert best_group is not None, "select() needs at least one backlogged flow"
+        self._floor = max(self._floor, band_floor)
+        for group, floor in member_floor.items():
+            self._member_floor[group] = max(self._member_floor.get(group, 0.0), floor)
         return best_user[best_group[1]][1]
+
+    def _dispatch_cost(self, request: RequestView) -> float:
+        """What a dispatch costs before any token (pending until the first token)."""
+        raise NotImplementedError
+
+    def on_dispatched(self, request: RequestView) -> None:
+        cost = self._dispatch_cost(request)
+        self._pending[request.request_id] = cost
+        user, group = request.user, self._weights.group_of(request.user)
+        self._user_pending[user] = self._user_pending.get(user, 0.0) + cost / self._weights.user_weight(user)
+        self._group_pending[group] = self._group_pending.get(group, 0.0) + cost / self._weights.group_weight(group)
+        if not self._flows:  # it took the band's last queued request
+            self._last_group = group
+        super().on_dispatched(request)
+
+    def _unpend(self, request: RequestView, settle: bool) -> None:
+        """The request's pending charge is settled (first token, or it ended) or refunded (failover)."""
+        cost = self._pending.pop(request.request_id, None)
+        if cost is None:
+            return
+        user, group = request.user, self._weights.group_of(request.user)
+        self._user_pending[user] = self._user_pending.get(user, 0.0) - cost / self._weights.user_weight(user)
+        self._group_pending[group] = self._group_pending.get(group, 0.0) - cost / self._weights.group_weight(group)
+        if settle:
+            self._charge(user, cost)
+
+    def on_generated(self, request: RequestView, tokens: int) -> None:
+        self._unpend(request, settle=True)
+
+    def on_finished(self, request: RequestView, generated: int) -> None:
+        self._unpend(request, settle=True)
+        super().on_finished(request, generated)
+
+    def on_requeued(self, request: RequestView) -> None:
+        self._unpend(request, settle=False)
+        super().on_requeued(request)
+
+    def _all_ended(self, user: str) -> None:
+        self._user_pending.pop(user, None)
+
+    def _group_all_ended(self, group: str) -> None:
+        self._group_pending.pop(group, None)
 
     def _charge(self, user: str, cost: float) -> None:
         group = self._weights.group_of(user)
@@ -164,20 +405,38 @@ class _VirtualCounterFairness(_ServiceHooks):
         self._group_counter[group] = self._group_counter.get(group, 0.0) + cost / self._weights.group_weight(group)
 
     def counters(self) -> dict[str, float]:
-        return dict(self._user_counter)
+        return {user: self._user_key(user) for user in self._user_counter.keys() | self._user_pending.keys()}
+
+    def _safe_to_forget(self, user: str) -> bool:
+        group = self._weights.group_of(user)
+        if self._weights.is_shared(group):
+            if self._user_counter.get(user, 0.0) > self._member_floor.get(group, 0.0):
+                return False
+            if not self._is_last_member(user):
+                return True
+        return self._group_counter.get(group, 0.0) <= self._band_floor()
+
+    def _forget(self, user: str, expired: bool) -> bool:
+        self._user_counter.pop(user, None)
+        if self._is_last_member(user):  # nothing of the group is left: a uniform shift of its users' counters
+            group = self._weights.group_of(user)
+            if group == self._last_group:
+                self._band_floor()  # its counter is the floor of an empty band: keep that
+                self._last_group = None
+            self._group_counter.pop(group, None)
+            self._member_floor.pop(group, None)
+        return True
 
 
 class WeightedRoundRobinFairness(_VirtualCounterFairness):
     """Request-count shares in proportion to weights (stride scheduling): weights 1:2:4 get 1:2:4 requests.
 
     Trade-off: exact shares of requests, not of engine time; use `vtc` when request sizes differ a lot.
+    Pruning: the counter rules of the base class (safe rule, then the idle TTL).
     """
 
-    def on_dispatched(self, request: RequestView) -> None:
-        self._charge(request.user, 1.0)
-
-    def on_requeued(self, request: RequestView) -> None:
-        self._charge(request.user, -1.0)
+    def _dispatch_cost(self, request: RequestView) -> float:
+        return 1.0
 
 
 class BasicVirtualTokenCounterFairness(_VirtualCounterFairness):
@@ -188,18 +447,17 @@ class BasicVirtualTokenCounterFairness(_VirtualCounterFairness):
     already generated, so right after a tie a user with 1000-token answers can take several engine slots
     whose cost shows up later; shares converge only over windows of many long requests (the paper's
     bound: about 2 * max(w_p * prompt length, w_q * tokens in a batch)). `vtc` adds the look-ahead.
+    Pruning: the counter rules of the base class (safe rule, then the idle TTL).
     """
 
     PROMPT_WEIGHT = 1.0
     GENERATED_WEIGHT = 2.0
 
-    def on_dispatched(self, request: RequestView) -> None:
-        self._charge(request.user, self.PROMPT_WEIGHT * request.prompt_tokens_estimate)
-
-    def on_requeued(self, request: RequestView) -> None:
-        self._charge(request.user, -self.PROMPT_WEIGHT * request.prompt_tokens_estimate)
+    def _dispatch_cost(self, request: RequestView) -> float:
+        return self.PROMPT_WEIGHT * request.prompt_tokens_estimate
 
     def on_generated(self, request: RequestView, tokens: int) -> None:
+        super().on_generated(request, tokens)
         self._charge(request.user, self.GENERATED_WEIGHT * tokens)
 
 
@@ -219,12 +477,21 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
     1.4x in 500-step windows on the fake-clock harness. Counting the next 128 tokens keeps the brake on
     grabbing slots and settles within about 10% in those windows (1000 vs 50 tokens, 8 or 32 slots).
     Trade-off: a prediction that is too high delays a user only while their requests run.
+
+    Pruning: counters by the base class's rules. The mean answer length shapes the user's next
+    reservation, so forgetting it could change a decision whatever the counters say: it goes by the idle
+    TTL only (with `idle_user_ttl_seconds = 0`, never), and until then the user stays tracked.
     """
 
     SMOOTHING = 0.2  # weight of the newest answer in the per-user mean length
 
-    def __init__(self, weights: WeightResolver | None = None, settings: SchedulingConfig | None = None) -> None:
-        super().__init__(weights, settings)
+    def __init__(
+        self,
+        weights: WeightResolver | None = None,
+        settings: SchedulingConfig | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(weights, settings, clock)
         self._lookahead = (settings or SchedulingConfig()).vtc_lookahead_tokens
         self._remaining: dict[str, float] = {}  # request id -> tokens it is still expected to generate
         self._user_reserved: dict[str, float] = {}
@@ -262,8 +529,8 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
             self._reserve(request.user, self._counted(remaining - used) - self._counted(remaining))
 
     def on_requeued(self, request: RequestView) -> None:
-        super().on_requeued(request)
         self._release(request)  # and no answer length to learn from
+        super().on_requeued(request)
 
     def _release(self, request: RequestView) -> None:
         """The request no longer runs: what it was still expected to generate stops counting."""
@@ -277,6 +544,22 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
         self._mean_length[request.user] = (
             float(generated) if previous is None else previous + self.SMOOTHING * (generated - previous)
         )
+        super().on_finished(request, generated)
+
+    def _all_ended(self, user: str) -> None:
+        super()._all_ended(user)
+        self._user_reserved.pop(user, None)
+
+    def _group_all_ended(self, group: str) -> None:
+        super()._group_all_ended(group)
+        self._group_reserved.pop(group, None)
+
+    def _forget(self, user: str, expired: bool) -> bool:
+        super()._forget(user, expired)
+        if not expired:
+            return user not in self._mean_length
+        self._mean_length.pop(user, None)
+        return True
 
 
 FAIRNESS_POLICIES: Registry[FairnessPolicy] = Registry("fairness")

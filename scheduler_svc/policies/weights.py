@@ -16,6 +16,11 @@ class WeightResolver:
         group = self._config.members.get(user)
         return f"group:{group}" if group is not None else f"user:{user}"
 
+    def is_shared(self, group: str) -> bool:
+        """Whether `group` is a configured group (its users are compared with each other), not the implicit
+        group of one user."""
+        return group.startswith("group:")
+
     def user_weight(self, user: str) -> float:
         return self._config.users.get(user, self._config.default)
 

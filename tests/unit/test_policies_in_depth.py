@@ -77,7 +77,7 @@ def test_vtc_lifts_a_returning_user_so_idle_time_earns_no_credit() -> None:
         h.dispatch()
         h.step()
     counters = h.dispatcher.fairness["interactive"].counters()
-    assert counters["a"] > counters["b"]
+    assert counters["a"] > counters.get("b", 0.0)  # b, below the floor a's return lifts it to, may be forgotten
     h.tokens_by_user.clear()
     served = run(h, {"a": 20, "b": 20}, steps=400)  # b is back: lifted, so it does not get 200 steps' credit
     assert served["b"] == pytest.approx(served["a"], rel=0.15), served

@@ -565,16 +565,26 @@ class GetQueueStateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MODEL_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    MAX_USERS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Only this model; empty means every model."""
+    user: _builtins.str
+    """Only this user's entries; empty means every user. At most 256 bytes (INVALID_ARGUMENT otherwise)."""
+    max_users: _builtins.int
+    """At most this many users per class, those with the most queued first (ties by user id); 0 means 100,
+    and more than 1000 is answered with 1000. `users_total` and `truncated` tell what was left out.
+    """
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
+        user: _builtins.str = ...,
+        max_users: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_users", b"max_users", "model", b"model", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -660,15 +670,23 @@ class ClassQueueState(_message.Message):
     RANK_FIELD_NUMBER: _builtins.int
     QUEUED_FIELD_NUMBER: _builtins.int
     USERS_FIELD_NUMBER: _builtins.int
+    USERS_TOTAL_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     priority_class: _builtins.str
     """The class name."""
     rank: _builtins.int
     """Its rank (lower is served first)."""
     queued: _builtins.int
     """Requests queued in the band."""
+    users_total: _builtins.int
+    """How many users matched (before the `max_users` cap)."""
+    truncated: _builtins.bool
+    """Whether `users` lists fewer than `users_total`."""
     @_builtins.property
     def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserQueueState]:
-        """Per-user state within the band (users with queued requests or a fair-share counter)."""
+        """Per-user state within the band (users with queued requests or a fair-share counter), most queued
+        first, then by user id; at most `max_users` of them.
+        """
 
     def __init__(
         self,
@@ -677,10 +695,12 @@ class ClassQueueState(_message.Message):
         rank: _builtins.int = ...,
         queued: _builtins.int = ...,
         users: _abc.Iterable[Global___UserQueueState] | None = ...,
+        users_total: _builtins.int = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["priority_class", b"priority_class", "queued", b"queued", "rank", b"rank", "users", b"users"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["priority_class", b"priority_class", "queued", b"queued", "rank", b"rank", "truncated", b"truncated", "users", b"users", "users_total", b"users_total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
