@@ -23,6 +23,7 @@ from scheduler_svc.ledger import DispatchLedger
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.policies import GATE_POLICIES
 from scheduler_svc.request import QueuedRequest
+from scheduler_svc.text import client_text
 from scheduler_svc.ticket import Ticket
 
 log = structlog.get_logger(__name__)
@@ -81,12 +82,13 @@ class Scheduler:
 
     def admit(self, request: QueuedRequest) -> Ticket:
         """Queue a validated request; raises ModelNotFound or ShuttingDown."""
-        if not self._accepting:
-            self.metrics.rejected.labels(request.model, "shutting_down").inc()
-            raise ShuttingDown("the scheduler is shutting down; retry on another instance")
         dispatcher = self.dispatchers.get(request.model)
-        if dispatcher is None:
-            raise ModelNotFound(f"unknown model {request.model!r}; served models: {sorted(self.dispatchers)}")
+        if dispatcher is None:  # first: a metric label below must name a configured model
+            served = sorted(self.dispatchers)
+            raise ModelNotFound(f"unknown model {client_text(request.model)}; served models: {served}")
+        if not self._accepting:
+            self.metrics.rejected.labels(dispatcher.model.name, "shutting_down").inc()
+            raise ShuttingDown("the scheduler is shutting down; retry on another instance")
         return dispatcher.enqueue(request)
 
     async def run(self) -> None:
