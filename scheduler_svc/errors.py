@@ -2,6 +2,7 @@
 
     SchedulerError                      -> INTERNAL
     ├── InvalidRequest                  -> INVALID_ARGUMENT
+    │   └── MalformedRequest            -> INVALID_ARGUMENT (the body does not decode)
     ├── ModelNotFound                   -> NOT_FOUND
     ├── Unauthenticated                 -> UNAUTHENTICATED
     ├── PermissionDenied                -> PERMISSION_DENIED
@@ -39,6 +40,12 @@ class InvalidRequest(SchedulerError):
 
     status_code = grpc.StatusCode.INVALID_ARGUMENT
     reason = "INVALID_REQUEST"
+
+
+class MalformedRequest(InvalidRequest):
+    """The request body is not a valid protobuf message of the method's request type (e.g. bad UTF-8)."""
+
+    reason = "MALFORMED_REQUEST"
 
 
 class ModelNotFound(SchedulerError):
