@@ -11,7 +11,8 @@ The caller is identified by call metadata: `x-user-id: <user>`, or, when the ser
 API keys, by `authorization: Bearer <key>` (the key decides the user; `x-user-id` is then ignored).
 
 Errors travel as gRPC status codes with google.rpc details:
-  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class)
+  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class),
+                      or a body that does not decode (ErrorInfo reason MALFORMED_REQUEST, e.g. bad UTF-8)
   NOT_FOUND           unknown model
   UNAUTHENTICATED     no user identity, or an unknown API key
   RESOURCE_EXHAUSTED  a queue cap was hit; carries google.rpc.RetryInfo and google.rpc.ErrorInfo
