@@ -67,4 +67,4 @@ bench-check: $(STAMP)
 	$(BIN)/python -m bench --engine $(ENGINE) --check
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -11,6 +11,7 @@ from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.config import Config
 from scheduler_svc.errors import InvalidRequest, ModelNotFound, PromptTooLarge
 from scheduler_svc.request import QueuedRequest
+from scheduler_svc.text import client_text
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOP_STRINGS = 16
@@ -28,7 +29,8 @@ def build_request(
         raise InvalidRequest("model is required")
     model = config.model(message.model)
     if model is None:
-        raise ModelNotFound(f"unknown model {message.model!r}; served models: {[m.name for m in config.models]}")
+        served = [m.name for m in config.models]
+        raise ModelNotFound(f"unknown model {client_text(message.model)}; served models: {served}")
     if message.prompt and message.messages:
         raise InvalidRequest("set either prompt or messages, not both")
     messages: tuple[ChatMessage, ...] | None = None
@@ -37,7 +39,7 @@ def build_request(
     if message.messages:
         for i, m in enumerate(message.messages):
             if m.role not in ROLES:
-                raise InvalidRequest(f"messages[{i}].role must be one of {ROLES}, got {m.role!r}")
+                raise InvalidRequest(f"messages[{i}].role must be one of {ROLES}, got {client_text(m.role)}")
         messages = tuple(ChatMessage(m.role, m.content) for m in message.messages)
         if not any(m.content.strip() for m in messages):
             raise InvalidRequest("messages are all empty")
@@ -58,7 +60,7 @@ def build_request(
     priority_class = config.scheduling.priority_class(class_name)
     if priority_class is None:
         known = [c.name for c in config.scheduling.classes]
-        raise InvalidRequest(f"unknown priority_class {class_name!r}; known: {known}")
+        raise InvalidRequest(f"unknown priority_class {client_text(class_name)}; known: {known}")
     if message.request_id and not _REQUEST_ID.match(message.request_id):
         raise InvalidRequest("request_id: 1-128 characters of letters, digits and ._:/-")
     if timeout is not None and timeout <= 0:

@@ -3,7 +3,8 @@
     SchedulerError                      -> INTERNAL
     ├── InternalError                   -> INTERNAL (a bug of ours, counted in llmsched_internal_errors_total)
     ├── InvalidRequest                  -> INVALID_ARGUMENT
-    │   └── PromptTooLarge              -> INVALID_ARGUMENT (reason PROMPT_TOO_LARGE, the limit in metadata)
+    │   ├── PromptTooLarge              -> INVALID_ARGUMENT (reason PROMPT_TOO_LARGE, the limit in metadata)
+    │   └── MalformedRequest            -> INVALID_ARGUMENT (the body does not decode)
     ├── ModelNotFound                   -> NOT_FOUND
     ├── Unauthenticated                 -> UNAUTHENTICATED
     ├── PermissionDenied                -> PERMISSION_DENIED
@@ -64,6 +65,12 @@ class AlreadyExists(SchedulerError):
 
     status_code = grpc.StatusCode.ALREADY_EXISTS
     reason = "REQUEST_ID_IN_USE"
+
+
+class MalformedRequest(InvalidRequest):
+    """The request body is not a valid protobuf message of the method's request type (e.g. bad UTF-8)."""
+
+    reason = "MALFORMED_REQUEST"
 
 
 class ModelNotFound(SchedulerError):

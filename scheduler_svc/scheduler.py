@@ -24,6 +24,7 @@ from scheduler_svc.ledger import DispatchLedger
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.policies import GATE_POLICIES
 from scheduler_svc.request import QueuedRequest
+from scheduler_svc.text import client_text
 from scheduler_svc.ticket import Ticket
 
 log = structlog.get_logger(__name__)
@@ -101,11 +102,12 @@ class Scheduler:
 
     def admit(self, request: QueuedRequest) -> Ticket:
         """Queue a validated request; raises ModelNotFound, AlreadyExists, QueueFull or ShuttingDown."""
-        if not self._accepting:
-            raise ShuttingDown("the scheduler is shutting down; retry on another instance")
         dispatcher = self.dispatchers.get(request.model)
         if dispatcher is None:
-            raise ModelNotFound(f"unknown model; served models: {sorted(self.dispatchers)}")
+            served = sorted(self.dispatchers)
+            raise ModelNotFound(f"unknown model {client_text(request.model)}; served models: {served}")
+        if not self._accepting:
+            raise ShuttingDown("the scheduler is shutting down; retry on another instance")
         key = (request.user, request.client_request_id)
         if request.client_request_id and key in self._live_ids:
             raise AlreadyExists(

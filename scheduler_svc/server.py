@@ -21,6 +21,7 @@ from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from scheduler_svc.auth import Authenticator
 from scheduler_svc.clock import Clock
 from scheduler_svc.config import Config
+from scheduler_svc.decoding import DecodeGuard
 from scheduler_svc.scheduler import BackendFactory, Scheduler, default_backend_factory
 from scheduler_svc.servicer import SchedulerServicer
 from scheduler_svc.tls import ServerTls
@@ -54,7 +55,7 @@ class SchedulerServer:
     ) -> None:
         self.config = config
         self.scheduler = Scheduler(config, backend_factory=backend_factory, clock=clock)
-        self._grpc = grpc.aio.server(options=_server_options(config))
+        self._grpc = grpc.aio.server(interceptors=[DecodeGuard()], options=_server_options(config))
         self._tls = ServerTls.from_config(config.server)  # read once, at startup; shared by every listener
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._metrics_runner: web.AppRunner | None = None

@@ -25,6 +25,7 @@ from scheduler_svc.auth import Authenticator
 from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError, to_grpc_status
 from scheduler_svc.introspection import queue_state, user_limits
 from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.text import UNKNOWN_LABEL, client_text
 from scheduler_svc.ticket import Requeued, Ticket
 
 log = structlog.get_logger(__name__)
@@ -66,8 +67,11 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     async def _reject(
         self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any], exc: SchedulerError
     ) -> NoReturn:
-        self._scheduler.metrics.rejected.labels(message.model or "-", exc.reason.lower()).inc()
-        log.info("request_rejected", model=message.model, reason=exc.reason, error=str(exc))
+        # The label is a configured model name or one fixed value, never the client's string: each distinct
+        # label value is a series held for the life of the process and repeated in every scrape.
+        model = message.model if message.model in self._scheduler.dispatchers else UNKNOWN_LABEL
+        self._scheduler.metrics.rejected.labels(model, exc.reason.lower()).inc()
+        log.info("request_rejected", model=client_text(message.model), reason=exc.reason, error=str(exc))
         await _abort(context, exc)
 
     def _timings(self, ticket: Ticket) -> pb.Timings:
@@ -199,9 +203,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             user = self._auth.identify(context.invocation_metadata(), context.auth_context)
             admins = self._scheduler.config.auth.admin_users
             if admins and user not in admins:
-                raise PermissionDenied(f"user {user} may not read the queue state (auth.admin_users)")
+                raise PermissionDenied(f"user {client_text(user)} may not read the queue state (auth.admin_users)")
             if request.model and request.model not in self._scheduler.dispatchers:
-                raise ModelNotFound(f"unknown model {request.model!r}")
+                raise ModelNotFound(f"unknown model {client_text(request.model)}")
             max_users = user_limits(request.user, request.max_users)
         except SchedulerError as exc:
             await _abort(context, exc)

@@ -17,8 +17,9 @@ Any other value (surrounding spaces, control characters, non-ASCII bytes) is ref
 UNAUTHENTICATED, never trimmed or repaired; so is an `x-user-id` or `authorization` sent twice.
 
 Errors travel as gRPC status codes with google.rpc details (google.rpc.ErrorInfo with a reason on all):
-  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class,
-                      an undecodable message); reason PROMPT_TOO_LARGE when the prompt, messages and stop
+  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class),
+                      or a body that does not decode (reason MALFORMED_REQUEST, e.g. bad UTF-8); reason
+                      PROMPT_TOO_LARGE when the prompt, messages and stop
                       strings exceed the model's max_prompt_bytes in UTF-8 (ErrorInfo metadata names it)
   NOT_FOUND           unknown model
   ALREADY_EXISTS      the caller already has a live (queued or running) request with this request_id
