@@ -13,7 +13,7 @@ help:
 	@echo "make test                              the whole suite, real engines included (installs them once)"
 	@echo "make check                             fast inner loop: lint, types, generated code, tests without real engines"
 	@echo "make demo                              scenario S1: a flood and two latecomers, direct vs scheduled"
-	@echo "make bench [ENGINE=sim|vllm]           scenarios S1-S6 side by side, tables + JSON + plots in bench/results"
+	@echo "make bench [ENGINE=sim|vllm|llamacpp]  scenarios side by side, tables + JSON + plots in bench/results"
 	@echo "make bench-check                       fails when a scenario misses its target beyond tolerance"
 	@echo "make protos                            regenerate Python code from protos/"
 
@@ -56,10 +56,13 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m bench.s1_demo
 
-# S1-S6 side by side (simulator; ENGINE=vllm: S1, S2, S6 on the real CPU vLLM); refreshes README's Results.
+# S1-S7 side by side on the simulator (refreshes README's Results); ENGINE=vllm: R1 (S1/S2 on the real CPU
+# vLLM laid out like a GPU host, plus the "front end starved" and "all shared" layouts) and S6;
+# ENGINE=llamacpp: R1 on the real llama.cpp server. Pass BENCH_ARGS="--layouts gpu_host --rounds 3" to narrow.
 bench: $(STAMP)
 	$(if $(filter vllm,$(ENGINE)),bash scripts/engines/install_vllm.sh)
-	$(BIN)/python -m bench --engine $(ENGINE)
+	$(if $(filter llamacpp,$(ENGINE)),bash scripts/engines/install_llamacpp.sh)
+	$(BIN)/python -m bench --engine $(ENGINE) $(BENCH_ARGS)
 	$(if $(filter sim,$(ENGINE)),$(BIN)/python bench/update_readme.py)
 
 # Fails when a scenario falls below its SCENARIOS.md target by more than the stated tolerance.

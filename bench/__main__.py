@@ -1,7 +1,9 @@
 """Run the benchmark scenarios side by side (engine alone vs through llm-scheduler) and report them.
 
     python -m bench                          S1-S6 against the simulator (a few minutes)
-    python -m bench --engine vllm            S1, S2, S6 against the real CPU vLLM (if installed)
+    python -m bench --engine vllm            R1 (S1/S2 on real vLLM in three core layouts), S6
+    python -m bench --engine llamacpp        R1 on the real llama.cpp server
+    python -m bench --engine vllm --scenarios R1 --layouts gpu_host --workloads flood,mixed
     python -m bench --scenarios S1,S6        a subset (S2 comes with S1)
     python -m bench --check                  run, then fail (exit 1) on a regression past tolerance
     python -m bench --check --from-json bench/results/results.json    check a saved run, no rerun
@@ -36,7 +38,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    parser.add_argument("--engine", choices=("sim", "vllm", "llamacpp"), default="sim")
+    parser.add_argument("--layouts", default="gpu_host,starved,shared", help="R1's core layouts (real engines)")
+    parser.add_argument("--workloads", default="flood", help="R1's workloads: flood,mixed")
+    parser.add_argument("--rounds", type=int, default=3, help="R1's rounds (every setup once per round)")
     parser.add_argument("--scenarios", help="comma-separated ids, e.g. S1,S3 (default: all for the engine)")
     parser.add_argument("--out", type=Path, help="output folder (default bench/results[/vllm])")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target regressed past its tolerance")
@@ -47,6 +52,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _provider(engine: str) -> EngineProvider:
+    if engine == "llamacpp":
+        from tests.engines.engines import llamacpp_missing_reason
+
+        reason = llamacpp_missing_reason()
+        if reason:
+            sys.exit(f"--engine llamacpp: {reason}")
+        return VllmProvider()  # only R1 runs on llama.cpp; the provider is never asked for an engine
     if engine == "vllm":
         reason = VllmProvider.missing_reason()
         if reason:
@@ -55,10 +67,21 @@ def _provider(engine: str) -> EngineProvider:
     return SimProvider(SimProfile())
 
 
-async def _run_all(provider: EngineProvider, ids: list[str], options: Options) -> list[results.ScenarioResult]:
+async def _run_all(
+    provider: EngineProvider, ids: list[str], options: Options, args: argparse.Namespace
+) -> list[results.ScenarioResult]:
     out: list[results.ScenarioResult] = []
     try:
-        for entry in entries_for(ids):
+        if "R1" in ids and args.engine != "sim":
+            from bench import layout
+            from bench.scenarios import real_s1
+
+            for name in args.layouts.split(","):
+                workloads = [real_s1.WORKLOADS[w] for w in args.workloads.split(",")]
+                out += await real_s1.run_layout(
+                    args.engine, layout.LAYOUTS[name], workloads, args.rounds, None, options.out_dir
+                )
+        for entry in entries_for([i for i in ids if i != "R1"]):
             produces, runner = SCENARIOS[entry]
             print(f"{'/'.join(produces)} ...", flush=True)
             started = time.monotonic()
@@ -103,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.out or ROOT / "bench" / "results" / ("" if args.engine == "sim" else args.engine)
         out_dir.mkdir(parents=True, exist_ok=True)
         ids = [s.strip().upper() for s in args.scenarios.split(",")] if args.scenarios else []
-        ids = ids or [i for entry in DEFAULT[args.engine] for i in SCENARIOS[entry][0]]
+        ids = ids or [i for entry in DEFAULT[args.engine] for i in SCENARIOS.get(entry, ((entry,), None))[0]]
         load, started = os.getloadavg(), time.monotonic()
-        loaded = asyncio.run(_run_all(provider, ids, Options(out_dir, args.profile)))
+        loaded = asyncio.run(_run_all(provider, ids, Options(out_dir, args.profile), args))
         meta = _meta(args, provider, time.monotonic() - started, load)
         if not args.no_plots:
             from bench import plots

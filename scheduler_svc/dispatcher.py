@@ -234,7 +234,7 @@ class ModelDispatcher:
     # -- events from running requests ---------------------------------------------------------------
     def on_first_token(self, ticket: Ticket) -> None:
         assert ticket.backend is not None and ticket.first_token_at is not None
-        ticket.backend.ledger.started(ticket.request.request_id)
+        ticket.backend.ledger.started(ticket.request.request_id, ticket.first_token_at)
         self._class_series[ticket.request.priority_class].ttft.observe(
             ticket.first_token_at - ticket.request.admitted_at
         )
@@ -254,7 +254,7 @@ class ModelDispatcher:
         """A dispatched request no longer holds its backend."""
         backend = ticket.backend
         assert backend is not None
-        backend.ledger.finished(ticket.request.request_id)
+        backend.ledger.finished(ticket.request.request_id, self.clock.now())
         user = ticket.request.user
         remaining = backend.user_in_flight.get(user, 1) - 1
         if remaining:

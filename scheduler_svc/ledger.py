@@ -25,7 +25,15 @@ def _seen_by(accepted_at: float | None, reading: BackendLoad | None) -> bool:
 
 
 class DispatchLedger:
-    """Per-backend bookkeeping of in-flight requests relative to the latest good reading."""
+    """Per-backend bookkeeping of in-flight requests relative to the latest good reading.
+
+    A scrape is taken at `read_at` but may answer seconds later (a busy engine front end answers
+    `/metrics` slowly). First tokens and ends that happened in between are counted against the reading
+    when it arrives, not lost: each event keeps its time, and what the reading could not yet show is
+    worked out from `read_at`. With the engine's slot count known, the waiting estimate is also bounded by
+    what we have in flight beyond the slots (an engine fills its free slots before it queues), so a late or
+    stale reading never holds back work that would go straight into an empty slot.
+    """
 
     def __init__(self, engine_slots: int = 0) -> None:
         self.engine_slots = engine_slots  # the engine's batch size when configured, else 0
@@ -35,9 +43,13 @@ class DispatchLedger:
         # request id -> when the engine accepted it (None: sent, not yet accepted), for all in flight
         self._in_flight: dict[str, float | None] = {}
         self._unstarted: set[str] = set()  # in flight without a first token yet
+        self._started_at: dict[str, float] = {}  # in flight with a first token: when it came (if told)
+        # (accepted at, first token at, ended at) of requests that ended after the reading's read_at
+        self._ended: list[tuple[float | None, float | None, float]] = []
         self._finished_since_reading = 0  # ours the reading could see (accepted before it) that ended since
         self._seen_unstarted_at_reading = 0  # ours the reading may count: accepted before it, not started
         self._started_since_reading = 0  # of those, how many produced a token since
+        self._foreign = 0  # requests the reading showed beyond all of ours it could hold: other clients'
 
     def dispatched(self, request_id: str) -> None:
         """A request was handed to the backend."""
@@ -50,33 +62,64 @@ class DispatchLedger:
         if request_id in self._in_flight:
             self._in_flight[request_id] = at
 
-    def started(self, request_id: str) -> None:
-        """The request produced its first token (or ended without one): it is no longer waiting."""
+    def started(self, request_id: str, at: float | None = None) -> None:
+        """The request produced its first token at `at` (or ended without one): it is no longer waiting.
+        Without a time it counts as after the current reading."""
         if request_id not in self._unstarted:
             return
         self._unstarted.discard(request_id)
+        if at is not None:
+            self._started_at[request_id] = at
         accepted_at = self._in_flight.get(request_id)
-        if _seen_by(accepted_at, self.reading):
+        if _seen_by(accepted_at, self.reading) and _after_reading(at, self.reading):
             self._started_since_reading += 1
 
-    def finished(self, request_id: str) -> None:
-        """The request is over, whatever the outcome."""
-        self.started(request_id)
+    def finished(self, request_id: str, at: float | None = None) -> None:
+        """The request is over at `at`, whatever the outcome."""
+        self.started(request_id, at)
         self.in_flight -= 1
         accepted_at = self._in_flight.pop(request_id, None)
-        if _seen_by(accepted_at, self.reading):
+        started_at = self._started_at.pop(request_id, None)
+        if at is not None:
+            self._ended.append((accepted_at, started_at, at))
+        if _seen_by(accepted_at, self.reading) and _after_reading(at, self.reading):
             self._finished_since_reading += 1
 
     def record_reading(self, reading: BackendLoad) -> None:
         """Take in a scrape. A good one replaces the last; a failed one is kept apart, so one lost scrape
-        changes nothing while the last good reading simply ages until the gate calls it stale."""
+        changes nothing while the last good reading simply ages until the gate calls it stale.
+
+        Events since `read_at` (the scrape may have taken seconds to answer) count against the new reading.
+        """
         if not reading.ok:
             self.last_failure = reading
             return
+        if self.reading is not None and reading.read_at < self.reading.read_at:
+            return  # an older scrape answering after a newer one
         self.reading = reading
-        self._started_since_reading = 0
-        self._finished_since_reading = 0
-        self._seen_unstarted_at_reading = sum(1 for rid in self._unstarted if _seen_by(self._in_flight[rid], reading))
+        after = reading.read_at
+        self._ended = [e for e in self._ended if e[2] > after]
+        seen_unstarted = started_since = finished_since = 0
+        for rid, accepted_at in self._in_flight.items():
+            if not _seen_by(accepted_at, reading):
+                continue
+            started_at = self._started_at.get(rid)
+            if rid in self._unstarted or (started_at is not None and started_at > after):
+                seen_unstarted += 1
+                started_since += rid not in self._unstarted
+        for accepted_at, started_at, _ in self._ended:
+            if not _seen_by(accepted_at, reading):
+                continue
+            finished_since += 1
+            if started_at is not None and started_at > after:
+                seen_unstarted += 1
+                started_since += 1
+        self._seen_unstarted_at_reading = seen_unstarted
+        self._started_since_reading = started_since
+        self._finished_since_reading = finished_since
+        # Of ours, the reading can hold at most those in flight now or ended since it was taken.
+        ours = self.in_flight + len(self._ended)
+        self._foreign = max(0, reading.running + reading.waiting - ours)
 
     def gate_inputs(self, now: float, better_class_active: bool = False) -> GateInputs:
         reading = self.reading
@@ -97,4 +140,24 @@ class DispatchLedger:
             engine_slots=self.engine_slots,
             better_class_active=better_class_active,
             started_in_flight=self.in_flight - len(self._unstarted),
+            waiting_bound=self._waiting_bound(),
         )
+
+    def _waiting_bound(self) -> int | None:
+        """The most the engine can have waiting, from what we sent alone: everything in flight beyond its
+        slots (plus other clients' work the last reading showed). None when it cannot be trusted: slots
+        unknown, no reading, the latest scrape failed, or the reading shows waiting work beside free slots
+        (an engine that does not fill its batch, e.g. short of KV cache)."""
+        reading = self.reading
+        if not self.engine_slots or reading is None:
+            return None
+        if self.last_failure is not None and self.last_failure.read_at > reading.read_at:
+            return None
+        if reading.waiting > 0 and reading.running < self.engine_slots:
+            return None
+        return max(0, self.in_flight + self._foreign - self.engine_slots)
+
+
+def _after_reading(at: float | None, reading: BackendLoad | None) -> bool:
+    """Whether an event at `at` happened after `reading` was taken (no time: it happened just now)."""
+    return at is None or reading is None or at > reading.read_at

@@ -35,6 +35,7 @@ class GateInputs:
     engine_slots: int = 0
     better_class_active: bool = False  # a better-ranked class was active recently (see contention window)
     started_in_flight: int = 0  # ours that produced a token and have not ended: running at the engine
+    waiting_bound: int | None = None  # most the engine can have waiting (in flight beyond its slots), if known
 
     def reading_age(self) -> float | None:
         """Seconds since the reading was taken, None when there is none."""
@@ -53,7 +54,8 @@ class GateInputs:
         scrape taken in between no longer counts the request, and its end, seen after the reading, would
         be subtracted a second time.
         """
-        return max(self._seen_running() + self.unseen_in_flight, self.started_in_flight + self.sent_unseen)
+        running = max(self._seen_running() + self.unseen_in_flight, self.started_in_flight + self.sent_unseen)
+        return min(running, self.engine_slots) if self.engine_slots else running  # an engine runs no more
 
     def estimated_waiting(self) -> int:
         """The engine's waiting queue now, as best we know: last reading corrected by what happened since.
@@ -63,12 +65,11 @@ class GateInputs:
         """
         seen = self.reading.waiting if self.reading is not None and self.reading.ok else 0
         waiting = max(0, seen - self.started_since_reading) + self.sent_unseen
-        if not self.engine_slots or seen > 0 or self.reading is None:
-            return waiting
-        started_unseen = self.unseen_in_flight - self.sent_unseen
-        running = max(self._seen_running() + started_unseen, self.started_in_flight)  # see estimated_running
-        free = max(0, self.engine_slots - running)
-        return max(0, waiting - free)
+        if self.engine_slots and seen == 0 and self.reading is not None:
+            started_unseen = self.unseen_in_flight - self.sent_unseen
+            running = max(self._seen_running() + started_unseen, self.started_in_flight)  # see estimated_running
+            waiting = max(0, waiting - max(0, self.engine_slots - running))
+        return waiting if self.waiting_bound is None else min(waiting, self.waiting_bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,8 @@ def _fallback(inputs: GateInputs, config: GateConfig) -> GateDecision | None:
     if inputs.reading is not None and inputs.reading.ok and age is not None and age <= config.stale_after_seconds:
         return None
     cap = config.fallback_max_in_flight
+    if inputs.waiting_bound is not None:  # a late scrape, slots known: fill them, keep the queue at the target
+        cap = max(cap, inputs.engine_slots + config.waiting_target)
     if inputs.in_flight < cap:
         return GateDecision(True, f"metrics stale: in flight {inputs.in_flight} < cap {cap}", False)
     return GateDecision(False, f"metrics stale: in flight {inputs.in_flight} >= cap {cap}", False)

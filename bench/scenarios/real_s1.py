@@ -1,0 +1,747 @@
+"""R1: S1 and S2 on a real engine (vLLM or llama.cpp), laid out like a GPU host, with many latecomers.
+
+Workload (issue 10): user A floods 64 streamed requests of exactly 256 tokens (`ignore_eos`; the mixed
+workload: 32-512 tokens); B and C send one each at +1 s and +2 s, and 30 more latecomers (distinct users,
+16 tokens) at random offsets through the flood. Setups are interleaved in every round, on one engine:
+
+- scheduler, engine priorities on (vLLM started with `--scheduling-policy priority`);
+- the oracle: vLLM's own priority queue, latecomers send `priority: -1` straight to the engine;
+- the engine's FIFO, straight: the same priority-policy engine with every request at priority 0 is FCFS
+  (its queue orders by (priority, arrival)), so one engine serves every setup of a round;
+- scheduler, engine priorities off (pure gating: the TGI path; the only scheduler setup for llama.cpp);
+- optionally the scheduler from another source tree (`--baseline-src`: the code before a fix).
+
+Reported per setup: latecomer TTFT median and p90 (pooled over the rounds, per-round medians for the
+spread), ratios against the oracle of the same rounds, the flood's span (first send to last token) against
+FIFO's in the same round, engine output tokens/s over the whole flood and in its middle half, the share of
+engine-metric samples with every slot busy while requests wait for their first token, and for scheduler
+runs the gate's decisions sampled through GetQueueState (where the slots go empty, and why).
+
+    python -m bench.scenarios.real_s1 --engine vllm --layouts gpu_host --workload flood --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+import grpc
+
+from backends._prom import MetricSamples
+from bench import harness, layout
+from bench.clients import Client, DirectClient, RunClock, ScheduledClient
+from bench.configs import scheduler_config, validated_toml
+from bench.layout import Layout
+from bench.records import RequestRecord
+from bench.results import ScenarioResult, Table, Target
+from bench.runner import SCHEDULED_MODEL
+from bench.scenarios._common import STANDARD_CLASS, jsonable, seconds
+from clients import pb, pb_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+SLOTS = 4
+GATE_TARGET = 3
+SCRAPE_INTERVAL = 0.1
+
+METRIC_NAMES = {
+    "sim": ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:generation_tokens_total"),
+    "vllm": ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:generation_tokens_total"),
+    "llamacpp": ("llamacpp:requests_deferred", "llamacpp:requests_processing", "llamacpp:tokens_predicted_total"),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    flood: int = 64
+    tokens_min: int = 256
+    tokens_max: int = 256
+    latecomers: int = 30  # besides B and C
+    latecomer_tokens: int = 16
+
+    def describe(self) -> str:
+        lengths = (
+            f"exactly {self.tokens_min}"
+            if self.tokens_min == self.tokens_max
+            else f"{self.tokens_min}-{self.tokens_max}"
+        )
+        return (
+            f"user A floods {self.flood} streamed requests of {lengths} tokens (ignore_eos); B and C send one "
+            f"each at +1 s and +2 s, {self.latecomers} more latecomers (distinct users, {self.latecomer_tokens} "
+            "tokens) at random offsets through the flood"
+        )
+
+
+WORKLOADS = {"flood": Workload("flood"), "mixed": Workload("mixed", tokens_min=32, tokens_max=512)}
+
+
+@dataclass(frozen=True)
+class Setup:
+    key: str
+    label: str
+    scheduled: bool
+    engine_priorities: bool = False
+    latecomer_priority: int | None = None
+    baseline: bool = False
+
+
+SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_priorities=True)
+ORACLE = Setup("oracle", "vLLM priority queue, latecomers -1 (oracle)", False, latecomer_priority=-1)
+FIFO = Setup("fifo", "engine FIFO, direct", False)
+SCHED_OFF = Setup("sched_off", "scheduler, engine priorities off (pure gating)", True)
+SCHED_BASE = Setup("sched_base", "scheduler before the ledger fix, engine priorities on", True, True, baseline=True)
+
+
+def setups_for(engine: str, baseline: bool) -> list[Setup]:
+    if engine == "llamacpp":
+        return [SCHED_OFF, FIFO]
+    return [SCHED, ORACLE, FIFO, SCHED_OFF, *([SCHED_BASE] if baseline else [])]
+
+
+# ------------------------------------------------------------------------------------------------ engines
+
+
+@dataclass
+class RealEngine:
+    """One engine process laid out on the machine's cores."""
+
+    kind: str
+    url: str
+    model: str
+    process: Any  # tests.engines.engines.EngineProcess
+    layout: Layout
+    processes: list[dict[str, object]] = field(default_factory=list)
+
+    def cpu_by_role(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for row in self.processes:
+            pid = cast(int, row["pid"])
+            tid = cast("int | None", row.get("tid"))
+            key = str(row["role"])
+            out[key] = out.get(key, 0.0) + layout.cpu_seconds(pid, tid)
+        return out
+
+
+@contextlib.asynccontextmanager
+async def real_engine(kind: str, lay: Layout) -> AsyncIterator[RealEngine]:
+    """Start the engine on the layout's cores; the front end and the compute are pinned once it is ready."""
+    from tests.engines import engines
+
+    if kind == "vllm":
+        process = engines.vllm_process(
+            scheduling_policy="priority", served_model_name="tiny-llama-priority", max_num_seqs=SLOTS
+        )
+        if lay.omp_bind is not None:
+            process.env["VLLM_CPU_OMP_THREADS_BIND"] = lay.omp_bind
+            process.env["OMP_NUM_THREADS"] = str(len(lay.compute_cpus or layout.all_cpus()))
+    elif kind == "llamacpp":
+        process = engines.llamacpp_process(slots=SLOTS, threads=1)
+    else:  # the simulator, to try the bench itself quickly (its figures mean nothing for the layouts)
+        port = engines.free_port()
+        argv = [sys.executable, "-m", "scheduler_svc.cli", "sim", "--port", str(port), "--max-num-seqs", str(SLOTS)]
+        argv += ["--scheduling-policy", "priority", "--decode-base-ms", "12", "--decode-per-seq-ms", "1"]
+        process = engines.EngineProcess("sim", argv, port, "sim-model", {"PYTHONPATH": str(ROOT)}, 30.0)
+    # started on the compute cores, so its start-up does not compete with the front end's peers
+    argv = list(process.argv)
+    if lay.compute_cpus is not None:
+        process.argv = ["taskset", "-c", ",".join(map(str, sorted(lay.compute_cpus))), *argv]
+    await asyncio.to_thread(process.start)
+    engine = RealEngine(kind, process.url, process.served_model_name, process, lay)
+    try:
+        pid = process.pid
+        assert pid is not None
+        if kind in ("vllm", "sim"):
+            engine.processes = layout.pin_vllm(pid, lay)
+        else:
+            async with _session(kind) as session:
+                await _direct_once(session, engine, 64)  # warm-up: makes the compute thread the busiest
+            engine.processes = layout.pin_llamacpp(pid, lay)
+        yield engine
+    finally:
+        await asyncio.to_thread(process.stop)
+
+
+def _session(kind: str) -> aiohttp.ClientSession:
+    # llama-server closes the connection after each streamed response: no pooled keep-alive there
+    connector = aiohttp.TCPConnector(limit=0, force_close=kind == "llamacpp")
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+
+async def _direct_once(session: aiohttp.ClientSession, engine: RealEngine, tokens: int) -> RequestRecord:
+    clock = RunClock()
+    record = RequestRecord(user="probe", tag="probe", sent=0.0, max_tokens=tokens)
+    await DirectClient(session, engine.url, engine.model, clock, "probe").run(record, "How fast is an idle engine?")
+    if record.error:
+        raise RuntimeError(f"engine probe failed: {record.error}")
+    return record
+
+
+async def calibrate(engine: RealEngine) -> float:
+    """Engine output tokens/s with every slot busy (direct): sizes the window the latecomers arrive in."""
+    async with _session(engine.kind) as session:
+        started = time.monotonic()
+        records = await asyncio.gather(*(_direct_once(session, engine, 128) for _ in range(SLOTS)))
+        return sum(r.tokens for r in records) / (time.monotonic() - started)
+
+
+# ------------------------------------------------------------------------------------------------ probes
+
+
+@dataclass
+class Sample:
+    t: float
+    waiting: float
+    running: float
+    generated: float
+
+
+async def _engine_sampler(
+    session: aiohttp.ClientSession, engine: RealEngine, clock: RunClock, out: list[Sample]
+) -> None:
+    waiting_name, running_name, generated_name = METRIC_NAMES[engine.kind]
+    while True:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(engine.url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as response:
+                text = await response.text()
+            samples = MetricSamples.parse(text)
+            out.append(
+                Sample(
+                    clock.now(),
+                    samples.total(waiting_name) or 0.0,
+                    samples.total(running_name) or 0.0,
+                    samples.total(generated_name) or 0.0,
+                )
+            )
+        await asyncio.sleep(SCRAPE_INTERVAL)  # sampling period of a time series
+
+
+async def _gate_sampler(stub: pb_grpc.SchedulerServiceStub, clock: RunClock, out: list[dict[str, Any]]) -> None:
+    while True:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            call = cast(
+                "grpc.aio.UnaryUnaryCall[pb.GetQueueStateRequest, pb.GetQueueStateResponse]",
+                stub.GetQueueState(pb.GetQueueStateRequest(model=SCHEDULED_MODEL), metadata=(("x-user-id", "bench"),)),
+            )
+            state = await call
+            for model in state.models:
+                for gate in model.gates:
+                    out.append(
+                        {
+                            "t": clock.now(),
+                            "queued": model.queued,
+                            "running": model.running,
+                            "open": gate.open,
+                            "reason": gate.reason,
+                            "fresh": gate.metrics_fresh,
+                            "age": gate.reading_age_seconds,
+                            "engine_waiting": gate.engine_waiting,
+                            "engine_running": gate.engine_running,
+                            "in_flight": gate.in_flight,
+                            "sent_unseen": gate.sent_unseen,
+                            "estimated_waiting": gate.estimated_waiting,
+                        }
+                    )
+        await asyncio.sleep(0.2)  # sampling period
+
+
+# ------------------------------------------------------------------------------------------------ one run
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one round sends, the same for every setup of the round."""
+
+    flood_tokens: list[int]
+    latecomers: list[tuple[str, float]]  # (user, offset in seconds after the flood's first send)
+
+
+def make_plan(workload: Workload, seed: int, late_until: float) -> Plan:
+    rng = random.Random(seed)
+    tokens = [rng.randint(workload.tokens_min, workload.tokens_max) for _ in range(workload.flood)]
+    late = [("B", 1.0), ("C", 2.0)]
+    late += [(f"L{seed}-{i:02d}", rng.uniform(0.5, late_until)) for i in range(workload.latecomers)]
+    return Plan(tokens, sorted(late, key=lambda item: item[1]))
+
+
+def _config(engine: RealEngine, setup: Setup) -> str:
+    config = scheduler_config(
+        engine_url=engine.url,
+        model=SCHEDULED_MODEL,
+        engine_model=engine.model,
+        max_num_seqs=SLOTS,
+        classes=STANDARD_CLASS,
+        waiting_target=GATE_TARGET,
+        priority_scheduling=setup.engine_priorities,
+        scrape_interval=SCRAPE_INTERVAL,
+    )
+    config["models"][0]["backends"][0]["kind"] = "vllm" if engine.kind == "sim" else engine.kind
+    return validated_toml(config)
+
+
+async def run_once(engine: RealEngine, setup: Setup, plan: Plan, baseline_src: Path | None) -> dict[str, Any]:
+    """One setup, one round: returns the raw records and samples."""
+    clock = RunClock()
+    engine_samples: list[Sample] = []
+    gates: list[dict[str, Any]] = []
+    async with contextlib.AsyncExitStack() as stack:
+        session = await stack.enter_async_context(_session(engine.kind))
+        idle = (await _direct_once(session, engine, 16)).ttft
+        client: Client
+        if setup.scheduled:
+            wrapper: list[str] = []
+            if setup.baseline and baseline_src is not None:
+                wrapper = ["env", f"PYTHONPATH={baseline_src}", sys.executable]
+            sched = await stack.enter_async_context(harness.scheduler_process(_config(engine, setup), wrapper))
+            channel = await stack.enter_async_context(grpc.aio.insecure_channel(sched.target))
+            stub = pb_grpc.SchedulerServiceStub(channel)
+            client = ScheduledClient(stub, SCHEDULED_MODEL, clock, setup.label)
+            warm = RequestRecord(user="warm", tag="warm", sent=0.0, max_tokens=4)
+            await client.run(warm, "warm up")  # the scheduler's first reading and connection
+        else:
+            client = DirectClient(session, engine.url, engine.model, clock, setup.label)
+        records: list[RequestRecord] = []
+        tasks: list[asyncio.Task[None]] = []
+
+        def send(user: str, tag: str, tokens: int, prompt: str, priority: int | None = None) -> None:
+            record = RequestRecord(user=user, tag=tag, sent=clock.now(), max_tokens=tokens)
+            records.append(record)
+            tasks.append(asyncio.create_task(client.run(record, prompt, engine_priority=priority)))
+
+        clock.reset()
+        samplers = [asyncio.create_task(_engine_sampler(session, engine, clock, engine_samples))]
+        if setup.scheduled:
+            samplers.append(asyncio.create_task(_gate_sampler(stub, clock, gates)))
+        try:
+            for i, tokens in enumerate(plan.flood_tokens):
+                send("A", "flood", tokens, f"User A, batch item {i}: summarise this paragraph for me please.")
+            for user, offset in plan.latecomers:
+                await asyncio.sleep(max(0.0, offset - clock.now()))
+                send(user, "late", 16, f"User {user} asks a short question.", setup.latecomer_priority)
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=600)
+        finally:
+            for task in [*samplers, *tasks]:
+                task.cancel()
+            await asyncio.gather(*samplers, *tasks, return_exceptions=True)
+    return {"idle_ttft": idle, "records": records, "engine": engine_samples, "gates": gates}
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def figures(run: dict[str, Any]) -> dict[str, Any]:
+    """One run's figures."""
+    records: list[RequestRecord] = run["records"]
+    samples: list[Sample] = run["engine"]
+    flood = [r for r in records if r.tag == "flood"]
+    late = [r for r in records if r.tag == "late"]
+    start = min(r.sent for r in flood)
+    end = max((r.finished or 0.0) for r in flood)
+    span = end - start
+    inside = [s for s in samples if start <= s.t <= end]
+
+    def rate(lo: float, hi: float) -> float | None:
+        window = [s for s in samples if lo <= s.t <= hi]
+        if len(window) < 2 or window[-1].t <= window[0].t:
+            return None
+        return (window[-1].generated - window[0].generated) / (window[-1].t - window[0].t)
+
+    def queued_at(t: float) -> int:
+        return sum(1 for r in records if r.sent <= t and (r.first_token is None or r.first_token > t))
+
+    with_work = [s for s in inside if queued_at(s.t) > 0]
+    full = [s for s in with_work if s.running >= SLOTS]
+    decode = [r.finished - r.first_token for r in flood if r.finished is not None and r.first_token is not None]
+    late_ttft = [r.ttft for r in late if r.ttft is not None]
+    return {
+        "idle_ttft": run["idle_ttft"],
+        "late_ttft": late_ttft,
+        "late_missing": sum(1 for r in late if r.ttft is None),
+        "errors": sorted({r.error for r in records if r.error}),
+        "span": span,
+        "tps_flood": rate(start, end),
+        "tps_window": rate(start + span * 0.25, start + span * 0.75),
+        "full_share": len(full) / len(with_work) if with_work else None,
+        "mean_running": statistics.fmean(s.running for s in inside) if inside else None,
+        "decode": _median(decode),
+        "samples": len(inside),
+    }
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
+def gate_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """Where the slots went empty: gate samples with the engine's last reading below a full batch while the
+    scheduler held queued work, by reason, and a one-second timeline."""
+    gates: list[dict[str, Any]] = run["gates"]
+    if not gates:
+        return {}
+    reasons = Counter(_NUMBER.sub("N", g["reason"]) for g in gates)
+    empty = [g for g in gates if g["queued"] > 0 and g["engine_running"] < SLOTS]
+    empty_reasons = Counter(("open" if g["open"] else "closed: ") + _NUMBER.sub("N", g["reason"]) for g in empty)
+    timeline = []
+    for second in range(int(max(g["t"] for g in gates)) + 1):
+        bucket = [g for g in gates if second <= g["t"] < second + 1]
+        if not bucket:
+            continue
+        timeline.append(
+            {
+                "t": second,
+                "queued": max(g["queued"] for g in bucket),
+                "engine_running": statistics.fmean(g["engine_running"] for g in bucket),
+                "engine_waiting": statistics.fmean(g["engine_waiting"] for g in bucket),
+                "in_flight": statistics.fmean(g["in_flight"] for g in bucket),
+                "sent_unseen": statistics.fmean(g["sent_unseen"] for g in bucket),
+                "estimated_waiting": statistics.fmean(g["estimated_waiting"] for g in bucket),
+                "age": max(g["age"] for g in bucket),
+                "open": sum(g["open"] for g in bucket) / len(bucket),
+                "reason": Counter(_NUMBER.sub("N", g["reason"]) for g in bucket).most_common(1)[0][0],
+            }
+        )
+    ages = [g["age"] for g in gates if g["age"] >= 0]
+    return {
+        "samples": len(gates),
+        "reasons": dict(reasons.most_common()),
+        "empty_with_queue": len(empty),
+        "empty_reasons": dict(empty_reasons.most_common()),
+        "reading_age_median": _median(ages),
+        "reading_age_p90": _pct(ages, 0.9),
+        "timeline": timeline,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _fmt_list(values: Sequence[float | None], fmt: Callable[[float | None], str]) -> str:
+    return ", ".join(fmt(v) for v in values)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def summarise(
+    engine: str, lay: Layout, workload: Workload, setups: list[Setup], rounds: list[dict[str, dict[str, Any]]]
+) -> ScenarioResult:
+    """The table, targets and notes for one layout and workload over all its rounds."""
+    figs = [{key: figures(run) for key, run in rnd.items()} for rnd in rounds]
+    title = f"{engine}, {lay.name}, {workload.name}"
+    result = ScenarioResult(f"R1 {title}", f"real engine, {lay.label}", workload.describe(), engine)
+    oracle_key = "oracle" if any(s.key == "oracle" for s in setups) else None
+    table = Table(
+        [
+            "setup",
+            "latecomer TTFT median (per round)",
+            "p90",
+            "median ÷ oracle",
+            "p90 ÷ oracle",
+            "flood span ÷ FIFO (per round)",
+            "tokens/s whole flood (window)",
+            "slots full while work waits",
+            "idle TTFT",
+        ]
+    )
+    agg: dict[str, dict[str, Any]] = {}
+    for setup in setups:
+        per = [f[setup.key] for f in figs if setup.key in f]
+        pooled = [t for p in per for t in p["late_ttft"]]
+        spans = [_ratio(f[setup.key]["span"], f["fifo"]["span"]) for f in figs if setup.key in f and "fifo" in f]
+        agg[setup.key] = {
+            "median": _median(pooled),
+            "p90": _pct(pooled, 0.9),
+            "round_medians": [_median(p["late_ttft"]) for p in per],
+            "span_ratios": spans,
+            "span_ratio": _median([s for s in spans if s is not None]),
+            "spans": [p["span"] for p in per],
+            "tps_flood": [p["tps_flood"] for p in per],
+            "tps_window": [p["tps_window"] for p in per],
+            "full_share": _median([p["full_share"] for p in per if p["full_share"] is not None]),
+            "full_shares": [p["full_share"] for p in per],
+            "idle": _median([p["idle_ttft"] for p in per if p["idle_ttft"] is not None]),
+            "decode": _median([p["decode"] for p in per if p["decode"] is not None]),
+            "missing": sum(p["late_missing"] for p in per),
+            "errors": sorted({e for p in per for e in p["errors"]}),
+            "n": len(pooled),
+        }
+    oracle = agg.get(oracle_key) if oracle_key else None
+    for setup in setups:
+        a = agg[setup.key]
+        med_ratio = _ratio(a["median"], oracle["median"]) if oracle else None
+        p90_ratio = _ratio(a["p90"], oracle["p90"]) if oracle else None
+        a["median_vs_oracle"], a["p90_vs_oracle"] = med_ratio, p90_ratio
+        table.rows.append(
+            [
+                setup.label,
+                f"{seconds(a['median'])} ({_fmt_list(a['round_medians'], seconds)}; n={a['n']})",
+                seconds(a["p90"]),
+                _x(med_ratio),
+                _x(p90_ratio),
+                f"{_x(a['span_ratio'])} ({_fmt_list(a['span_ratios'], _x)})",
+                f"{_fmt_list(a['tps_flood'], lambda v: '-' if v is None else f'{v:.0f}')} "
+                f"({_fmt_list(a['tps_window'], lambda v: '-' if v is None else f'{v:.0f}')})",
+                f"{_fmt_list(a['full_shares'], lambda v: '-' if v is None else f'{v:.0%}')}",
+                seconds(a["idle"]),
+            ]
+        )
+        if a["missing"] or a["errors"]:
+            result.notes.append(f"{setup.label}: {a['missing']} latecomers without a token; errors {a['errors']}")
+    result.table = table
+    _targets(result, lay, setups, agg)
+    gate_runs = {
+        setup.key: [gate_summary(rnd[setup.key]) for rnd in rounds if setup.key in rnd]
+        for setup in setups
+        if setup.scheduled
+    }
+    result.raw = {"aggregate": jsonable(agg), "rounds": jsonable(figs), "gates": jsonable(gate_runs)}
+    result.series = {
+        "runs": [
+            {
+                key: {
+                    "records": [r.summary() for r in run["records"]],
+                    "engine": [[s.t, s.waiting, s.running, s.generated] for s in run["engine"]],
+                    "gates": run["gates"],
+                }
+                for key, run in rnd.items()
+            }
+            for rnd in rounds
+        ]
+    }
+    return result
+
+
+def _targets(result: ScenarioResult, lay: Layout, setups: list[Setup], agg: dict[str, dict[str, Any]]) -> None:
+    keys = {s.key for s in setups}
+    fifo = agg.get("fifo", {})
+    for key in ("sched", "sched_base"):
+        if key not in keys:
+            continue
+        a = agg[key]
+        label = next(s.label for s in setups if s.key == key)
+        if lay.name == "gpu_host":
+            result.targets += [
+                Target("latecomer TTFT median ÷ oracle", "<= 1.1x", label, a["median_vs_oracle"], 1.1, 1.5, False, "x"),
+                Target("latecomer TTFT p90 ÷ oracle", "<= 1.25x", label, a["p90_vs_oracle"], 1.25, 1.6, False, "x"),
+                Target("flood span ÷ FIFO (median)", "<= 1.05x", label, a["span_ratio"], 1.05, 1.15, False, "x"),
+            ]
+            if a["full_share"] is not None and fifo.get("full_share") is not None:
+                result.targets.append(
+                    Target(
+                        "slots full while work waits, minus FIFO's",
+                        ">= -2 points",
+                        label,
+                        a["full_share"] - fifo["full_share"],
+                        -0.02,
+                        -0.10,
+                        True,
+                        "%",
+                    )
+                )
+        elif lay.name == "starved":
+            result.targets += [
+                Target("latecomer TTFT median ÷ oracle", "<= 1.5x", label, a["median_vs_oracle"], 1.5, 2.0, False, "x"),
+                Target("flood span ÷ FIFO (median)", "<= 1.05x", label, a["span_ratio"], 1.05, 1.15, False, "x"),
+            ]
+        elif lay.name == "shared":
+            result.targets += [
+                Target("flood span ÷ FIFO (median)", "<= 1.15x", label, a["span_ratio"], 1.15, 1.3, False, "x"),
+                Target(
+                    "latecomer TTFT median, FIFO ÷ scheduler",
+                    ">= 10x",
+                    label,
+                    _ratio(fifo.get("median"), a["median"]),
+                    10.0,
+                    8.0,
+                    True,
+                    "x",
+                ),
+            ]
+    if "sched_off" in keys and lay.name == "gpu_host":
+        a = agg["sched_off"]
+        idle = fifo.get("idle") or a["idle"] or 0.0
+        decode = fifo.get("decode") or a["decode"] or 0.0
+        bound = 2 * idle + decode
+        result.targets.append(
+            Target(
+                "latecomer TTFT median, priorities off",
+                f"<= 2 x idle TTFT + one request's decode time = {bound:.2f} s",
+                next(s.label for s in setups if s.key == "sched_off"),
+                a["median"],
+                bound,
+                bound * 1.25,
+                False,
+                " s",
+            )
+        )
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def _markdown(result: ScenarioResult, meta: dict[str, Any]) -> str:
+    from bench.report import scenario_markdown
+
+    lines = [scenario_markdown(result), ""]
+    lines.append(f"Host: {meta.get('host')}; engine processes: ")
+    lines += [f"- {row}" for row in meta.get("processes", [])]
+    lines.append(f"- engine CPU seconds by role over the layout's runs: {meta.get('engine_cpu')}")
+    for key, runs in result.raw.get("gates", {}).items():
+        for i, summary in enumerate(runs):
+            if not summary:
+                continue
+            lines.append(
+                f"\nGate samples, {key}, round {i + 1}: {summary['samples']} samples, reading age median "
+                f"{summary['reading_age_median']}, p90 {summary['reading_age_p90']}; samples with the engine "
+                f"below {SLOTS} running while the scheduler held work: {summary['empty_with_queue']}"
+            )
+            lines.append(f"- reasons: {summary['reasons']}")
+            lines.append(f"- reasons when slots were empty with work queued: {summary['empty_reasons']}")
+            lines.append(
+                "\n| t (s) | sched queued | engine running | engine waiting | in flight | sent unseen | "
+                "est. waiting | max age | gate open | main reason |\n|---|---|---|---|---|---|---|---|---|---|"
+            )
+            for row in summary["timeline"]:
+                lines.append(
+                    f"| {row['t']} | {row['queued']} | {row['engine_running']:.1f} | {row['engine_waiting']:.1f} | "
+                    f"{row['in_flight']:.1f} | {row['sent_unseen']:.1f} | {row['estimated_waiting']:.1f} | "
+                    f"{row['age']:.2f} | {row['open']:.0%} | {row['reason']} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+async def run_layout(
+    engine_kind: str,
+    lay: Layout,
+    workloads: list[Workload],
+    rounds: int,
+    baseline_src: Path | None,
+    out_dir: Path,
+    only: Sequence[str] = (),
+) -> list[ScenarioResult]:
+    """Every workload's rounds on one engine laid out as `lay`."""
+    why = layout.available(lay)
+    if why:
+        return [ScenarioResult.unavailable(f"R1 {engine_kind}, {lay.name}", lay.label, "-", why)]
+    os.sched_setaffinity(0, lay.load_cpus or layout.all_cpus())  # the load generator (and the scheduler it starts)
+    setups = [s for s in setups_for(engine_kind, baseline_src is not None) if not only or s.key in only]
+    out: list[ScenarioResult] = []
+    try:
+        async with real_engine(engine_kind, lay) as engine:
+            cpu_before = engine.cpu_by_role()
+            load_start = os.getloadavg()
+            tps = await calibrate(engine)
+            print(f"[{lay.name}] engine up, {tps:.0f} tokens/s at a full batch; processes {engine.processes}")
+            for workload in workloads:
+                total = sum(range(workload.tokens_min, workload.tokens_max + 1)) / (
+                    workload.tokens_max - workload.tokens_min + 1
+                )
+                late_until = max(3.0, 0.8 * workload.flood * total / tps)
+                done: list[dict[str, dict[str, Any]]] = []
+                for r in range(rounds):
+                    plan = make_plan(workload, seed=100 + r, late_until=late_until)
+                    order = setups[r % len(setups) :] + setups[: r % len(setups)]  # rotate: no setup always first
+                    rnd: dict[str, dict[str, Any]] = {}
+                    for setup in order:
+                        began = time.monotonic()
+                        rnd[setup.key] = await run_once(engine, setup, plan, baseline_src)
+                        f = figures(rnd[setup.key])
+                        print(
+                            f"[{lay.name} {workload.name} r{r + 1}] {setup.key}: late median "
+                            f"{_median(f['late_ttft']) or 0:.2f}s p90 {_pct(f['late_ttft'], 0.9) or 0:.2f}s span "
+                            f"{f['span']:.1f}s full {f['full_share'] or 0:.0%} ({time.monotonic() - began:.0f}s, "
+                            f"load {os.getloadavg()[0]:.1f})",
+                            flush=True,
+                        )
+                    done.append(rnd)
+                result = summarise(engine_kind, lay, workload, setups, done)
+                cpu_after = engine.cpu_by_role()
+                meta = {
+                    "host": f"{os.cpu_count()} CPUs, load average {load_start[0]:.1f} at start, "
+                    f"{os.getloadavg()[0]:.1f} at end (1 min)",
+                    "processes": engine.processes,
+                    "engine_cpu": {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1) for k in cpu_after},
+                    "calibrated_tokens_per_second": tps,
+                    "latecomers_until": late_until,
+                }
+                result.notes.append(f"host: {meta['host']}; engine CPU seconds by role: {meta['engine_cpu']}")
+                result.raw["meta"] = jsonable(meta)
+                name = f"r1-{engine_kind}-{lay.name}-{workload.name}"
+                (out_dir / f"{name}.md").write_text(_markdown(result, meta))
+                (out_dir / f"{name}.json").write_text(
+                    json.dumps({"raw": result.raw, "series": jsonable(result.series)}, default=str)
+                )
+                print(f"wrote {out_dir / name}.md", flush=True)
+                result.series = {}  # the per-request series stay in the layout's own JSON file
+                out.append(result)
+    finally:
+        os.sched_setaffinity(0, layout.all_cpus())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scenarios.real_s1", description=__doc__)
+    parser.add_argument("--engine", choices=("vllm", "llamacpp", "sim"), default="vllm")
+    parser.add_argument("--layouts", default="gpu_host", help="comma-separated: gpu_host,starved,shared")
+    parser.add_argument("--workloads", default="flood", help="comma-separated: flood,mixed")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--flood", type=int, default=0, help="flood size (default: the workload's 64)")
+    parser.add_argument("--setups", default="", help="only these setup keys (sched,oracle,fifo,sched_off,sched_base)")
+    parser.add_argument("--baseline-src", type=Path, help="a source tree for the 'scheduler before the fix' setup")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    only = [s for s in args.setups.split(",") if s]
+
+    async def go() -> list[ScenarioResult]:
+        out: list[ScenarioResult] = []
+        for name in args.layouts.split(","):
+            out += await run_layout(
+                args.engine,
+                layout.LAYOUTS[name],
+                [
+                    dataclasses.replace(WORKLOADS[w], flood=args.flood or WORKLOADS[w].flood)
+                    for w in args.workloads.split(",")
+                ],
+                args.rounds,
+                args.baseline_src,
+                args.out,
+                only,
+            )
+        return out
+
+    from bench.report import scenario_markdown
+
+    for result in asyncio.run(go()):
+        print(scenario_markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
