@@ -47,6 +47,7 @@ from bench.records import RequestRecord, percentile
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL, Mode, RunContext
 from bench.scenarios._common import divide, jsonable, ms, not_run, number, run_modes, seconds, share
+from bench.tpot_flood import SLOW_STEPPING
 
 TITLE = "priority classes"
 DIRECT_FIFO = "engine alone (FIFO)"
@@ -94,6 +95,18 @@ def classes(max_num_seqs: int, latency_first: bool) -> list[dict[str, Any]]:
         batch["max_engine_running_when_contended"] = max(1, max_num_seqs // 4)
         batch["contention_window_seconds"] = CONTENTION_WINDOW
     return [CLASSES[0], batch]
+
+
+def tpot_flood_config(engine_url: str, engine_model: str) -> dict[str, Any]:
+    """The scheduler in front of the slow-stepping engine (16 slots) for the interactive TPOT flood."""
+    return scheduler_config(
+        engine_url=engine_url,
+        model=SCHEDULED_MODEL,
+        engine_model=engine_model,
+        max_num_seqs=int(SLOW_STEPPING["max_num_seqs"]),
+        classes=CLASSES,
+        default_class="interactive",
+    )
 
 
 def modes() -> list[Mode]:
