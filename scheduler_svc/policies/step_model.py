@@ -107,10 +107,10 @@ class StepTimeModel:
         if fit is None or not fit.learned:
             return tpot
         predicted = fit.predict(batch)
-        error = tpot - predicted
-        self._abs_error += 0.2 * (abs(error) - self._abs_error)
         bound = OUTLIER_SCALE * max(self._abs_error, MIN_ERROR_FRACTION * predicted)
-        return predicted + max(-bound, min(bound, error))
+        error = max(-bound, min(bound, tpot - predicted))
+        self._abs_error += 0.2 * (abs(error) - self._abs_error)
+        return predicted + error
 
     def _add(self, x: float, y: float, weight: float) -> None:
         self._w += weight
