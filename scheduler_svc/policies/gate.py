@@ -164,8 +164,9 @@ class TpotSignal:
     The prediction comes from a `StepTimeModel` learned from this backend's readings (see its module for
     why the last reading alone refills a drained engine past the limit). The batch it is asked about is
     `estimated_batch() + 1`: what the engine runs, plus its queue, plus everything we sent that no reading
-    shows yet, plus this one. Before the first TPOT reading nothing can be predicted, so the batch grows by
-    one request per reading: one more than the engine was last seen running.
+    shows yet, plus this one. Before the first TPOT reading nothing can be predicted: as with stale metrics,
+    at most `fallback_max_in_flight` requests go (an engine that reports TPOT only as requests end, or a
+    test fake that never does, must not stall at one).
     """
 
     def __init__(self, half_life_seconds: float) -> None:
@@ -182,10 +183,10 @@ class TpotSignal:
         whose = cls.name if limit == cls.max_tpot_seconds else "a better class (active)"
         predicted = self.model.predict(batch)
         if predicted is None:
-            seen = inputs.reading.running if inputs.reading is not None else 0
-            if batch <= seen + 1:
+            cap = config.fallback_max_in_flight
+            if inputs.in_flight < cap:
                 return None
-            return f"no tpot reading yet: batch {batch} > {seen + 1}, one more than seen running, for {whose}"
+            return f"no tpot reading yet: in flight {inputs.in_flight} >= cap {cap} for {whose}"
         if predicted <= limit:
             return None
         return f"tpot at batch {batch} predicted {predicted * 1000:.0f}ms > {limit * 1000:.0f}ms for {whose}"

@@ -21,7 +21,7 @@ slope from noise, or a fit that says the step gets faster with more work), predi
 in one stated way: the steepest line with a non-negative fixed cost through the readings' mean point,
 `step = mean_tpot * batch / mean_batch` (all of the step time counted as per-request cost). The batch
 then grows more slowly than the truth allows, never faster. With no reading at all nothing is predicted
-and the gate grows the batch by one request per reading (see `scheduler_svc.policies.gate`).
+and the gate allows `fallback_max_in_flight` requests, as with stale metrics (see `policies.gate`).
 """
 
 from __future__ import annotations

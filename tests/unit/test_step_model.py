@@ -54,7 +54,7 @@ def test_it_learns_a_linear_step_from_readings_and_predicts_other_batches() -> N
 
 def test_until_learned_it_predicts_the_steepest_line_through_the_readings() -> None:
     model = StepTimeModel()
-    assert model.predict(3) is None  # nothing seen: the gate grows the batch one request per reading
+    assert model.predict(3) is None  # nothing seen: the gate allows its fallback cap in flight
     feed(model, 10.0, 4, step(4))  # 80 ms at 4
     fit = model.fit()
     assert fit is not None and not fit.learned
@@ -108,10 +108,10 @@ def test_a_drained_engine_is_refilled_to_the_limits_batch_not_to_every_slot() ->
     assert "tpot at batch 12 predicted 160ms > 150ms" in reason
 
 
-def test_before_any_tpot_reading_the_batch_grows_one_request_per_reading() -> None:
+def test_before_any_tpot_reading_the_fallback_cap_holds() -> None:
     gate, ledger = gate_after([(0, 0.0)])  # tpot 0 is no reading
-    assert fill(gate, ledger, 10.1) == 1
-    assert "no tpot reading yet" in gate.decide(ledger.gate_inputs(10.1), INTERACTIVE).reason
+    assert fill(gate, ledger, 10.1) == GateConfig().fallback_max_in_flight
+    assert "no tpot reading yet: in flight 4 >= cap 4" in gate.decide(ledger.gate_inputs(10.1), INTERACTIVE).reason
 
 
 def test_requests_sent_but_not_yet_seen_count_in_the_predicted_batch() -> None:
