@@ -11,8 +11,8 @@ engine's own metrics, so the scheduler cannot flatter itself:
 - batch: `vllm:num_requests_running` sampled every 0.1 s while work is queued in the scheduler, that is
   while the clients have more requests outstanding than the engine holds (running + waiting).
 - the limit's batch: nominally 11 (40 + 10 x 11 = 150 ms); on a loaded machine the simulator's steps run
-  a few ms long, so the step line is also measured from the same windows (least squares of window TPOT on
-  the window's mean running count) and the target batch is the smaller of the two, minus one.
+  a few ms long, so the step's fixed cost is also measured from the same windows (median of window TPOT
+  minus 10 ms per running request) and the target batch is the smaller of the two, minus one.
 
 Used by S5 in `make bench` and by the test that runs every shipped config against this engine.
 """
@@ -180,13 +180,11 @@ async def measure_flood(
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least-squares (a, b) of y = a + b * x; None when x does not vary."""
-    if len(points) < 3:
+    """The engine's step line as it ran: the nominal per-request cost (the simulator's own sleep, exact)
+    and the fixed cost measured as the median of `window TPOT - per-request cost x mean running` (a loaded
+    machine adds to every step, not per request; the median ignores the windows where a wave ended)."""
+    per_seq = SLOW_STEPPING["decode_per_seq_ms"] / 1000
+    fixed = sorted(y - per_seq * x for x, y in points if x >= 1)
+    if len(fixed) < 3:
         return None
-    mean_x = sum(x for x, _ in points) / len(points)
-    mean_y = sum(y for _, y in points) / len(points)
-    var_x = sum((x - mean_x) ** 2 for x, _ in points)
-    if var_x < 1.0:
-        return None
-    b = sum((x - mean_x) * (y - mean_y) for x, y in points) / var_x
-    return mean_y - b * mean_x, b
+    return fixed[len(fixed) // 2], per_seq

@@ -14,7 +14,9 @@ TPOT, each paired with the mean of the engine's running counts at the two scrape
 between. Weights decay with a half-life, so the line follows an engine that gets slower (longer contexts,
 another tenant) or faster. Robustness: an interval in which the batch changed a lot counts less, and a
 reading far from the line (a GC pause, one huge prefill) is pulled in to three times the line's typical
-error before it is added, so one outlier cannot swing the line.
+error before it is added, so one outlier cannot swing the line. Beyond the largest batch seen, the line
+is trusted no further than proportional growth from its value there, so a slope fitted on a short ramp
+cannot fill the engine in one go.
 
 Until the line is learned (fewer than `MIN_SAMPLES` readings, or batches too close together to tell the
 slope from noise, or a fit that says the step gets faster with more work), predictions are conservative
@@ -39,14 +41,23 @@ MIN_ERROR_FRACTION = 0.05  # the typical error is never taken below this share o
 
 @dataclass(frozen=True, slots=True)
 class StepFit:
-    """A line `step = a + b * batch` and whether it was fitted (True) or is the conservative one."""
+    """A line `step = a + b * batch` and whether it was fitted (True) or is the conservative one.
+
+    Beyond `seen` (the largest batch any reading covered) the line is not trusted further than the
+    proportional growth from its value there: a line fitted on a ramp from 4 to 8 must not send the batch
+    to 14 in one go on the strength of a slope it has not seen hold.
+    """
 
     a: float
     b: float
     learned: bool
+    seen: float = math.inf
 
     def predict(self, batch: float) -> float:
-        return self.a + self.b * batch
+        line = self.a + self.b * batch
+        if batch <= self.seen:
+            return line
+        return max(line, (self.a + self.b * self.seen) * batch / self.seen)
 
 
 class StepTimeModel:
@@ -60,6 +71,7 @@ class StepTimeModel:
         self._samples = 0
         self._last_at: float | None = None
         self._last_running: int | None = None
+        self._seen = 0.0  # the largest batch a reading covered
         self._fit: StepFit | None = None
 
     @property
@@ -113,6 +125,7 @@ class StepTimeModel:
         return predicted + error
 
     def _add(self, x: float, y: float, weight: float) -> None:
+        self._seen = max(self._seen, x)
         self._w += weight
         self._sx += weight * x
         self._sy += weight * y
@@ -129,5 +142,5 @@ class StepTimeModel:
             b = (self._sxy / self._w - mean_x * mean_y) / var_x
             a = mean_y - b * mean_x
             if a >= 0 and b >= 0:
-                return StepFit(a, b, learned=True)
+                return StepFit(a, b, learned=True, seen=self._seen)
         return StepFit(0.0, mean_y / mean_x, learned=False)  # conservative: all of the step is per request

@@ -45,11 +45,11 @@ def feed_all(model: StepTimeModel, start: float, readings: list[tuple[int, float
 
 def test_it_learns_a_linear_step_from_readings_and_predicts_other_batches() -> None:
     model = StepTimeModel()
-    feed_all(model, 10.0, engine([2, 2, 5, 5, 9, 9, 12, 12]))
+    feed_all(model, 10.0, engine([2, 2, 5, 5, 9, 9, 16, 16]))
     fit = model.fit()
     assert fit is not None and fit.learned
     assert fit.a == pytest.approx(0.04, abs=1e-6) and fit.b == pytest.approx(0.01, abs=1e-6)
-    assert model.predict(16) == pytest.approx(0.2, abs=1e-6)
+    assert model.predict(11) == pytest.approx(0.15, abs=1e-6)
 
 
 def test_until_learned_it_predicts_the_steepest_line_through_the_readings() -> None:
@@ -64,9 +64,18 @@ def test_until_learned_it_predicts_the_steepest_line_through_the_readings() -> N
 
 def test_it_follows_an_engine_that_gets_slower() -> None:
     model = StepTimeModel(half_life_seconds=10.0)
-    feed_all(model, 10.0, engine([2, 6, 10, 2, 6, 10]), every=1.0)
-    feed_all(model, 70.0, engine([2, 6, 10] * 6, base=0.08), every=1.0)  # a minute later: fixed cost doubled
+    feed_all(model, 10.0, engine([2, 2, 6, 6, 10, 10]), every=1.0)
+    feed_all(model, 70.0, engine([2, 2, 6, 6, 10, 10] * 3, base=0.08), every=1.0)  # a minute later: fixed cost doubled
     assert model.predict(10) == pytest.approx(step(10, base=0.08), rel=0.03)
+
+
+def test_beyond_the_largest_batch_seen_it_grows_no_faster_than_proportionally() -> None:
+    model = StepTimeModel()
+    feed_all(model, 10.0, engine([2, 2, 4, 4, 6, 6], base=0.06))  # a ramp: 80..120 ms, slope 10 ms
+    fit = model.fit()
+    assert fit is not None and fit.learned
+    assert model.predict(6) == pytest.approx(0.12)
+    assert model.predict(12) == pytest.approx(0.24)  # the line would say 180 ms: 2 x the step at 6 instead
 
 
 def test_one_outlier_reading_does_not_swing_the_line() -> None:
