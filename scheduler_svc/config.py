@@ -20,6 +20,15 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 BACKEND_KINDS = ("vllm", "tgi", "llamacpp")
+# The class limits each engine kind can observe, from its adapter's BackendCapabilities (has_tpot,
+# has_kv_usage); kept here so validating a config imports no adapter (a test checks they agree). A limit
+# on a signal the engine does not export would never bind: it is refused instead.
+BACKEND_OBSERVES: dict[str, frozenset[str]] = {
+    "vllm": frozenset({"max_tpot_seconds", "max_kv_cache_usage"}),
+    "tgi": frozenset({"max_tpot_seconds"}),
+    "llamacpp": frozenset({"max_tpot_seconds"}),
+}
+SIGNAL_LIMITS = ("max_tpot_seconds", "max_kv_cache_usage")  # class limits that need an engine signal
 MAX_PROMPT_BYTES_LIMIT = 64 << 20  # a request larger than this is no prompt; gRPC messages stay well under 2 GB
 
 
@@ -196,6 +205,12 @@ class GateConfig:
         "While metrics are stale or unreadable, allow at most this many requests in flight to the "
         "backend: a dead metrics endpoint degrades to a concurrency cap, not a flood or a stall.",
     )
+    step_model_half_life_seconds: float = _field(
+        30.0,
+        "The TPOT limit is held by predicting each engine's step time at one more request from a line "
+        "(step = a + b * running batch) learned from its readings; a reading's weight halves after this "
+        "long, so the line follows an engine that gets slower or faster.",
+    )
 
 
 @dataclass(frozen=True)
@@ -365,6 +380,7 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
 
 def _validate(config: Config) -> None:
     from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
+    from scheduler_svc.policies.gate import ignored_limits
 
     _validate_identity(config)
     if not config.models:
@@ -409,6 +425,14 @@ def _validate(config: Config) -> None:
         GATE_POLICIES.check(model.gate.policy, f"{where}.gate.policy")
         if model.gate.waiting_target < 1 or model.gate.fallback_max_in_flight < 1:
             raise ConfigError(f"{where}.gate: waiting_target and fallback_max_in_flight must be >= 1")
+        if model.gate.step_model_half_life_seconds <= 0:
+            raise ConfigError(f"{where}.gate: step_model_half_life_seconds must be > 0")
+        for c in config.scheduling.classes:
+            if ignored := ignored_limits(model.gate.policy, c):
+                raise ConfigError(
+                    f"scheduling.classes[{c.name}] sets {', '.join(ignored)}, which gate policy "
+                    f'{model.gate.policy!r} of {where} ignores: use gate.policy = "signals" or remove them'
+                )
         if model.max_queued < 1 or model.max_queued_per_user < 1:
             raise ConfigError(f"{where}: max_queued and max_queued_per_user must be >= 1")
         if min(model.max_prompt_bytes, model.max_queued_bytes, model.max_queued_bytes_per_user) < 1:
@@ -433,6 +457,13 @@ def _validate(config: Config) -> None:
                 raise ConfigError(f"{where}.backends[{backend.name}].url must be http(s)://...")
             if backend.scrape_interval_seconds <= 0:
                 raise ConfigError(f"{where}.backends[{backend.name}]: scrape_interval_seconds must be > 0")
+            for c in config.scheduling.classes:
+                blind = [n for n in SIGNAL_LIMITS if getattr(c, n) and n not in BACKEND_OBSERVES[backend.kind]]
+                if blind:
+                    raise ConfigError(
+                        f"scheduling.classes[{c.name}] sets {', '.join(blind)}, but {where}.backends"
+                        f"[{backend.name}] ({backend.kind}) does not export that signal: the limit would never bind"
+                    )
 
 
 def _reject_plain_api_keys(raw: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from backends.base import Backend
+from backends.base import Backend, BackendLoad
 from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
 from scheduler_svc.activity import ClassActivity
 from scheduler_svc.clock import Clock
@@ -60,6 +60,11 @@ class BackendHandle:
     def cooling_for(self, now: float) -> float:
         """Seconds until it may take requests again after a failover (0: it may now)."""
         return max(0.0, self.cool_until - now)
+
+    def record_reading(self, reading: BackendLoad) -> None:
+        """A scrape of the backend: the ledger sets it against what was sent, the gate learns from it."""
+        self.ledger.record_reading(reading)
+        self.gate.observe(reading)
 
     @property
     def sends_priority(self) -> bool:
@@ -358,7 +363,11 @@ class ModelDispatcher:
         for handle in self.backends:
             backend_inputs = handle.ledger.gate_inputs(now)
             for cls in self.classes.values():
-                inputs = dataclasses.replace(backend_inputs, better_class_active=self._activity.better_active(cls, now))
+                inputs = dataclasses.replace(
+                    backend_inputs,
+                    better_class_active=self._activity.better_active(cls, now),
+                    better_tpot_limit=self._activity.better_tpot_limit(cls, now),
+                )
                 decision = handle.gate.decide(inputs, cls)
                 if cooling := handle.cooling_for(now):
                     reason = f"cooling down {cooling:.1f}s after failing a request ({decision.reason})"
@@ -491,12 +500,15 @@ class ModelDispatcher:
         best: tuple[int, int] | None = None
         chosen: BackendHandle | None = None
         better_active = self._activity.better_active(priority_class, now)
+        better_tpot = self._activity.better_tpot_limit(priority_class, now)
         for handle in self.backends:
             series = self._series[handle.name]
             if handle.cooling_for(now):
                 series.gate_open.set(0)
                 continue
             inputs = handle.ledger.gate_inputs(now, better_active)
+            if better_tpot:
+                inputs = dataclasses.replace(inputs, better_tpot_limit=better_tpot)
             decision = handle.gate.decide(inputs, priority_class)
             series.gate_open.set(1 if decision.open else 0)
             series.metrics_fresh.set(1 if decision.fresh else 0)

@@ -201,7 +201,7 @@ async def _monitor(
         except Exception as exc:  # an adapter bug must not stop the model: count it as a failed scrape
             errors.report("monitor", exc, model=dispatcher.model.name, backend=handle.name)
             reading = BackendLoad(ok=False, read_at=time.monotonic(), error=f"{type(exc).__name__}: {exc}")
-        handle.ledger.record_reading(reading)
+        handle.record_reading(reading)
         if not reading.ok:
             metrics.scrape_failures.labels(dispatcher.model.name, handle.name).inc()
         if reading.ok != was_ok:

@@ -28,6 +28,7 @@ default_class = "interactive"
 [[scheduling.classes]]
 name = "interactive"
 rank = 0
+{interactive_limits}
 
 [[scheduling.classes]]
 name = "batch"
@@ -47,6 +48,31 @@ priority_scheduling = {priority}
 """
 
 
+# The gate holds interactive work to a time per output token: it learns the engine's step time against
+# its running batch and sends one more request only while the predicted TPOT stays under the limit. The
+# tiny CPU models run at a few ms per token, so the limit only binds on a slow or crowded engine.
+TPOT_LIMIT = """max_tpot_seconds = 0.15             # engine time per output token, interactive (and lower
+                                    # classes while interactive is active) held under it"""
+# llama.cpp exports a TPOT (tokens_predicted_seconds_total / tokens_predicted_total), but it adds to both
+# counters only when a request ends, with that request's whole generation: a reading is the mean TPOT of
+# requests that ended during the scrape interval, as slow as their batch was over their lifetime, and
+# cannot be paired with the batch running now. The gate's step-time line would learn from mismatched
+# pairs and the limit would act a request's lifetime late, so no TPOT limit here: llama.cpp is gated on
+# its queue (requests_deferred) and slots only.
+NO_TPOT_LIMIT = "# no max_tpot_seconds: llama.cpp reports TPOT only as requests end (see scripts/run_engine.py)"
+
+
+def config_text(engine: str, model: str, port: int) -> str:
+    """The scheduler config `make run ENGINE=...` serves in front of the engine."""
+    return CONFIG.format(
+        model=model,
+        kind=engine,
+        port=port,
+        priority="true" if engine == "vllm" else "false",
+        interactive_limits=TPOT_LIMIT if engine == "vllm" else NO_TPOT_LIMIT,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("engine", choices=["vllm", "llamacpp"])
@@ -62,11 +88,7 @@ def main() -> None:
     print(f"starting {args.engine} on {engine.url} (log: {engine.log_path}) ...", flush=True)
     engine.start()
     config = ROOT / ".cache" / f"run-{args.engine}.toml"
-    config.write_text(
-        CONFIG.format(
-            model=args.model, kind=args.engine, port=args.port, priority="true" if args.engine == "vllm" else "false"
-        )
-    )
+    config.write_text(config_text(args.engine, args.model, args.port))
     print(
         f"\n  llm-scheduler on 127.0.0.1:50051 in front of real {args.engine} ({engine.url})\n"
         f"  .venv/bin/llmsched stream --model {args.model} --user alice --max-tokens 32 'Tell me a story'\n",

@@ -27,6 +27,13 @@ Interactive prompts are 512 tokens (a chat turn with its history). Behind a big 
 every step grows (this profile: 20 ms at batch 1, 39 ms at 64), which is what latency first limits, at
 the price of batch throughput during that time.
 
+A second workload holds TPOT itself: 40 interactive streams of 100 tokens from 4 users, through the
+scheduler, against a simulator whose step slows with its batch (16 slots, 40 ms + 10 ms per running
+request: 16 running give 200 ms per token, 11 give the 150 ms limit). Reported from the engine's own
+metrics (bench/tpot_flood.py): mean TPOT over the flood (target at most 1.1x the limit) and its p90 over
+0.5 s windows, the mean running batch while work is queued (target: the limit's batch minus one, 10), and
+tokens/s.
+
 The single-request idle TTFT is the median of a few sequential probes on the idle engine through the same
 path. Those probes are interactive requests, so in the latency-first run the batch flood starts with
 interactive traffic recently seen, as it would on a service with interactive users; a batch flood that
@@ -41,12 +48,18 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from bench.configs import scheduler_config
+import grpc
+
+from bench import harness
+from bench.clients import RunClock, ScheduledClient
+from bench.configs import scheduler_config, validated_toml
 from bench.engines import EngineProvider
 from bench.records import RequestRecord, percentile
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL, Mode, RunContext
 from bench.scenarios._common import divide, jsonable, ms, not_run, number, run_modes, seconds, share
+from bench.tpot_flood import SLOW_STEPPING, SLOW_STEPPING_FLAGS, TPOT_TOLERANCE, FloodStats, measure_flood
+from clients import pb_grpc
 
 TITLE = "priority classes"
 DIRECT_FIFO = "engine alone (FIFO)"
@@ -81,6 +94,11 @@ class S5Params:
     interactive_end: float = 13.0
     timeout: float = 60.0
     seed: int = 5
+    # the TPOT-hold flood: interactive streams from 4 users against the slow-stepping engine (16 slots,
+    # 40 ms + 10 ms per running request a step: 11 running give the 150 ms limit)
+    tpot_flood_requests: int = 40
+    tpot_flood_tokens: int = 100
+    tpot_flood_users: int = 4
 
 
 def classes(max_num_seqs: int, latency_first: bool) -> list[dict[str, Any]]:
@@ -94,6 +112,49 @@ def classes(max_num_seqs: int, latency_first: bool) -> list[dict[str, Any]]:
         batch["max_engine_running_when_contended"] = max(1, max_num_seqs // 4)
         batch["contention_window_seconds"] = CONTENTION_WINDOW
     return [CLASSES[0], batch]
+
+
+def tpot_flood_config(engine_url: str, engine_model: str) -> dict[str, Any]:
+    """The scheduler in front of the slow-stepping engine (16 slots) for the interactive TPOT flood."""
+    return scheduler_config(
+        engine_url=engine_url,
+        model=SCHEDULED_MODEL,
+        engine_model=engine_model,
+        max_num_seqs=int(SLOW_STEPPING["max_num_seqs"]),
+        classes=CLASSES,
+        default_class="interactive",
+    )
+
+
+async def tpot_flood(p: S5Params) -> FloodStats:
+    """The interactive flood through the scheduler against the slow-stepping simulator, measured on the
+    engine's own metrics (see bench/tpot_flood.py)."""
+    async with harness.simulator(*SLOW_STEPPING_FLAGS) as url:
+        toml = validated_toml(tpot_flood_config(url, "sim-model"))
+        async with (
+            harness.scheduler_process(toml) as scheduler,
+            grpc.aio.insecure_channel(scheduler.target) as channel,
+        ):
+            clock = RunClock()
+            client = ScheduledClient(pb_grpc.SchedulerServiceStub(channel), SCHEDULED_MODEL, clock, "tpot flood")
+            records = [
+                RequestRecord(
+                    user=f"user{i % p.tpot_flood_users}", tag="interactive", sent=0.0, max_tokens=p.tpot_flood_tokens
+                )
+                for i in range(p.tpot_flood_requests)
+            ]
+
+            async def flood() -> None:
+                await asyncio.gather(
+                    *(
+                        client.run(r, f"Interactive question {i}.", priority_class="interactive")
+                        for i, r in enumerate(records)
+                    )
+                )
+
+            return await measure_flood(
+                url, flood, lambda: sum(1 for r in records if r.finished is None and r.error is None)
+            )
 
 
 def modes() -> list[Mode]:
@@ -254,6 +315,9 @@ async def run(provider: EngineProvider, p: S5Params | None = None) -> list[Scena
         )
         for label, r in runs.items()
     }
+    print("  tpot flood (slow-stepping engine) ...", flush=True)
+    flood = await tpot_flood(p)
+    _tpot_targets(result, flood, p)
     result.series = {
         "runs": {
             label: {
@@ -266,6 +330,42 @@ async def run(provider: EngineProvider, p: S5Params | None = None) -> list[Scena
         }
     }
     return [result]
+
+
+def _tpot_targets(result: ScenarioResult, flood: FloodStats, p: S5Params) -> None:
+    """The TPOT hold: engine mean TPOT at most 1.1x the limit, the batch no smaller than the limit's minus one."""
+    label = "scheduler, interactive flood on the slow-stepping engine"
+    result.notes.append(
+        f"{label}: {p.tpot_flood_requests} interactive streams of {p.tpot_flood_tokens} tokens from "
+        f"{p.tpot_flood_users} users, engine with {SLOW_STEPPING['max_num_seqs']:g} slots and a step of "
+        f"{SLOW_STEPPING['decode_base_ms']:g} ms + {SLOW_STEPPING['decode_per_seq_ms']:g} ms per running request: "
+        f"{flood.describe(TPOT_LIMIT)}."
+    )
+    result.raw["tpot flood"] = jsonable({k: v for k, v in vars(flood).items()})
+    result.targets.append(
+        Target(
+            "engine mean TPOT over the flood",
+            f"at most {TPOT_TOLERANCE:g} x the class limit ({TPOT_LIMIT * 1000:.0f} ms); p90 "
+            f"{ms(flood.p90_tpot, 0)}, {number(flood.tokens_per_s)} tokens/s",
+            label,
+            flood.mean_tpot,
+            threshold=TPOT_TOLERANCE * TPOT_LIMIT,
+            fail_at=1.2 * TPOT_LIMIT,
+            higher_is_better=False,
+            unit=" s",
+        )
+    )
+    need = flood.limit_batch(TPOT_LIMIT) - 1
+    result.targets.append(
+        Target(
+            "engine mean running batch while queued",
+            f">= the limit's batch minus one ({need}; nominal 10 of 16)",
+            label,
+            flood.mean_running_queued,
+            threshold=need,
+            fail_at=need - 1,
+        )
+    )
 
 
 def _targets(

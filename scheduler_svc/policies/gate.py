@@ -1,7 +1,9 @@
 """Gates (saturation detectors): may one more request of a class go to this backend now?
 
-A gate sees only the backend's last `BackendLoad` reading and the scheduler's own bookkeeping of what it
-sent since (`GateInputs`); it never talks to an engine. The same gate serves every engine kind.
+A gate sees the backend's last `BackendLoad` reading and the scheduler's own bookkeeping of what it sent
+since (`GateInputs`); it never talks to an engine. Each backend has its own gate instance, which is also
+shown every reading (`observe`), so a gate may learn how its engine behaves (the TPOT signal learns the
+engine's step time against its batch). The same gate serves every engine kind.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Protocol
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
 from scheduler_svc.policies.registry import Registry
+from scheduler_svc.policies.step_model import StepTimeModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,7 @@ class GateInputs:
     better_class_active: bool = False  # a better-ranked class was active recently (see contention window)
     started_in_flight: int = 0  # ours that produced a token and have not ended: running at the engine
     waiting_bound: int | None = None  # most the engine can have waiting (in flight beyond its slots), if known
+    better_tpot_limit: float = 0.0  # tightest TPOT limit of a better-ranked class active now (0: none)
 
     def reading_age(self) -> float | None:
         """Seconds since the reading was taken, None when there is none."""
@@ -56,6 +60,16 @@ class GateInputs:
         """
         running = max(self._seen_running() + self.unseen_in_flight, self.started_in_flight + self.sent_unseen)
         return min(running, self.engine_slots) if self.engine_slots else running  # an engine runs no more
+
+    def estimated_batch(self) -> int:
+        """Requests the engine will run once it has admitted what it holds: the running estimate plus its
+        waiting queue, at most its slot count when known (or what it runs, if a wrong slot count says less).
+        This is the batch whose step time every running request will see, whichever client sent it (TPOT is
+        engine-wide)."""
+        seen_waiting = self.reading.waiting if self.reading is not None and self.reading.ok else 0
+        running = self.estimated_running()
+        batch = running + max(0, seen_waiting - self.started_since_reading)
+        return min(batch, max(self.engine_slots, running)) if self.engine_slots else batch
 
     def estimated_waiting(self) -> int:
         """The engine's waiting queue now, as best we know: last reading corrected by what happened since.
@@ -84,6 +98,10 @@ class GateDecision:
 class Gate(Protocol):
     """Decides whether a backend may take one more request of a class."""
 
+    def observe(self, reading: BackendLoad) -> None:
+        """Every scrape of the backend, good or failed, in order (a gate may learn from them)."""
+        ...
+
     def decide(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
         """Open or closed, and why."""
         ...
@@ -100,6 +118,9 @@ def _fallback(inputs: GateInputs, config: GateConfig) -> GateDecision | None:
     if inputs.in_flight < cap:
         return GateDecision(True, f"metrics stale: in flight {inputs.in_flight} < cap {cap}", False)
     return GateDecision(False, f"metrics stale: in flight {inputs.in_flight} >= cap {cap}", False)
+
+
+GateCheck = Callable[[GateInputs, PriorityClassConfig, GateConfig], "str | None"]
 
 
 def check_waiting(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
@@ -133,12 +154,45 @@ def check_running(inputs: GateInputs, cls: PriorityClassConfig, config: GateConf
     return f"running {running} >= {limit} allowed for {cls.name}{contended}"
 
 
-def check_tpot(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
-    """The engine's time per output token over the last scrape interval must be under the class's limit."""
-    tpot = inputs.reading.tpot_seconds if inputs.reading is not None else None
-    if not cls.max_tpot_seconds or tpot is None or tpot <= cls.max_tpot_seconds:
-        return None
-    return f"tpot {tpot * 1000:.0f}ms > {cls.max_tpot_seconds * 1000:.0f}ms for {cls.name}"
+def tpot_limit(inputs: GateInputs, cls: PriorityClassConfig) -> float:
+    """The TPOT a request of this class must not push the engine past (0: none): its own limit, or a
+    better-ranked active class's when tighter, because every running request shares the engine's step."""
+    limits = [limit for limit in (cls.max_tpot_seconds, inputs.better_tpot_limit) if limit > 0]
+    return min(limits, default=0.0)
+
+
+class TpotSignal:
+    """Admit one more request only while the engine's predicted TPOT with it stays under the limit.
+
+    The prediction comes from a `StepTimeModel` learned from this backend's readings (see its module for
+    why the last reading alone refills a drained engine past the limit). The batch it is asked about is
+    `estimated_batch() + 1`: what the engine runs, plus its queue, plus everything we sent that no reading
+    shows yet, plus this one. Before the first TPOT reading nothing can be predicted: as with stale metrics,
+    at most `fallback_max_in_flight` requests go (an engine that reports TPOT only as requests end, or a
+    test fake that never does, must not stall at one).
+    """
+
+    def __init__(self, half_life_seconds: float) -> None:
+        self.model = StepTimeModel(half_life_seconds)
+
+    def observe(self, reading: BackendLoad) -> None:
+        self.model.observe(reading)
+
+    def check(self, inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
+        limit = tpot_limit(inputs, cls)
+        if not limit:
+            return None
+        batch = inputs.estimated_batch() + 1
+        whose = cls.name if limit == cls.max_tpot_seconds else "a better class (active)"
+        predicted = self.model.predict(batch)
+        if predicted is None:
+            cap = config.fallback_max_in_flight
+            if inputs.in_flight < cap:
+                return None
+            return f"no tpot reading yet: in flight {inputs.in_flight} >= cap {cap} for {whose}"
+        if predicted <= limit:
+            return None
+        return f"tpot at batch {batch} predicted {predicted * 1000:.0f}ms > {limit * 1000:.0f}ms for {whose}"
 
 
 def check_kv_cache(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
@@ -157,10 +211,25 @@ class SignalGate:
     cap instead of a flood (blind dispatch) or a stall (wedged model).
     """
 
-    checks: tuple[GateCheck, ...] = (check_waiting, check_running, check_tpot, check_kv_cache)
+    # the class fields this gate acts on; a class setting any other limit is a config error with it
+    honours: frozenset[str] = frozenset(
+        {
+            "waiting_target",
+            "require_idle_engine",
+            "max_engine_running",
+            "max_engine_running_when_contended",
+            "max_tpot_seconds",
+            "max_kv_cache_usage",
+        }
+    )
 
     def __init__(self, config: GateConfig) -> None:
         self._config = config
+        self.tpot = TpotSignal(config.step_model_half_life_seconds)
+        self.checks: tuple[GateCheck, ...] = (check_waiting, check_running, self.tpot.check, check_kv_cache)
+
+    def observe(self, reading: BackendLoad) -> None:
+        self.tpot.observe(reading)
 
     def decide(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
         fallback = _fallback(inputs, self._config)
@@ -174,19 +243,54 @@ class SignalGate:
 
 
 class QueueDepthGate(SignalGate):
-    """Only the engine's waiting queue against the target (the v1 gate): TPOT and KV limits are ignored."""
+    """`signals` with no class limits: only the engine's waiting queue against the target (the v1 gate).
 
-    checks = (check_waiting,)
+    Kept as a name for old configs; a class that sets a limit this gate would ignore (TPOT, KV cache,
+    running counts) is a config error, so a limit is never silently dropped.
+    """
+
+    honours = frozenset({"waiting_target", "require_idle_engine"})
+
+    def __init__(self, config: GateConfig) -> None:
+        super().__init__(config)
+        self.checks = (check_waiting,)
 
 
-GateCheck = Callable[[GateInputs, PriorityClassConfig, GateConfig], "str | None"]
+# class fields that are limits a gate may or may not act on (0 / false: not set)
+CLASS_LIMITS = (
+    "waiting_target",
+    "require_idle_engine",
+    "max_engine_running",
+    "max_engine_running_when_contended",
+    "max_tpot_seconds",
+    "max_kv_cache_usage",
+)
+_HONOURED: dict[str, frozenset[str]] = {}
 
 GATE_POLICIES: Registry[Gate] = Registry("gate")
-GATE_POLICIES.register(
+
+
+def _register(name: str, gate: type[SignalGate], doc: str) -> None:
+    GATE_POLICIES.register(name, gate, doc)
+    _HONOURED[name] = gate.honours
+
+
+def ignored_limits(policy: str, cls: PriorityClassConfig) -> list[str]:
+    """The limits `cls` sets that gate `policy` would not act on (config validation refuses them)."""
+    honoured = _HONOURED.get(policy, frozenset(CLASS_LIMITS))
+    return [name for name in CLASS_LIMITS if getattr(cls, name) and name not in honoured]
+
+
+_register(
     "signals",
     SignalGate,
-    "per-class waiting target, TPOT and KV-cache limits, idle-engine rule; concurrency cap when metrics are stale",
+    "per-class waiting target, running limits, KV-cache limit, idle-engine rule, and a TPOT limit held by "
+    "predicting the engine's step time at batch+1 from a line learned from its readings; concurrency cap "
+    "when metrics are stale",
 )
-GATE_POLICIES.register(
-    "queue_depth", QueueDepthGate, "engine waiting queue below a target only; concurrency cap when metrics are stale"
+_register(
+    "queue_depth",
+    QueueDepthGate,
+    "signals with no class limits: engine waiting queue below a target only (classes may not set TPOT, KV or "
+    "running limits); concurrency cap when metrics are stale",
 )

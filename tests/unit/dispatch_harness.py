@@ -24,6 +24,9 @@ class CapGate:
     def __init__(self, cap: int) -> None:
         self.cap = cap
 
+    def observe(self, reading: BackendLoad) -> None:
+        """A cap learns nothing from readings."""
+
     def decide(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
         return GateDecision(inputs.in_flight < self.cap, f"in flight {inputs.in_flight}/{self.cap}", True)
 
@@ -124,10 +127,15 @@ class Harness:
             if ticket.completion_tokens >= ticket.request.max_tokens:
                 ticket.close(Outcome.COMPLETED)
 
-    def reading(self, waiting: int = 0, tpot: float | None = None, kv: float | None = None) -> None:
-        self.handle.ledger.record_reading(
+    def reading(self, waiting: int = 0, tpot: float | None = None, kv: float | None = None, running: int = 0) -> None:
+        self.handle.record_reading(
             BackendLoad(
-                ok=True, read_at=self.clock.now(), waiting=waiting, running=0, tpot_seconds=tpot, kv_cache_usage=kv
+                ok=True,
+                read_at=self.clock.now(),
+                waiting=waiting,
+                running=running,
+                tpot_seconds=tpot,
+                kv_cache_usage=kv,
             )
         )
 

@@ -191,7 +191,7 @@ def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() 
 @pytest.mark.parametrize(
     ("cls", "reading", "open_", "why"),
     [
-        (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": 0.2}, False, "tpot 200ms > 150ms"),
+        (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": 0.2}, False, "predicted 200ms > 150ms"),
         (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": 0.1}, True, ""),
         (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": None}, True, ""),
         (PriorityClassConfig("r"), {"tpot_seconds": 0.9}, True, ""),
@@ -206,17 +206,22 @@ def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() 
 def test_each_gate_signal_for_each_class(
     cls: PriorityClassConfig, reading: dict[str, object], open_: bool, why: str
 ) -> None:
-    ledger = DispatchLedger()
-    ledger.record_reading(BackendLoad(ok=True, read_at=10.0, **reading))  # type: ignore[arg-type]
-    decision = SignalGate(GateConfig(waiting_target=3)).decide(ledger.gate_inputs(10.1), cls)
+    ledger, gate = DispatchLedger(), SignalGate(GateConfig(waiting_target=3))
+    load = BackendLoad(ok=True, read_at=10.0, **reading)  # type: ignore[arg-type]
+    ledger.record_reading(load)
+    gate.observe(load)
+    decision = gate.decide(ledger.gate_inputs(10.1), cls)
     assert decision.open is open_ and why in decision.reason
 
 
-def test_tpot_over_the_interactive_limit_holds_the_band_until_it_recovers() -> None:
+def test_tpot_over_the_interactive_limit_holds_the_band_until_the_learned_step_time_recovers() -> None:
     h = Harness(cap=None)  # the real signal gate
     h.reading(waiting=0, tpot=0.3)
     ticket = h.submit("alice")
     assert h.dispatch() == [] and ticket.state is TicketState.QUEUED
+    h.reading(waiting=0, tpot=0.05)  # one fast reading does not outweigh the slow one yet...
+    assert h.dispatch() == []
+    h.clock.advance(60.0)  # ...but the slow one's weight halves every 30 s
     h.reading(waiting=0, tpot=0.05)
     assert h.dispatch() == [ticket]
 
