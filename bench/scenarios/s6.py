@@ -269,8 +269,12 @@ async def run(
     )
     low_cpu = _median([r[SCHEDULED]["low"]["scheduler_cpu_per_request"] for r in rounds])
     target_cpu = _median([r[SCHEDULED]["target"]["scheduler_cpu_per_request"] for r in rounds])
+    echo_cpu = _median([r[ECHO]["target"]["scheduler_cpu_per_request"] for r in rounds])
     result.notes.append(
-        f"Scheduler CPU per request: {ms(low_cpu)} at {p.low_rate:g} req/s, {ms(target_cpu)} at {p.rate:g} req/s."
+        f"Scheduler CPU per request: {ms(low_cpu)} at {p.low_rate:g} req/s, {ms(target_cpu)} at {p.rate:g} req/s; "
+        f"the bare gRPC echo's at {p.rate:g} req/s: {ms(echo_cpu)} (the gRPC hop alone; the scheduler adds the HTTP "
+        "client to the engine and its own work). Once CPU per request times the rate nears the core the scheduler "
+        "gets, requests queue for the CPU and the added latency grows from milliseconds to hundreds of them."
     )
     if profile and out_dir is not None:
         result.files += await _profile(engines, p, out_dir)
