@@ -129,6 +129,19 @@ async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> As
 
 
 @asynccontextmanager
+async def grpc_echo() -> AsyncIterator[SchedulerProc]:
+    """`bench.grpc_echo`: a bare gRPC streaming echo laid out like the scheduler (its own process)."""
+    port = free_port()
+    proc = spawn([sys.executable, "-m", "bench.grpc_echo", "--port", str(port)], f"echo-{port}")
+    try:
+        target = f"127.0.0.1:{port}"
+        await wait_grpc(target, proc)
+        yield SchedulerProc(target, proc)
+    finally:
+        proc.stop()
+
+
+@asynccontextmanager
 async def scheduler(config_toml: str) -> AsyncIterator[str]:
     """A `llmsched serve` subprocess for the given config (its listen address is replaced); yields target."""
     async with scheduler_process(config_toml) as handle:

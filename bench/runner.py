@@ -35,7 +35,8 @@ class Mode:
 
     label: str
     engine_policy: str = "fcfs"
-    config: ConfigBuilder | None = None  # None: straight to the engine
+    config: ConfigBuilder | None = None  # None: straight to the engine (or to the echo)
+    echo: bool = False  # a bare gRPC echo (bench.grpc_echo) instead of the scheduler, engine unused
 
     @property
     def scheduled(self) -> bool:
@@ -142,7 +143,7 @@ async def open_run(
     ):
         clock = RunClock()
         probe = EngineProbe(session, engine.url, clock)
-        if mode.config is None:
+        if mode.config is None and not mode.echo:
             context = RunContext(
                 mode, engine, DirectClient(session, engine.url, engine.model, clock, mode.label), probe, clock
             )
@@ -153,9 +154,13 @@ async def open_run(
                 await probe.stop()
                 await context.cancel_all()
             return
-        toml = validated_toml(mode.config(engine))
+        server = (
+            harness.grpc_echo()
+            if mode.config is None
+            else harness.scheduler_process(validated_toml(mode.config(engine)), scheduler_wrapper)
+        )
         async with (
-            harness.scheduler_process(toml, scheduler_wrapper) as scheduler,
+            server as scheduler,
             grpc.aio.insecure_channel(scheduler.target) as channel,
         ):
             client = ScheduledClient(pb_grpc.SchedulerServiceStub(channel), SCHEDULED_MODEL, clock, mode.label)

@@ -142,7 +142,7 @@ def _serve(path: str) -> None:
         config = load_config(path)
     except ConfigError as exc:
         sys.exit(f"configuration error: {exc}")
-    configure_logging(config.server.log_level, config.server.log_format)
+    configure_logging(config.server.log_level, config.server.log_format, cache=True)
     from scheduler_svc.memory import return_large_allocations
     from scheduler_svc.server import SchedulerServer
 
