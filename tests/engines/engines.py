@@ -52,6 +52,7 @@ LLAMACPP_LAYERS = int(os.environ.get("LLAMACPP_LAYERS", "64"))
 
 VLLM_STARTUP_TIMEOUT = float(os.environ.get("VLLM_STARTUP_TIMEOUT", "300"))
 LLAMACPP_STARTUP_TIMEOUT = float(os.environ.get("LLAMACPP_STARTUP_TIMEOUT", "60"))
+LLAMACPP_HTTP_THREADS = 64  # llama-server --threads-http (see llamacpp_process)
 
 
 class EngineError(RuntimeError):
@@ -392,6 +393,10 @@ def llamacpp_process(
         "--cont-batching",
         "--metrics",
         "--threads", str(threads),
+        # Every streamed request holds one HTTP thread while it waits for a slot and while it runs; with
+        # the default (-np + 2 threads) a flood of 12 on 4 slots took them all and /metrics went
+        # unanswered for seconds (the scheduler's gate reads it). Room for the floods we send, and more.
+        "--threads-http", str(max(LLAMACPP_HTTP_THREADS, 4 * slots)),
         *extra_args,
     ]  # fmt: skip
     env = {"LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
