@@ -107,14 +107,18 @@ class Gate(Protocol):
         ...
 
 
-def _fallback(inputs: GateInputs, config: GateConfig) -> GateDecision | None:
-    """Without a fresh reading the gate cannot see the engine: allow a small number in flight only."""
+def _fallback(inputs: GateInputs, config: GateConfig, cls: PriorityClassConfig) -> GateDecision | None:
+    """Without a fresh reading the gate cannot see the engine: allow a small number in flight only, and no
+    more than the class's running limit (what we have in flight is then all we know the engine runs: a
+    late scrape must not let batch work take the slots it leaves free for better classes)."""
     age = inputs.reading_age()
     if inputs.reading is not None and inputs.reading.ok and age is not None and age <= config.stale_after_seconds:
         return None
     cap = config.fallback_max_in_flight
     if inputs.waiting_bound is not None:  # a late scrape, slots known: fill them, keep the queue at the target
         cap = max(cap, inputs.engine_slots + config.waiting_target)
+    if limit := running_limit(inputs, cls):
+        cap = min(cap, limit)
     if inputs.in_flight < cap:
         return GateDecision(True, f"metrics stale: in flight {inputs.in_flight} < cap {cap}", False)
     return GateDecision(False, f"metrics stale: in flight {inputs.in_flight} >= cap {cap}", False)
@@ -232,7 +236,7 @@ class SignalGate:
         self.tpot.observe(reading)
 
     def decide(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
-        fallback = _fallback(inputs, self._config)
+        fallback = _fallback(inputs, self._config, priority_class)
         if fallback is not None:
             return fallback
         for check in self.checks:

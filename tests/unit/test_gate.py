@@ -159,3 +159,17 @@ def test_free_slots_earn_nothing_while_the_engine_shows_a_queue() -> None:
     ledger = DispatchLedger(engine_slots=64)
     ledger.record_reading(BackendLoad(ok=True, read_at=100.0, waiting=2, running=10))
     assert ledger.gate_inputs(100.1).estimated_waiting() == 2  # it is not admitting: trust the queue
+
+
+def test_stale_metrics_never_let_a_class_past_its_running_limit() -> None:
+    """A late scrape on a busy engine must not let batch take the slots it keeps free for better classes:
+    with metrics stale, what we have in flight is all the gate knows runs, and the class limit holds."""
+    batch = PriorityClassConfig("batch", rank=2, max_engine_running=3)
+    gate = SignalGate(GateConfig(stale_after_seconds=1.0, fallback_max_in_flight=4))
+    ledger = DispatchLedger(engine_slots=4)
+    ledger.record_reading(reading(100.0, waiting=0))
+    for rid in ("a", "b", "c"):
+        send(ledger, rid, 100.1)
+    stale = gate.decide(ledger.gate_inputs(102.0), batch)
+    assert not stale.open and "cap 3" in stale.reason
+    assert gate.decide(ledger.gate_inputs(102.0), CLS).open  # the fallback cap itself still allows a 4th
