@@ -119,20 +119,22 @@ async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> As
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
     command = [*wrapper] if wrapper else [sys.executable]
-    proc = spawn([*command, "-m", "scheduler_svc.cli", "serve", "--config", str(path)], f"scheduler-{port}")
-    try:
-        target = f"127.0.0.1:{port}"
-        await wait_grpc(target, proc)
-        yield SchedulerProc(target, proc)
-    finally:
-        proc.stop()
+    async with _grpc_process([*command, "-m", "scheduler_svc.cli", "serve", "--config", str(path)], port) as proc:
+        yield proc
 
 
 @asynccontextmanager
 async def grpc_echo() -> AsyncIterator[SchedulerProc]:
     """`bench.grpc_echo`: a bare gRPC streaming echo laid out like the scheduler (its own process)."""
     port = free_port()
-    proc = spawn([sys.executable, "-m", "bench.grpc_echo", "--port", str(port)], f"echo-{port}")
+    async with _grpc_process([sys.executable, "-m", "bench.grpc_echo", "--port", str(port)], port, "echo") as proc:
+        yield proc
+
+
+@asynccontextmanager
+async def _grpc_process(argv: Sequence[str], port: int, name: str = "scheduler") -> AsyncIterator[SchedulerProc]:
+    """Run a gRPC server process listening on `port`, ready once it answers; stopped on exit."""
+    proc = spawn(argv, f"{name}-{port}")
     try:
         target = f"127.0.0.1:{port}"
         await wait_grpc(target, proc)

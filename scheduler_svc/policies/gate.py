@@ -207,6 +207,17 @@ def check_kv_cache(inputs: GateInputs, cls: PriorityClassConfig, config: GateCon
     return f"kv cache {usage:.0%} > {cls.max_kv_cache_usage:.0%} for {cls.name}"
 
 
+# class fields that are limits a gate may or may not act on (0 / false: not set)
+CLASS_LIMITS = (
+    "waiting_target",
+    "require_idle_engine",
+    "max_engine_running",
+    "max_engine_running_when_contended",
+    "max_tpot_seconds",
+    "max_kv_cache_usage",
+)
+
+
 class SignalGate:
     """Open when every configured signal check passes; the first failing check is the reason.
 
@@ -216,16 +227,7 @@ class SignalGate:
     """
 
     # the class fields this gate acts on; a class setting any other limit is a config error with it
-    honours: frozenset[str] = frozenset(
-        {
-            "waiting_target",
-            "require_idle_engine",
-            "max_engine_running",
-            "max_engine_running_when_contended",
-            "max_tpot_seconds",
-            "max_kv_cache_usage",
-        }
-    )
+    honours: frozenset[str] = frozenset(CLASS_LIMITS)
 
     def __init__(self, config: GateConfig) -> None:
         self._config = config
@@ -260,15 +262,6 @@ class QueueDepthGate(SignalGate):
         self.checks = (check_waiting,)
 
 
-# class fields that are limits a gate may or may not act on (0 / false: not set)
-CLASS_LIMITS = (
-    "waiting_target",
-    "require_idle_engine",
-    "max_engine_running",
-    "max_engine_running_when_contended",
-    "max_tpot_seconds",
-    "max_kv_cache_usage",
-)
 _HONOURED: dict[str, frozenset[str]] = {}
 
 GATE_POLICIES: Registry[Gate] = Registry("gate")
