@@ -357,7 +357,8 @@ class ModelDispatcher:
         return len(self._queued) + len(self._running)
 
     def backend_states(self) -> list[BackendState]:
-        """Every backend's gate decision for every class, with its inputs."""
+        """Every backend's gate decision for every class, with its inputs, for a request from a user with
+        nothing at the engine (at a priority engine a user with requests there may find the gate closed)."""
         now = self.clock.now()
         states = []
         for handle in self.backends:
@@ -367,6 +368,7 @@ class ModelDispatcher:
                     backend_inputs,
                     better_class_active=self._activity.better_active(cls, now),
                     better_tpot_limit=self._activity.better_tpot_limit(cls, now),
+                    candidate_priority=self._engine_priority(cls.name, None, handle),
                 )
                 decision = handle.gate.decide(inputs, cls)
                 if cooling := handle.cooling_for(now):
@@ -398,7 +400,7 @@ class ModelDispatcher:
         could = False
         if self.queues.size and not self.stopping:
             top = next(self.queues.backlogged_bands())
-            could = self._open_backend(top.priority_class, now) is not None
+            could = self.open_backend(top.priority_class, top.priority_class, None, now) is not None
         self.health.observe(now, could_dispatch=could, dispatched_since_last=moved)
 
     async def wait_settled(self) -> None:
@@ -421,20 +423,30 @@ class ModelDispatcher:
             choice = self._choose_band(now, broken)
             if choice is None:
                 break
-            band, handle = choice
+            band, backends = choice
             try:
-                sent += self._dispatch_one(band, handle, now)
+                went = self._dispatch_one(band, backends, now)
             except Exception as exc:
                 broken.add(band.priority_class.name)
                 self.errors.report("dispatch", exc, model=self.model.name, priority_class=band.priority_class.name)
+                continue
+            if went is None:
+                break  # no backlogged user of the band may go now
+            sent += went
         self.dispatches += sent
         self.health.pass_done(ok=not broken)
         return sent
 
-    def _dispatch_one(self, band: Band, handle: BackendHandle, now: float) -> int:
-        """Send the band's next request (fairness picks the user, ordering the request) to `handle`."""
+    def _dispatch_one(self, band: Band, backends: BackendChoice, now: float) -> int | None:
+        """Send the band's next request: fairness picks the user among those a backend can take now,
+        ordering picks the request. Returns how many went (0: the user's queue held only expired requests),
+        None when no backlogged user of the band may go."""
         fairness = self.fairness[band.priority_class.name]
-        user = fairness.select(band.flow_views)
+        user = fairness.select(band.flow_views, backends.eligible)
+        if user is None:
+            return None
+        handle = backends.for_user(user)
+        assert handle is not None, "fairness chose a user no backend can take"
         ticket = self._next_live(band, user, now)
         if ticket is None:
             return 0  # the user's queue held only expired requests
@@ -442,7 +454,7 @@ class ModelDispatcher:
         self.withdraw(ticket)
         try:
             fairness.on_dispatched(request)
-            priority = self._engine_priority(ticket.request, handle) if handle.sends_priority else None
+            priority = self._engine_priority(request.priority_class, request.user, handle)
         except Exception:
             # Out of the queue and not sent: end it now, or its client would wait for nothing.
             ticket.end_in_queue(Outcome.FAILED, InternalError("the scheduler failed to dispatch the request"))
@@ -470,62 +482,111 @@ class ModelDispatcher:
             self.expire(ticket)
         return None
 
-    def _choose_band(self, now: float, broken: set[str]) -> tuple[Band, BackendHandle] | None:
-        """The band to serve and the backend to send to, or None when nothing may go now.
+    def _choose_band(self, now: float, broken: set[str]) -> tuple[Band, BackendChoice] | None:
+        """The band to serve and the gates its request must pass, or None when nothing may go now.
 
-        Strict priority: the best backlogged band decides, and while its gate is closed lower bands wait
-        too (they would only slow it down). Anti-starvation: a lower band whose oldest request has waited
-        longer than its `starvation_after_seconds` sends one request under the top band's gate, then the
-        top band gets the next turn, so a starving band gets at most every other dispatch.
+        Strict priority: the best backlogged band decides, and while its gate is closed (even for a user
+        with nothing at the engine, the best placed at a priority engine) lower bands wait too (they would
+        only slow it down). Anti-starvation: a lower band whose oldest request has waited longer than its
+        `starvation_after_seconds` sends one request under the top band's gate, then the top band gets the
+        next turn, so a starving band gets at most every other dispatch.
         """
         backlogged = [b for b in self.queues.backlogged_bands() if b.priority_class.name not in broken]
         if not backlogged:
             return None
         top = backlogged[0]
-        handle = self._open_backend(top.priority_class, now)
-        if handle is None:
+        if self.open_backend(top.priority_class, top.priority_class, None, now) is None:
             return None
         if not self._promoted_last:
             for band in backlogged[1:]:
                 limit = band.priority_class.starvation_after_seconds
                 if limit and now - _oldest_admission(band) > limit:
                     self._promoted_last = True
-                    return band, handle
+                    return band, BackendChoice(self, top.priority_class, band.priority_class, now)
         self._promoted_last = False
-        return top, handle
+        return top, BackendChoice(self, top.priority_class, top.priority_class, now)
 
-    def _open_backend(self, priority_class: PriorityClassConfig, now: float) -> BackendHandle | None:
-        """The least loaded backend whose gate admits one more request of this class, if any; a backend
-        cooling down after a failover gets none."""
-        best: tuple[int, int] | None = None
+    def open_backend(
+        self,
+        gate_class: PriorityClassConfig,
+        request_class: PriorityClassConfig,
+        user: str | None,
+        now: float,
+    ) -> BackendHandle | None:
+        """The least loaded backend whose gate (for `gate_class`) admits one more request of
+        `request_class` from `user` (None: a user with nothing at the engines), if any; a backend cooling
+        down after a failover gets none. At a priority engine the answer depends on the user: its request
+        queues behind only what the engine would serve first (see `check_waiting`)."""
+        best: tuple[int, int, int] | None = None
         chosen: BackendHandle | None = None
-        better_active = self._activity.better_active(priority_class, now)
-        better_tpot = self._activity.better_tpot_limit(priority_class, now)
+        better_active = self._activity.better_active(gate_class, now)
+        better_tpot = self._activity.better_tpot_limit(gate_class, now)
         for handle in self.backends:
             series = self._series[handle.name]
             if handle.cooling_for(now):
                 series.gate_open.set(0)
                 continue
             inputs = handle.ledger.gate_inputs(now, better_active)
-            if better_tpot:
-                inputs = dataclasses.replace(inputs, better_tpot_limit=better_tpot)
-            decision = handle.gate.decide(inputs, priority_class)
+            priority = self._engine_priority(request_class.name, user, handle)
+            if better_tpot or priority is not None:
+                inputs = dataclasses.replace(inputs, better_tpot_limit=better_tpot, candidate_priority=priority)
+            decision = handle.gate.decide(inputs, gate_class)
             series.gate_open.set(1 if decision.open else 0)
             series.metrics_fresh.set(1 if decision.fresh else 0)
             series.estimated_waiting.set(inputs.estimated_waiting())
             if decision.open:
-                key = (inputs.estimated_waiting(), inputs.in_flight)
+                key = (inputs.waiting_ahead(), inputs.estimated_waiting(), inputs.in_flight)
                 if best is None or key < best:
                     best, chosen = key, handle
         return chosen
 
-    def _engine_priority(self, request: QueuedRequest, handle: BackendHandle) -> int:
-        """Class priority, worsened by the user's requests already at this engine (lower is served first)."""
-        base = self.classes[request.priority_class].engine_priority
-        return base + self._priority_per_inflight * handle.user_in_flight.get(request.user, 0)
+    def _engine_priority(self, priority_class: str, user: str | None, handle: BackendHandle) -> int | None:
+        """The engine priority a request of this class and user would carry to `handle` (None: the backend
+        takes none): class priority, worsened by the user's requests already at this engine (lower is
+        served first), so a user's second and third requests queue behind other users' first ones."""
+        if not handle.sends_priority:
+            return None
+        base = self.classes[priority_class].engine_priority
+        in_flight = handle.user_in_flight.get(user, 0) if user is not None else 0
+        return base + self._priority_per_inflight * in_flight
 
     def _set_depth(self, priority_class: str) -> None:
         self._class_series[priority_class].queue_depth.set(self.queues.band(priority_class).size)
+
+
+class BackendChoice:
+    """Which backend can take a request of one band now, per user, within one dispatch.
+
+    At a priority engine whether a request may go depends on its engine priority, which depends on how
+    many requests its user already has there; users with the same counts get the same answer, so each
+    distinct answer is worked out once per dispatch, however many users the band holds.
+    """
+
+    def __init__(
+        self,
+        dispatcher: ModelDispatcher,
+        gate_class: PriorityClassConfig,
+        request_class: PriorityClassConfig,
+        now: float,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._gate_class = gate_class
+        self._request_class = request_class
+        self._now = now
+        self._answers: dict[tuple[int, ...], BackendHandle | None] = {}
+
+    def for_user(self, user: str) -> BackendHandle | None:
+        """The backend `user`'s next request would go to now, None when no gate admits it."""
+        backends = self._dispatcher.backends
+        key = tuple(h.user_in_flight.get(user, 0) if h.sends_priority else 0 for h in backends)
+        if key not in self._answers:
+            dispatcher = self._dispatcher
+            self._answers[key] = dispatcher.open_backend(self._gate_class, self._request_class, user, self._now)
+        return self._answers[key]
+
+    def eligible(self, user: str) -> bool:
+        """Whether some backend can take `user`'s next request now (the fairness policy's filter)."""
+        return self.for_user(user) is not None
 
 
 def _oldest_admission(band: Band) -> float:

@@ -43,6 +43,7 @@ class DispatchLedger:
         # request id -> when the engine accepted it (None: sent, not yet accepted), for all in flight
         self._in_flight: dict[str, float | None] = {}
         self._unstarted: set[str] = set()  # in flight without a first token yet
+        self._priority: dict[str, int] = {}  # unstarted requests sent with an engine priority -> it
         self._started_at: dict[str, float] = {}  # in flight with a first token: when it came (if told)
         # (accepted at, first token at, ended at) of requests that ended after the reading's read_at
         self._ended: list[tuple[float | None, float | None, float]] = []
@@ -51,11 +52,13 @@ class DispatchLedger:
         self._started_since_reading = 0  # of those, how many produced a token since
         self._foreign = 0  # requests the reading showed beyond all of ours it could hold: other clients'
 
-    def dispatched(self, request_id: str) -> None:
-        """A request was handed to the backend."""
+    def dispatched(self, request_id: str, engine_priority: int | None = None) -> None:
+        """A request was handed to the backend (with the engine priority it carries, for priority engines)."""
         self.in_flight += 1
         self._in_flight[request_id] = None
         self._unstarted.add(request_id)
+        if engine_priority is not None:
+            self._priority[request_id] = engine_priority
 
     def accepted(self, request_id: str, at: float) -> None:
         """The engine took the request at monotonic time `at` (its response started)."""
@@ -68,6 +71,7 @@ class DispatchLedger:
         if request_id not in self._unstarted:
             return
         self._unstarted.discard(request_id)
+        self._priority.pop(request_id, None)
         if at is not None:
             self._started_at[request_id] = at
         accepted_at = self._in_flight.get(request_id)
@@ -141,6 +145,8 @@ class DispatchLedger:
             better_class_active=better_class_active,
             started_in_flight=self.in_flight - len(self._unstarted),
             waiting_bound=self._waiting_bound(),
+            unstarted_priorities=tuple(sorted(self._priority.values())),
+            unstarted=len(self._unstarted),
         )
 
     def _waiting_bound(self) -> int | None:

@@ -83,7 +83,7 @@ class Ticket:
         self.dispatched_at = now
         self.dispatched_wall = time.time()
         self.attempts += 1
-        backend.ledger.dispatched(self.request.request_id)
+        backend.ledger.dispatched(self.request.request_id, engine_priority)
         self._woken.set()
 
     def requeued(self) -> None:

@@ -13,7 +13,7 @@ token-cost policies work without the dispatcher knowing which policy it runs.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from scheduler_svc.clock import Clock, MonotonicClock
@@ -31,8 +31,11 @@ class FairnessPolicy(Protocol):
         """`user`'s flow went from empty to non-empty; `flows` are all backlogged flows, it included."""
         ...
 
-    def select(self, flows: Mapping[str, FlowView]) -> str:
-        """The user whose flow is served next; `flows` is non-empty."""
+    def select(self, flows: Mapping[str, FlowView], eligible: Callable[[str], bool] | None = None) -> str | None:
+        """The user whose flow is served next; `flows` is non-empty. With `eligible`, the next among the
+        users it accepts, None when it accepts none: the dispatcher passes the users whose next request a
+        backend can take now (at a priority engine that depends on the user), and an ineligible user keeps
+        its place for when it can go."""
         ...
 
     def on_dispatched(self, request: RequestView) -> None:
@@ -227,21 +230,28 @@ class RoundRobinFairness(_ServiceHooks):
             self._ring.move_to_end(user)
         super().on_backlogged(user, flows)
 
-    def select(self, flows: Mapping[str, FlowView]) -> str:
+    def select(self, flows: Mapping[str, FlowView], eligible: Callable[[str], bool] | None = None) -> str | None:
         self._flows = flows
         self._given_back = None
-        while self._ring:
-            user = next(iter(self._ring))
-            flow = flows.get(user)
-            if flow is None:  # its requests were cancelled or expired
-                del self._ring[user]
-                continue
-            if len(flow) > 1:
-                self._ring.move_to_end(user)
-            else:  # its last queued request goes now: it rejoins at the end when it has more
-                del self._ring[user]
-            return user
-        raise LookupError("select() called with backlogged flows that were never announced")
+        chosen: str | None = None
+        gone: list[str] = []
+        for user in self._ring:
+            if user not in flows:  # its requests were cancelled or expired
+                gone.append(user)
+            elif eligible is None or eligible(user):
+                chosen = user
+                break
+        for user in gone:
+            del self._ring[user]
+        if chosen is None:
+            if eligible is None:
+                raise LookupError("select() called with backlogged flows that were never announced")
+            return None
+        if len(flows[chosen]) > 1:
+            self._ring.move_to_end(chosen)
+        else:  # its last queued request goes now: it rejoins at the end when it has more
+            del self._ring[chosen]
+        return chosen
 
     def on_requeued(self, request: RequestView) -> None:
         """The user's turn was spent on a request the engine failed: give the turn back."""
@@ -333,7 +343,7 @@ class _VirtualCounterFairness(_ServiceHooks):
     def _group_key(self, group: str) -> float:
         return self._group_counter.get(group, 0.0) + self._group_pending.get(group, 0.0)
 
-    def select(self, flows: Mapping[str, FlowView]) -> str:
+    def select(self, flows: Mapping[str, FlowView], eligible: Callable[[str], bool] | None = None) -> str | None:
         self._flows = flows
         best_group: tuple[float, str] | None = None
         best_user: dict[str, tuple[float, str]] = {}
@@ -341,21 +351,23 @@ class _VirtualCounterFairness(_ServiceHooks):
         member_floor: dict[str, float] = {}
         for user in flows:  # dict order: longest backlogged first, so strict < keeps the older on ties
             group = self._weights.group_of(user)
+            band_floor = min(band_floor, self._group_counter.get(group, 0.0))
+            if self._weights.is_shared(group):
+                settled = self._user_counter.get(user, 0.0)
+                member_floor[group] = min(member_floor.get(group, settled), settled)
+            if eligible is not None and not eligible(user):
+                continue  # the floors count every backlogged user; the choice only those that can go
             key = self._user_key(user)
             if group not in best_user or key < best_user[group][0]:
                 best_user[group] = (key, user)
             group_key = self._group_key(group)
             if best_group is None or group_key < best_group[0]:
                 best_group = (group_key, group)
-            band_floor = min(band_floor, self._group_counter.get(group, 0.0))
-            if self._weights.is_shared(group):
-                settled = self._user_counter.get(user, 0.0)
-                member_floor[group] = min(member_floor.get(group, settled), settled)
-        assert best_group is not None, "select() needs at least one backlogged flow"
+        assert flows, "select() needs at least one backlogged flow"
         self._floor = max(self._floor, band_floor)
         for group, floor in member_floor.items():
             self._member_floor[group] = max(self._member_floor.get(group, 0.0), floor)
-        return best_user[best_group[1]][1]
+        return None if best_group is None else best_user[best_group[1]][1]
 
     def _dispatch_cost(self, request: RequestView) -> float:
         """What a dispatch costs before any token (pending until the first token)."""

@@ -8,6 +8,7 @@ engine's step time against its batch). The same gate serves every engine kind.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -40,6 +41,9 @@ class GateInputs:
     started_in_flight: int = 0  # ours that produced a token and have not ended: running at the engine
     waiting_bound: int | None = None  # most the engine can have waiting (in flight beyond its slots), if known
     better_tpot_limit: float = 0.0  # tightest TPOT limit of a better-ranked class active now (0: none)
+    unstarted: int = 0  # ours in flight without a first token (waiting, in prefill, or on the way)
+    unstarted_priorities: tuple[int, ...] = ()  # the engine priorities those carry, sorted (priority engines)
+    candidate_priority: int | None = None  # the engine priority the request asked about would carry
 
     def reading_age(self) -> float | None:
         """Seconds since the reading was taken, None when there is none."""
@@ -85,6 +89,24 @@ class GateInputs:
             waiting = max(0, waiting - max(0, self.engine_slots - running))
         return waiting if self.waiting_bound is None else min(waiting, self.waiting_bound)
 
+    def waiting_ahead(self) -> int:
+        """Of the engine's waiting queue, the requests it would serve before the candidate.
+
+        A priority engine (vLLM's priority policy) serves its queue by priority, lower first, ties in
+        arrival order: a candidate sent with priority p queues behind ours waiting with a priority <= p, and
+        behind everything else waiting (other clients' requests, ours sent without a priority), whose
+        priority we do not know. Which of our unstarted requests are still waiting and which are already
+        in prefill is unknown too; the ones ahead are assumed waiting, so this is never below the truth.
+        Without a candidate priority (a FIFO engine), the whole queue is ahead.
+        """
+        waiting = self.estimated_waiting()
+        if self.candidate_priority is None:
+            return waiting
+        ours_ahead = bisect_right(self.unstarted_priorities, self.candidate_priority)
+        ours_unknown = max(0, self.unstarted - len(self.unstarted_priorities))
+        foreign = max(0, waiting - self.unstarted)
+        return min(waiting, ours_ahead + ours_unknown + foreign)
+
 
 @dataclass(frozen=True, slots=True)
 class GateDecision:
@@ -128,12 +150,25 @@ GateCheck = Callable[[GateInputs, PriorityClassConfig, GateConfig], "str | None"
 
 
 def check_waiting(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
-    """The engine's waiting queue must stay below the class's target (batch: must be empty)."""
-    waiting = inputs.estimated_waiting()
+    """What the request would queue behind at the engine must stay below the class's target (batch: the
+    engine queue must be empty).
+
+    At a FIFO engine that is the whole waiting queue. At a priority engine it is only what the engine
+    would serve first (`GateInputs.waiting_ahead`): a latecomer whose priority beats the flood's queued
+    requests goes at once and takes the next free slot, as if it had marked itself urgent, instead of
+    waiting in our queue for the engine's queue to drain below the target. The queue stays bounded: a
+    request goes only while fewer than the target are ahead of it.
+    """
     if cls.require_idle_engine:
+        waiting = inputs.estimated_waiting()
         return None if waiting == 0 else f"waiting {waiting} > 0 and {cls.name} needs an idle engine queue"
     target = cls.waiting_target or config.waiting_target
-    return None if waiting < target else f"waiting {waiting} >= target {target}"
+    ahead = inputs.waiting_ahead()
+    if ahead < target:
+        return None
+    if inputs.candidate_priority is None:
+        return f"waiting {ahead} >= target {target}"
+    return f"waiting ahead of priority {inputs.candidate_priority} {ahead} >= target {target}"
 
 
 def running_limit(inputs: GateInputs, cls: PriorityClassConfig) -> int:
