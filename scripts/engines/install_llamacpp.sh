@@ -30,6 +30,11 @@ fi
 mkdir -p "$CACHE"
 start=$(date +%s)
 echo "install_llamacpp.sh: building $SPEC into $VENV (takes several minutes)"
+# A venv whose creation was killed has a python but no pip: start it again rather than fail.
+if [[ -x "$VENV/bin/python" ]] && ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+  echo "$(basename "$0"): $VENV is half made (no pip): creating it again"
+  rm -rf "$VENV"
+fi
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV" || die "could not create venv with $PY"
 fi
