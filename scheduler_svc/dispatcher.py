@@ -522,18 +522,20 @@ class ModelDispatcher:
         better_active = self._activity.better_active(gate_class, now)
         better_tpot = self._activity.better_tpot_limit(gate_class, now)
         for handle in self.backends:
-            series = self._series[handle.name]
+            series = self._series[handle.name] if user is None else None  # the gauges show the band-level view
             if handle.cooling_for(now):
-                series.gate_open.set(0)
+                if series is not None:
+                    series.gate_open.set(0)
                 continue
             inputs = handle.ledger.gate_inputs(now, better_active)
             priority = self._engine_priority(request_class.name, user, handle)
             if better_tpot or priority is not None:
                 inputs = dataclasses.replace(inputs, better_tpot_limit=better_tpot, candidate_priority=priority)
             decision = handle.gate.decide(inputs, gate_class)
-            series.gate_open.set(1 if decision.open else 0)
-            series.metrics_fresh.set(1 if decision.fresh else 0)
-            series.estimated_waiting.set(inputs.estimated_waiting())
+            if series is not None:
+                series.gate_open.set(1 if decision.open else 0)
+                series.metrics_fresh.set(1 if decision.fresh else 0)
+                series.estimated_waiting.set(inputs.estimated_waiting())
             if decision.open:
                 key = (inputs.waiting_ahead(), inputs.estimated_waiting(), inputs.in_flight)
                 if best is None or key < best:
