@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from engines import EngineProcess
 from engines.wire import metric_value, post_raw, sse_data
 

@@ -24,10 +24,10 @@ from typing import Any
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from engines import EngineProcess
-from engines.wire import sse_data
 
 from backends.sim import SimConfig, SimServer, running_simulator
+from engines import EngineProcess
+from engines.wire import sse_data
 
 pytestmark = pytest.mark.engines
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import grpc
 import pytest
-from engines import EngineProcess
 
 from backends._prom import MetricSamples
+from engines import EngineProcess
 from tests.helpers import client_for, eventually, make_config, outcome_count, serving, until_settled
 
 pytestmark = pytest.mark.engines
