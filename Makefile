@@ -40,8 +40,8 @@ check: lint typecheck
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
 
 engines: $(STAMP)
-	bash scripts/engines/install_vllm.sh
-	bash scripts/engines/install_llamacpp.sh
+	bash engines/scripts/install_vllm.sh
+	bash engines/scripts/install_llamacpp.sh
 
 test: lint typecheck engines
 	$(BIN)/python scripts/gen_protos.py --check
@@ -60,8 +60,8 @@ demo: $(STAMP)
 # vLLM laid out like a GPU host, plus the "front end starved" and "all shared" layouts) and S6;
 # ENGINE=llamacpp: R1 on the real llama.cpp server. Pass BENCH_ARGS="--layouts gpu_host --rounds 3" to narrow.
 bench: $(STAMP)
-	$(if $(filter vllm,$(ENGINE)),bash scripts/engines/install_vllm.sh)
-	$(if $(filter llamacpp,$(ENGINE)),bash scripts/engines/install_llamacpp.sh)
+	$(if $(filter vllm,$(ENGINE)),bash engines/scripts/install_vllm.sh)
+	$(if $(filter llamacpp,$(ENGINE)),bash engines/scripts/install_llamacpp.sh)
 	$(BIN)/python -m bench --engine $(ENGINE) $(BENCH_ARGS)
 	$(if $(filter sim,$(ENGINE)),$(BIN)/python bench/update_readme.py)
 

@@ -53,7 +53,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _provider(engine: str) -> EngineProvider:
     if engine == "llamacpp":
-        from tests.engines.engines import llamacpp_missing_reason
+        from engines import llamacpp_missing_reason
 
         reason = llamacpp_missing_reason()
         if reason:
@@ -73,8 +73,8 @@ async def _run_all(
     out: list[results.ScenarioResult] = []
     try:
         if "R1" in ids and args.engine != "sim":
-            from bench import layout
             from bench.scenarios import real_s1
+            from engines import layout
 
             for name in args.layouts.split(","):
                 workloads = [real_s1.WORKLOADS[w] for w in args.workloads.split(",")]

@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 
 from bench import harness
 from bench.clients import RunClock
 from bench.probe import EngineProbe
+from engines import EngineProcess, vllm_missing_reason, vllm_process
 
 
 @dataclass(frozen=True)
@@ -94,21 +95,17 @@ class SimProvider:
 
 
 class VllmProvider:
-    """Real vLLM on CPU (tests/engines/engines.py), one process per scheduling policy, reused across runs."""
+    """Real vLLM on CPU (the `engines` package), one process per scheduling policy, reused across runs."""
 
     name = "vllm"
 
     def __init__(self, max_num_seqs: int = 4) -> None:
         self.max_num_seqs = max_num_seqs
-        self._running: dict[str, Any] = {}  # policy -> EngineProcess
+        self._running: dict[str, EngineProcess] = {}  # by scheduling policy
 
     @staticmethod
     def missing_reason() -> str | None:
-        """None when the integration tier's vLLM is installed, else why not."""
-        try:
-            from tests.engines.engines import vllm_missing_reason
-        except ImportError as exc:
-            return f"tests/engines/engines.py not importable: {exc}"
+        """None when the real vLLM is installed, else why not (and how to install it)."""
         return vllm_missing_reason()
 
     def describe(self) -> str:
@@ -116,8 +113,6 @@ class VllmProvider:
 
     @contextlib.asynccontextmanager
     async def engine(self, scheduling_policy: str = "fcfs") -> AsyncIterator[Engine]:
-        from tests.engines.engines import vllm_process
-
         for policy in [p for p in self._running if p != scheduling_policy]:
             await asyncio.to_thread(self._running.pop(policy).stop)  # one vLLM at a time on 2 cores
         process = self._running.get(scheduling_policy)

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.engines.engines import llamacpp_process, vllm_process  # noqa: E402
+from engines import install, llamacpp_process, vllm_process  # noqa: E402
 
 CONFIG = """
 [server]
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--model", default="sim-model", help="the name clients use (and the engine serves)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the engine on TERM as on Ctrl-C
-    subprocess.run(["bash", str(ROOT / "scripts" / "engines" / f"install_{args.engine}.sh")], check=True)
+    install(args.engine)
     if args.engine == "vllm":
         engine = vllm_process(port=args.port, served_model_name=args.model, scheduling_policy="priority")
     else:

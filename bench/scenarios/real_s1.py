@@ -43,15 +43,16 @@ import aiohttp
 import grpc
 
 from backends._prom import MetricSamples
-from bench import harness, layout
+from bench import harness
 from bench.clients import Client, DirectClient, RunClock, ScheduledClient
 from bench.configs import scheduler_config, validated_toml
-from bench.layout import Layout
 from bench.records import RequestRecord
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL
 from bench.scenarios._common import STANDARD_CLASS, jsonable, seconds
 from clients import pb, pb_grpc
+from engines import EngineProcess, layout, llamacpp_process, sim_process, vllm_process
+from engines.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = 4
@@ -123,7 +124,7 @@ class RealEngine:
     kind: str
     url: str
     model: str
-    process: Any  # tests.engines.engines.EngineProcess
+    process: EngineProcess
     layout: Layout
     processes: list[dict[str, object]] = field(default_factory=list)
 
@@ -140,26 +141,16 @@ class RealEngine:
 @contextlib.asynccontextmanager
 async def real_engine(kind: str, lay: Layout) -> AsyncIterator[RealEngine]:
     """Start the engine on the layout's cores; the front end and the compute are pinned once it is ready."""
-    from tests.engines import engines
-
     if kind == "vllm":
-        process = engines.vllm_process(
+        process = vllm_process(
             scheduling_policy="priority", served_model_name="tiny-llama-priority", max_num_seqs=SLOTS
         )
-        if lay.omp_bind is not None:
-            process.env["VLLM_CPU_OMP_THREADS_BIND"] = lay.omp_bind
-            process.env["OMP_NUM_THREADS"] = str(len(lay.compute_cpus or layout.all_cpus()))
     elif kind == "llamacpp":
-        process = engines.llamacpp_process(slots=SLOTS, threads=1)
+        process = llamacpp_process(slots=SLOTS, threads=1)
     else:  # the simulator, to try the bench itself quickly (its figures mean nothing for the layouts)
-        port = engines.free_port()
-        argv = [sys.executable, "-m", "scheduler_svc.cli", "sim", "--port", str(port), "--max-num-seqs", str(SLOTS)]
-        argv += ["--scheduling-policy", "priority", "--decode-base-ms", "12", "--decode-per-seq-ms", "1"]
-        process = engines.EngineProcess("sim", argv, port, "sim-model", {"PYTHONPATH": str(ROOT)}, 30.0)
-    # started on the compute cores, so its start-up does not compete with the front end's peers
-    argv = list(process.argv)
-    if lay.compute_cpus is not None:
-        process.argv = ["taskset", "-c", ",".join(map(str, sorted(lay.compute_cpus))), *argv]
+        flags = ["--decode-base-ms", "12", "--decode-per-seq-ms", "1"]
+        process = sim_process(max_num_seqs=SLOTS, scheduling_policy="priority", extra_args=flags)
+    layout.place(process, kind, lay)  # started on the compute cores; vLLM's OpenMP threads bound
     await asyncio.to_thread(process.start)
     engine = RealEngine(kind, process.url, process.served_model_name, process, lay)
     try:

@@ -25,12 +25,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.engines.engines import (  # noqa: E402
-    EngineProcess,
-    llamacpp_process,
-    metric_value,
-    vllm_process,
-)
+from engines import EngineProcess, llamacpp_process, vllm_process  # noqa: E402
+from engines.wire import metric_value  # noqa: E402
 
 DATA = ROOT / "tests" / "engines" / "data"
 MANIFEST = DATA / "manifest.json"

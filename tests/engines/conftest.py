@@ -1,4 +1,4 @@
-"""Pytest fixtures for REAL inference engines (see tests/engines/engines.py).
+"""Pytest fixtures for REAL inference engines, started through the `engines` package.
 
 Session-scoped fixtures, each yielding a started :class:`EngineProcess` (``.url``, ``.port``,
 ``.served_model_name``, ``.metrics_text()`` sync / ``await .ametrics_text()`` async, ``.kill()``,
@@ -28,7 +28,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from tests.engines.engines import (  # noqa: E402
+from engines import (  # noqa: E402
     EngineError,
     EngineProcess,
     llamacpp_missing_reason,

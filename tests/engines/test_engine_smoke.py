@@ -9,7 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.engines.engines import EngineProcess, metric_value, post_raw, sse_data
+from engines import EngineProcess
+from engines.wire import metric_value, post_raw, sse_data
 
 pytestmark = pytest.mark.engines
 

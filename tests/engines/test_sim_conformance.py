@@ -26,7 +26,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.sim import SimConfig, SimServer, running_simulator
-from tests.engines.engines import EngineProcess, sse_data
+from engines import EngineProcess
+from engines.wire import sse_data
 
 pytestmark = pytest.mark.engines
 

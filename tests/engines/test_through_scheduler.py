@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from backends._prom import MetricSamples
-from tests.engines.engines import EngineProcess
+from engines import EngineProcess
 from tests.helpers import client_for, eventually, make_config, outcome_count, serving, until_settled
 
 pytestmark = pytest.mark.engines

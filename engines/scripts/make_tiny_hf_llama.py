@@ -3,7 +3,7 @@
 
 Run with the vLLM venv's python (needs numpy, safetensors, tokenizers, transformers)::
 
-    .cache/engines/vllm-venv/bin/python scripts/engines/make_tiny_hf_llama.py [--out DIR] [--force]
+    .cache/engines/vllm-venv/bin/python engines/scripts/make_tiny_hf_llama.py [--out DIR] [--force]
 
 Deterministic (seeded, see tiny_llama_spec.py). Cached: if DIR already holds a model built from the
 same spec version, nothing is rewritten. Prints the model directory as its last line.

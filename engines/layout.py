@@ -1,10 +1,14 @@
-"""Where a real-engine benchmark's processes run: core layouts, and pinning an engine's processes to them.
+"""Where an engine's processes run: core layouts, and pinning an engine's processes to them.
 
 On a GPU host the engine's compute runs on the accelerator while its HTTP front end, the scheduler and the
-clients share the CPUs. On this 2-core machine the nearest equivalent gives the engine's compute core 1
+clients share the CPUs. On a 2-core machine the nearest equivalent gives the engine's compute core 1
 and everything else core 0, so the engine's compute neither starves nor is starved by the front end and
 the load. The other two layouts are the ways it goes wrong: all of the engine on one core (its front end
 starved by its own compute) and everything shared (`make run` as shipped).
+
+Two steps: :func:`place` before the engine starts (its command line and environment), then
+:func:`pin_vllm` or :func:`pin_llamacpp` once it is ready (its processes and threads exist by then).
+Linux only (``/proc`` and ``sched_setaffinity``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from engines.process import EngineProcess
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,23 @@ def available(layout: Layout) -> str | None:
     return None if not missing else f"needs cores {sorted(missing)}, this machine has {sorted(have)}"
 
 
+def place(process: EngineProcess, kind: str, layout: Layout) -> None:
+    """Before start: run the whole engine on the compute cores (its start-up does not compete with the front
+    end's peers) and, for vLLM, bind its worker's OpenMP threads as the layout says."""
+    if kind == "vllm" and layout.omp_bind is not None:
+        process.env["VLLM_CPU_OMP_THREADS_BIND"] = layout.omp_bind
+        process.env["OMP_NUM_THREADS"] = str(len(layout.compute_cpus or all_cpus()))
+    if layout.compute_cpus is not None:
+        process.argv = ["taskset", "-c", ",".join(map(str, sorted(layout.compute_cpus))), *process.argv]
+
+
 def all_cpus() -> frozenset[int]:
+    """Every core of the machine (what "no pinning" pins to)."""
     return frozenset(range(os.cpu_count() or 1))
 
 
 def thread_ids(pid: int) -> list[int]:
+    """The thread ids of ``pid`` (empty once it is gone)."""
     try:
         return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
     except OSError:
@@ -74,6 +92,7 @@ def pin_process(pid: int, cpus: frozenset[int] | None) -> None:
 
 
 def pin_thread(tid: int, cpus: frozenset[int] | None) -> None:
+    """One thread onto ``cpus`` (None: every core)."""
     with contextlib.suppress(OSError):  # a thread that just ended
         os.sched_setaffinity(tid, cpus or all_cpus())
 
@@ -99,6 +118,7 @@ def descendants(pid: int) -> list[int]:
 
 
 def comm(pid: int) -> str:
+    """The process's command name, as ``ps`` shows it ("?" once it is gone)."""
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
@@ -116,6 +136,7 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float:
 
 
 def affinity(pid: int) -> str:
+    """The cores a process (or thread) may run on, e.g. "0,1" ("?" once it is gone)."""
     try:
         cpus = sorted(os.sched_getaffinity(pid))
     except OSError:

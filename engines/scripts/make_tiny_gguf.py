@@ -3,7 +3,7 @@
 
 Run with a python that has ``gguf`` + ``numpy`` (the llama.cpp venv has both)::
 
-    .cache/engines/llamacpp-venv/bin/python scripts/engines/make_tiny_gguf.py [--out FILE] [--force]
+    .cache/engines/llamacpp-venv/bin/python engines/scripts/make_tiny_gguf.py [--out FILE] [--force]
 
 Same vocabulary and weights as make_tiny_hf_llama.py (see tiny_llama_spec.py), F32 tensors,
 SentencePiece ("llama") tokenizer with byte fallback, ChatML chat template. Q/K are not permuted
