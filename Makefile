@@ -6,12 +6,12 @@ STAMP := $(VENV)/.installed
 ENGINE ?= sim
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv protos check lint typecheck test test-fast engines run demo bench bench-check clean
+.PHONY: help venv protos check lint typecheck imports test test-fast engines run demo bench bench-check clean
 
 help:
 	@echo "make run [ENGINE=sim|vllm|llamacpp]  start an engine and the scheduler on 127.0.0.1:50051"
 	@echo "make test                              the whole suite, real engines included (installs them once)"
-	@echo "make check                             fast inner loop: lint, types, generated code, tests without real engines"
+	@echo "make check                             fast inner loop: lint, types, import layers, generated code, tests without real engines"
 	@echo "make demo                              scenario S1: a flood and two latecomers, direct vs scheduled"
 	@echo "make bench [ENGINE=sim|vllm|llamacpp]  scenarios side by side, tables + JSON + plots in bench/results"
 	@echo "make bench-check                       fails when a scenario misses its target beyond tolerance"
@@ -35,7 +35,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-check: lint typecheck
+# The layers (faces -> core -> backend port <- adapters) and no cycles: contracts in pyproject.toml.
+imports: $(STAMP)
+	$(BIN)/lint-imports
+
+check: lint typecheck imports
 	$(BIN)/python scripts/gen_protos.py --check
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
 
@@ -43,7 +47,7 @@ engines: $(STAMP)
 	bash engines/scripts/install_vllm.sh
 	bash engines/scripts/install_llamacpp.sh
 
-test: lint typecheck engines
+test: lint typecheck imports engines
 	$(BIN)/python scripts/gen_protos.py --check
 	$(BIN)/pytest -q
 

@@ -1,8 +1,12 @@
-"""Engine adapters behind one Protocol (`Backend`), one module per engine."""
+"""The backend port: the `Backend` Protocol, its neutral errors, and the registry of engine kinds.
+
+Importing this package loads no adapter (nor aiohttp): `backends.registry` imports an adapter module only
+when a configured backend names its kind. Adapters themselves live in `backends.vllm`, `backends.tgi`,
+`backends.llamacpp` (and `backends.fake` for tests); the simulator in `backends.sim` stands apart.
+"""
 
 from __future__ import annotations
 
-from backends._http import HttpSettings
 from backends.base import (
     Accepted,
     Backend,
@@ -12,6 +16,7 @@ from backends.base import (
     Finished,
     GenerationEvent,
     GenerationRequest,
+    HttpSettings,
     SamplingParams,
     TextDelta,
 )
@@ -22,36 +27,10 @@ from backends.errors import (
     BackendRejectedRequest,
     BackendUnavailable,
 )
-from backends.llamacpp import LlamaCppBackend
-from backends.tgi import TgiBackend
-from backends.vllm import VllmBackend
-
-ADAPTERS: dict[str, type[VllmBackend] | type[TgiBackend] | type[LlamaCppBackend]] = {
-    "vllm": VllmBackend,
-    "tgi": TgiBackend,
-    "llamacpp": LlamaCppBackend,
-}
-
-
-def create_backend(
-    *,
-    kind: str,
-    name: str,
-    url: str,
-    engine_model: str,
-    priority_scheduling: bool = False,
-    http: HttpSettings | None = None,
-) -> Backend:
-    """Build the adapter for an engine kind ("vllm", "tgi", "llamacpp")."""
-    try:
-        adapter = ADAPTERS[kind]
-    except KeyError:
-        raise ValueError(f"unknown backend kind {kind!r}; known: {sorted(ADAPTERS)}") from None
-    return adapter(name=name, url=url, engine_model=engine_model, http=http, priority_scheduling=priority_scheduling)
-
+from backends.registry import BACKEND_KINDS, adapter_class, capabilities, create_backend
 
 __all__ = [
-    "ADAPTERS",
+    "BACKEND_KINDS",
     "Accepted",
     "Backend",
     "BackendCapabilities",
@@ -66,10 +45,9 @@ __all__ = [
     "GenerationEvent",
     "GenerationRequest",
     "HttpSettings",
-    "LlamaCppBackend",
     "SamplingParams",
     "TextDelta",
-    "TgiBackend",
-    "VllmBackend",
+    "adapter_class",
+    "capabilities",
     "create_backend",
 ]

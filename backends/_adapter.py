@@ -10,9 +10,9 @@ import dataclasses
 from collections.abc import AsyncGenerator
 from typing import ClassVar
 
-from backends._http import HttpEngine, HttpSettings
+from backends._http import HttpEngine
 from backends._prom import MetricSamples, RateTracker
-from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest
+from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest, HttpSettings
 
 
 class HttpAdapter:

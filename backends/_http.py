@@ -6,13 +6,12 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from backends._prom import MetricSamples
-from backends.base import BackendLoad
+from backends.base import BackendLoad, HttpSettings
 from backends.errors import (
     BackendError,
     BackendOverloaded,
@@ -20,16 +19,6 @@ from backends.errors import (
     BackendRejectedRequest,
     BackendUnavailable,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class HttpSettings:
-    """Connection settings shared by all adapters."""
-
-    metrics_path: str = "/metrics"
-    metrics_timeout: float = 1.0
-    connect_timeout: float = 5.0
-    max_connections: int = 1024
 
 
 class HttpEngine:

@@ -55,14 +55,6 @@ class MetricSamples:
         ]
         return max(matched) if matched else None
 
-    def first_total(self, names: tuple[str, ...], **labels: str) -> float | None:
-        """`total` of the first name that is exposed (metric names change between engine versions)."""
-        for name in names:
-            value = self.total(name, **labels)
-            if value is not None:
-                return value
-        return None
-
 
 class RateTracker:
     """delta(sum) / delta(count) of a cumulative histogram or counter pair between two scrapes.

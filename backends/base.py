@@ -100,6 +100,16 @@ class BackendCapabilities:
     has_kv_usage: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    """Connection settings shared by all HTTP adapters (given to `backends.registry.create_backend`)."""
+
+    metrics_path: str = "/metrics"
+    metrics_timeout: float = 1.0
+    connect_timeout: float = 5.0
+    max_connections: int = 1024
+
+
 @runtime_checkable
 class Backend(Protocol):
     """An inference engine reached over HTTP."""

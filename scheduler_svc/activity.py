@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler_svc.config import PriorityClassConfig
+from scheduler_svc.config_schema import PriorityClassConfig
 
 
 class ClassActivity:

@@ -1,8 +1,9 @@
 """The service's configuration: one TOML file, built and validated here and nowhere else.
 
-Every field is a frozen dataclass field declared with `_field(default, doc)`, so each one carries its
-default and a one-line description (a test checks this, and `llmsched config-reference` prints them).
-Unknown keys are errors, so a typo never silently falls back to a default.
+The sections' shapes live in `scheduler_svc.config_schema` (re-exported here). Unknown keys are errors, so a
+typo never silently falls back to a default. Validation checks names against the policy registries and
+each backend's kind against `backends.registry`, whose adapters' capability flags (`has_tpot`,
+`has_kv_usage`) say which class limits an engine of that kind can observe.
 """
 
 from __future__ import annotations
@@ -13,317 +14,56 @@ import json
 import tomllib
 import types
 import typing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from backends.registry import BACKEND_KINDS, capabilities
+from scheduler_svc.config_schema import (
+    DEFAULT_CLASSES,
+    AuthConfig,
+    BackendConfig,
+    Config,
+    ConfigError,
+    GateConfig,
+    ModelConfig,
+    PriorityClassConfig,
+    SchedulingConfig,
+    ServerConfig,
+    WeightsConfig,
+    describe_fields,
+)
+from scheduler_svc.identity import user_id_problem
+from scheduler_svc.keys import load_key_digests
+from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
+from scheduler_svc.policies.gate import ignored_limits
+from scheduler_svc.tls import ServerTls
+
 T = TypeVar("T")
 
-BACKEND_KINDS = ("vllm", "tgi", "llamacpp")
-# The class limits each engine kind can observe, from its adapter's BackendCapabilities (has_tpot,
-# has_kv_usage); kept here so validating a config imports no adapter (a test checks they agree). A limit
-# on a signal the engine does not export would never bind: it is refused instead.
-BACKEND_OBSERVES: dict[str, frozenset[str]] = {
-    "vllm": frozenset({"max_tpot_seconds", "max_kv_cache_usage"}),
-    "tgi": frozenset({"max_tpot_seconds"}),
-    "llamacpp": frozenset({"max_tpot_seconds"}),
-}
-SIGNAL_LIMITS = ("max_tpot_seconds", "max_kv_cache_usage")  # class limits that need an engine signal
+# class limits that need an engine signal -> the BackendCapabilities flag saying a kind's adapter exports it
+SIGNAL_LIMITS = {"max_tpot_seconds": "has_tpot", "max_kv_cache_usage": "has_kv_usage"}
 MAX_PROMPT_BYTES_LIMIT = 64 << 20  # a request larger than this is no prompt; gRPC messages stay well under 2 GB
 
-
-class ConfigError(ValueError):
-    """The configuration file is invalid; the message says where and why."""
-
-
-def _field(default: Any, doc: str) -> Any:
-    """A dataclass field with a default and a docstring kept in its metadata."""
-    if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
-    return dataclasses.field(default=default, metadata={"doc": doc})
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Where the service listens and how it shuts down."""
-
-    listen: str = _field("127.0.0.1:50051", "gRPC listen address (host:port; port 0 picks a free one).")
-    metrics_listen: str = _field(
-        "127.0.0.1:9464", "Prometheus /metrics HTTP address of the scheduler itself; empty disables it."
-    )
-    shutdown_grace_seconds: float = _field(
-        10.0, "On SIGTERM: how long queued and running requests may drain before they are cut."
-    )
-    queue_update_interval_seconds: float = _field(
-        1.0,
-        "A streaming client waiting in the queue is told its new position when it changes, at most this "
-        "often (per model: one pass over the queues whose head moved, none while nothing moves).",
-    )
-    unhealthy_after_failed_passes: int = _field(
-        3,
-        "Health turns NOT_SERVING when a model's dispatch loop fails this many passes in a row with an "
-        "unexpected error (counted in llmsched_internal_errors_total); SERVING again after a good pass.",
-    )
-    unhealthy_after_stalled_seconds: float = _field(
-        30.0,
-        "Health turns NOT_SERVING when a model has had work queued and a gate open for the best queued class "
-        "for this long without a single dispatch (a wedged loop); 0 disables the check.",
-    )
-    log_format: str = _field("console", 'Log output: "console" (human) or "json" (one object per line).')
-    log_level: str = _field("info", "Minimum log level: debug, info, warning, error.")
-    tls_cert_file: str = _field(
-        "",
-        "PEM certificate chain of the service. With tls_key_file, every listener (gRPC, metrics) speaks "
-        "TLS only; both empty: plaintext. Read at startup.",
-    )
-    tls_key_file: str = _field("", "PEM private key (unencrypted) for tls_cert_file; set both or neither.")
-    tls_client_ca_file: str = _field(
-        "",
-        "PEM CA bundle for mutual TLS: when set, every listener requires a client certificate signed by it "
-        "(see auth.identity_from_client_cert). Needs tls_cert_file and tls_key_file.",
-    )
-
-
-@dataclass(frozen=True)
-class AuthConfig:
-    """How callers are identified."""
-
-    api_key_sha256: dict[str, str] = _field(
-        {},
-        "Hex SHA-256 digest of an API key -> user id (`printf %s KEY | sha256sum` or `llmsched hash-key`). "
-        "With any key configured (here, api_keys_file or api_keys_env), every call needs "
-        "`authorization: Bearer <key>` and the key alone decides the user (x-user-id is ignored).",
-    )
-    api_keys_file: str = _field(
-        "",
-        "File of API keys, one `<user> <key>` or `<user> sha256:<hex digest>` per line (# comments); read "
-        "at startup, merged with api_key_sha256. Empty: none.",
-    )
-    api_keys_env: str = _field(
-        "", "Name of an environment variable holding API keys in the api_keys_file format. Empty: none."
-    )
-    admin_users: list[str] = _field(
-        [], "Users allowed to call GetQueueState (it shows every user's queue); empty: any identified caller."
-    )
-    trust_user_header: bool = _field(
-        False,
-        "Allow admin_users with identities taken from x-user-id (no API keys, no client certificates). Only "
-        "for deployments where a trusted proxy sets x-user-id: otherwise anyone can claim to be an admin.",
-    )
-    identity_from_client_cert: bool = _field(
-        False,
-        "The user is the client certificate's identity: its first DNS or URI SAN, else its subject CN "
-        "(needs server.tls_client_ca_file; cannot be combined with API keys).",
-    )
-
-
-@dataclass(frozen=True)
-class PriorityClassConfig:
-    """A priority class (band). Lower `rank` is served first; fairness applies among users within a band.
-
-    The gate fields make the class's own admission rule: each applies only when set (0 / false = off).
-    """
-
-    name: str = _field("interactive", "Class name clients put in `priority_class`.")
-    rank: int = _field(0, "Strict band order: a lower rank is dispatched before a higher one.")
-    engine_priority: int = _field(
-        0, "Base numeric priority sent to engines with priority scheduling (vLLM: lower is served first)."
-    )
-    waiting_target: int = _field(0, "This class's engine waiting-queue target; 0 means the model gate's.")
-    max_tpot_seconds: float = _field(
-        0.0, "Hold the class back while the engine's time per output token exceeds this (0: no limit)."
-    )
-    max_kv_cache_usage: float = _field(
-        0.0, "Hold the class back while the engine's KV-cache usage (0..1) exceeds this (0: no limit)."
-    )
-    max_engine_running: int = _field(
-        0,
-        "Dispatch only while the engine runs fewer requests than this (0: no limit). Set it below the "
-        "engine's max_num_seqs for batch work, so free slots are left for interactive arrivals: engines "
-        "do not preempt a running request for a waiting one of higher priority.",
-    )
-    max_engine_running_when_contended: int = _field(
-        0,
-        "While a better-ranked class runs a request, or had one admitted, sent or finished within "
-        "`contention_window_seconds`, dispatch this class only while the engine runs fewer requests "
-        "than this (0: off). An engine's step gets slower as its batch grows, and a new request waits "
-        "about two steps for its first token, so this keeps interactive TTFT near the idle engine's; "
-        "once the better classes go quiet the class fills up to max_engine_running again.",
-    )
-    contention_window_seconds: float = _field(
-        30.0, "How long after a better-ranked class's last activity `max_engine_running_when_contended` holds."
-    )
-    require_idle_engine: bool = _field(
-        False, "Dispatch only while the engine's waiting queue is empty (batch work fills idle capacity)."
-    )
-    queue_ttl_seconds: float = _field(
-        0.0, "A request still queued after this long ends with DEADLINE_EXCEEDED (0: only the call deadline)."
-    )
-    starvation_after_seconds: float = _field(
-        60.0,
-        "Anti-starvation: when this band's oldest request has waited this long while higher bands keep "
-        "the engine busy, one request of it goes ahead under the top band's gate (0: may starve).",
-    )
-
-
-DEFAULT_CLASSES = [
-    PriorityClassConfig("interactive", rank=0, engine_priority=0, max_tpot_seconds=0.15),
-    PriorityClassConfig("review", rank=1, engine_priority=5, starvation_after_seconds=30.0),
-    PriorityClassConfig("batch", rank=2, engine_priority=10, require_idle_engine=True, starvation_after_seconds=60.0),
+__all__ = [
+    "BACKEND_KINDS",
+    "DEFAULT_CLASSES",
+    "MAX_PROMPT_BYTES_LIMIT",
+    "SIGNAL_LIMITS",
+    "AuthConfig",
+    "BackendConfig",
+    "Config",
+    "ConfigError",
+    "GateConfig",
+    "ModelConfig",
+    "PriorityClassConfig",
+    "SchedulingConfig",
+    "ServerConfig",
+    "WeightsConfig",
+    "config_from_dict",
+    "describe_fields",
+    "load_config",
+    "observable_limits",
 ]
-
-
-@dataclass(frozen=True)
-class WeightsConfig:
-    """Fair-share weights: a user with weight 2 gets twice the service of a user with weight 1.
-
-    A user in a group shares the group's weight with its other backlogged members (two-level fairness:
-    groups first, then users within the group). Used by the weighted policies; round_robin ignores them.
-    """
-
-    default: float = _field(1.0, "Weight of a user (or group) not listed.")
-    users: dict[str, float] = _field({}, "User id -> weight.")
-    groups: dict[str, float] = _field({}, "Group name -> weight.")
-    members: dict[str, str] = _field({}, "User id -> group name.")
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    """When the dispatcher may send one more request to a backend."""
-
-    policy: str = _field("signals", "Gate policy name (see `llmsched policies`).")
-    waiting_target: int = _field(
-        3,
-        "Dispatch only while the engine's waiting queue (last reading, corrected for what was sent and "
-        "started since) stays below this.",
-    )
-    stale_after_seconds: float = _field(
-        1.0, "A metrics reading older than this (or a failed scrape) no longer opens the gate."
-    )
-    fallback_max_in_flight: int = _field(
-        4,
-        "While metrics are stale or unreadable, allow at most this many requests in flight to the "
-        "backend: a dead metrics endpoint degrades to a concurrency cap, not a flood or a stall.",
-    )
-    step_model_half_life_seconds: float = _field(
-        30.0,
-        "The TPOT limit is held by predicting each engine's step time at one more request from a line "
-        "(step = a + b * running batch) learned from its readings; a reading's weight halves after this "
-        "long, so the line follows an engine that gets slower or faster.",
-    )
-
-
-@dataclass(frozen=True)
-class BackendConfig:
-    """One inference engine serving a model."""
-
-    name: str = _field("", "Unique name of this backend within its model (shown to clients).")
-    kind: str = _field("vllm", f"Engine type: one of {', '.join(BACKEND_KINDS)}.")
-    url: str = _field("http://127.0.0.1:8000", "Base URL of the engine's HTTP server.")
-    engine_model: str = _field("", "Model name the engine serves; empty means the model's own name.")
-    priority_scheduling: bool = _field(
-        False, "The engine runs priority scheduling (vLLM --scheduling-policy priority): send priorities."
-    )
-    max_num_seqs: int = _field(
-        0,
-        "The engine's batch size (vLLM --max-num-seqs, llama.cpp -np, TGI's max batch), which engines do "
-        "not export. When set, requests the engine can still admit into free slots do not count as "
-        "waiting, so short requests keep a large batch full (0: unknown, every unstarted request counts).",
-    )
-    metrics_path: str = _field("/metrics", "Path of the engine's Prometheus metrics.")
-    scrape_interval_seconds: float = _field(0.2, "How often the engine's metrics are read.")
-    connect_timeout_seconds: float = _field(5.0, "TCP connect timeout towards the engine.")
-    max_connections: int = _field(1024, "Maximum simultaneous HTTP connections to the engine.")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """A model clients can ask for, with the engines that serve it."""
-
-    name: str = _field("", "Model name clients use in requests.")
-    default_max_tokens: int = _field(256, "max_tokens used when a request does not set it.")
-    max_tokens_limit: int = _field(8192, "Requests asking for more tokens than this are rejected.")
-    gate: GateConfig = _field(GateConfig(), "Gate settings for this model's backends.")
-    max_queued: int = _field(
-        10000, "Requests queued for the model (all users) beyond which new ones get RESOURCE_EXHAUSTED."
-    )
-    max_queued_per_user: int = _field(
-        1000, "Requests one user may have queued for the model; beyond it RESOURCE_EXHAUSTED."
-    )
-    max_prompt_bytes: int = _field(
-        1 << 20,
-        "Largest request accepted, in UTF-8 bytes of its prompt, every message's role and content, and its "
-        "stop strings; larger ones get INVALID_ARGUMENT (reason PROMPT_TOO_LARGE). gRPC's receive limit is "
-        "set from the largest of these plus a margin, so the service answers, not the transport.",
-    )
-    max_queued_bytes: int = _field(
-        256 << 20,
-        "Prompt bytes (as max_prompt_bytes counts them) the model's queued and running requests may hold "
-        "together; beyond it RESOURCE_EXHAUSTED with a retry hint (reason QUEUE_BYTES_FULL).",
-    )
-    max_queued_bytes_per_user: int = _field(
-        32 << 20, "Prompt bytes one user's queued and running requests for the model may hold; beyond it the same."
-    )
-    failover_attempts: int = _field(
-        1,
-        "How many times a request that fails before its first token (engine unreachable, connection "
-        "dropped, HTTP 5xx or 429) goes back to the head of its queue to be sent again, to another backend "
-        "while the failed one cools down. 0: it fails at once with the engine's error.",
-    )
-    failover_cooldown_seconds: float = _field(
-        2.0,
-        "After a backend fails a request before its first token, no request is sent to it for this long; "
-        "then its gate decides again (a dead engine fails the next one fast and cools down again).",
-    )
-    backends: list[BackendConfig] = _field([], "Engines serving the model (at least one).")
-
-
-@dataclass(frozen=True)
-class SchedulingConfig:
-    """How queued requests are chosen."""
-
-    fairness: str = _field("round_robin", "Fairness policy between users of a band.")
-    ordering: str = _field("fcfs", "Ordering policy within one user's queue.")
-    default_class: str = _field("interactive", "Class used when a request leaves `priority_class` empty.")
-    classes: list[PriorityClassConfig] = _field(DEFAULT_CLASSES, "The priority classes; names unique.")
-    weights: WeightsConfig = _field(WeightsConfig(), "Per-user and per-group fair-share weights.")
-    vtc_lookahead_tokens: float = _field(
-        128.0,
-        "vtc: how many of each running request's expected remaining tokens count against its user when "
-        "choosing. 0 behaves like vtc_basic (a user with long answers can grab several slots before their "
-        "cost shows); very large counts whole answers at dispatch (the paper's prediction), which makes "
-        "shares swing with the period of the longest answer after long answers end together.",
-    )
-    idle_user_ttl_seconds: float = _field(
-        600.0,
-        "How long a user with nothing queued or running keeps its fair-share state (counter, length "
-        "estimate) when forgetting it earlier could change a decision; it is forgotten at once when that "
-        "cannot happen (its counter is at or below the floor a returning user is lifted to). Long enough "
-        "that a heavy user cannot shed its debt by pausing; 0 keeps such state for good (safe rule only).",
-    )
-    engine_priority_per_inflight: int = _field(
-        1,
-        "Added to a request's engine priority for each request its user already has at that engine, so a "
-        "user's second and third requests queue behind other users' first ones inside the engine.",
-    )
-
-    def priority_class(self, name: str) -> PriorityClassConfig | None:
-        """The class called `name`, if configured."""
-        return next((c for c in self.classes if c.name == name), None)
-
-
-@dataclass(frozen=True)
-class Config:
-    """The whole service configuration."""
-
-    server: ServerConfig = _field(ServerConfig(), "Listen addresses, shutdown and logging.")
-    auth: AuthConfig = _field(AuthConfig(), "Caller identification.")
-    scheduling: SchedulingConfig = _field(SchedulingConfig(), "Fairness, ordering and priority classes.")
-    models: list[ModelConfig] = _field([], "Served models (at least one).")
-
-    def model(self, name: str) -> ModelConfig | None:
-        """The model called `name`, if configured."""
-        return next((m for m in self.models if m.name == name), None)
 
 
 def load_config(path: str | Path) -> Config:
@@ -378,10 +118,14 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
-def _validate(config: Config) -> None:
-    from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
-    from scheduler_svc.policies.gate import ignored_limits
+def observable_limits(kind: str) -> frozenset[str]:
+    """The signal limits an engine of `kind` can observe, from its adapter's capability flags (this imports
+    that adapter's module, and no other)."""
+    caps = capabilities(kind)
+    return frozenset(limit for limit, flag in SIGNAL_LIMITS.items() if getattr(caps, flag))
 
+
+def _validate(config: Config) -> None:
     _validate_identity(config)
     if not config.models:
         raise ConfigError("models: configure at least one [[models]] entry")
@@ -457,8 +201,9 @@ def _validate(config: Config) -> None:
                 raise ConfigError(f"{where}.backends[{backend.name}].url must be http(s)://...")
             if backend.scrape_interval_seconds <= 0:
                 raise ConfigError(f"{where}.backends[{backend.name}]: scrape_interval_seconds must be > 0")
+            observed = observable_limits(backend.kind)
             for c in config.scheduling.classes:
-                blind = [n for n in SIGNAL_LIMITS if getattr(c, n) and n not in BACKEND_OBSERVES[backend.kind]]
+                blind = [n for n in SIGNAL_LIMITS if getattr(c, n) and n not in observed]
                 if blind:
                     raise ConfigError(
                         f"scheduling.classes[{c.name}] sets {', '.join(blind)}, but {where}.backends"
@@ -485,10 +230,6 @@ def _reject_plain_api_keys(raw: dict[str, Any]) -> None:
 
 def _validate_identity(config: Config) -> None:
     """Users named in the config have the user-id form, and no setup lets a caller pick its own identity."""
-    from scheduler_svc.identity import user_id_problem
-    from scheduler_svc.keys import load_key_digests
-    from scheduler_svc.tls import ServerTls
-
     auth = config.auth
     weights = config.scheduling.weights
     named = [
@@ -515,22 +256,3 @@ def _validate_identity(config: Config) -> None:
             "auth.identity_from_client_cert; or, only if a trusted proxy sets x-user-id, set "
             "auth.trust_user_header = true."
         )
-
-
-def describe_fields(cls: type[Any] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted name, default as TOML-ish text, doc) for every field, recursively."""
-    rows: list[tuple[str, str, str]] = []
-    for f in dataclasses.fields(cls):
-        name = f"{prefix}{f.name}"
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
-        hint = typing.get_type_hints(cls)[f.name]
-        item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
-        if dataclasses.is_dataclass(hint):
-            rows.append((name, "(table)", f.metadata["doc"]))
-            rows += describe_fields(hint, name + ".")  # type: ignore[arg-type]
-        elif item is not None and dataclasses.is_dataclass(item):
-            rows.append((name, "(array of tables)", f.metadata["doc"]))
-            rows += describe_fields(item, name + "[].")  # type: ignore[arg-type]
-        else:
-            rows.append((name, repr(default), f.metadata["doc"]))
-    return rows

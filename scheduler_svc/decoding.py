@@ -20,7 +20,8 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
-from scheduler_svc.errors import MalformedRequest, to_grpc_status
+from scheduler_svc.errors import MalformedRequest
+from scheduler_svc.grpc_errors import to_grpc_status
 
 log = structlog.get_logger(__name__)
 

@@ -15,16 +15,15 @@ from dataclasses import dataclass
 
 import structlog
 
-from backends.base import Backend, BackendLoad
 from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
 from scheduler_svc.activity import ClassActivity
+from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.clock import Clock
-from scheduler_svc.config import BackendConfig, ModelConfig, PriorityClassConfig, SchedulingConfig
+from scheduler_svc.config import ModelConfig, PriorityClassConfig, SchedulingConfig
 from scheduler_svc.errors import InternalError, QueueBytesFull, QueueFull, QueueTimeout, ShuttingDown
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
-from scheduler_svc.ledger import DispatchLedger
 from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
-from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, Gate, GateDecision, GateInputs
+from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, GateDecision, GateInputs
 from scheduler_svc.policies.weights import WeightResolver
 from scheduler_svc.queues import Band, Flow, ModelQueues
 from scheduler_svc.rate import RateMeter
@@ -38,38 +37,6 @@ MAX_RETRY_SECONDS = 300.0
 UNKNOWN_RATE_RETRY_SECONDS = 1.0
 # Errors that say nothing against the request itself, only that this engine could not take it now.
 FAILOVER_ERRORS = (BackendUnavailable, BackendOverloaded)
-
-
-@dataclass(eq=False)
-class BackendHandle:
-    """A backend as a dispatcher sees it: the adapter, its gate, and what was sent to it."""
-
-    config: BackendConfig
-    backend: Backend
-    gate: Gate
-    ledger: DispatchLedger
-
-    def __post_init__(self) -> None:
-        self.user_in_flight: dict[str, int] = {}
-        self.cool_until = 0.0  # no request goes to it before this time: it failed one before its first token
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    def cooling_for(self, now: float) -> float:
-        """Seconds until it may take requests again after a failover (0: it may now)."""
-        return max(0.0, self.cool_until - now)
-
-    def record_reading(self, reading: BackendLoad) -> None:
-        """A scrape of the backend: the ledger sets it against what was sent, the gate learns from it."""
-        self.ledger.record_reading(reading)
-        self.gate.observe(reading)
-
-    @property
-    def sends_priority(self) -> bool:
-        """Whether requests to this backend carry a numeric engine priority."""
-        return self.config.priority_scheduling and self.backend.capabilities.supports_priority
 
 
 @dataclass(frozen=True)

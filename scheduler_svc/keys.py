@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from scheduler_svc.config import AuthConfig, ConfigError
+from scheduler_svc.config_schema import AuthConfig, ConfigError
 from scheduler_svc.identity import user_id_problem
 
 DIGEST_PREFIX = "sha256:"

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
-from scheduler_svc.config import PriorityClassConfig
+from scheduler_svc.config_schema import PriorityClassConfig
 from scheduler_svc.request import QueuedRequest, RequestView
 
 

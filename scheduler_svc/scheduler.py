@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import structlog
 
-from backends import Backend, HttpSettings, create_backend
-from backends.base import BackendLoad
+from backends.base import Backend, BackendLoad, HttpSettings
+from backends.registry import create_backend
+from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.clock import Clock, MonotonicClock
 from scheduler_svc.config import BackendConfig, Config, ModelConfig
-from scheduler_svc.dispatcher import BackendHandle, ModelDispatcher
+from scheduler_svc.dispatcher import ModelDispatcher
 from scheduler_svc.errors import AlreadyExists, ModelNotFound, ShuttingDown
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.ledger import DispatchLedger
@@ -95,10 +96,6 @@ class Scheduler:
                 on_done=self._forget_id,
             )
         self._accepting = True
-
-    @property
-    def models(self) -> Mapping[str, ModelDispatcher]:
-        return self.dispatchers
 
     def admit(self, request: QueuedRequest) -> Ticket:
         """Queue a validated request; raises ModelNotFound, AlreadyExists, QueueFull or ShuttingDown."""

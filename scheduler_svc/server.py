@@ -84,7 +84,7 @@ class SchedulerServer:
             self._grpc,
         )
         if self._tls is not None:
-            self.port = self._grpc.add_secure_port(self.config.server.listen, self._tls.grpc_credentials())
+            self.port = self._grpc.add_secure_port(self.config.server.listen, grpc_credentials(self._tls))
         else:
             self.port = self._grpc.add_insecure_port(self.config.server.listen)
         if self.port == 0:
@@ -182,3 +182,12 @@ def _server_options(config: Config) -> list[tuple[str, int]]:
         ("grpc.server.max_pending_requests_hard_limit", capacity),
         ("grpc.max_receive_message_length", largest_prompt + RECEIVE_MARGIN_BYTES),
     ]
+
+
+def grpc_credentials(tls: ServerTls) -> grpc.ServerCredentials:
+    """Credentials for `grpc.aio.Server.add_secure_port` from the shared TLS material."""
+    return grpc.ssl_server_credentials(
+        [(tls.private_key, tls.cert_chain)],
+        root_certificates=tls.client_ca,
+        require_client_auth=tls.mutual,
+    )

@@ -22,7 +22,8 @@ from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from scheduler_svc.admission import GenerateRequest, build_request
 from scheduler_svc.auth import Authenticator
-from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError, to_grpc_status
+from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError
+from scheduler_svc.grpc_errors import to_grpc_status
 from scheduler_svc.introspection import queue_state, user_limits
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.text import UNKNOWN_LABEL, client_text

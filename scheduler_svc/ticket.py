@@ -12,17 +12,16 @@ import contextlib
 import enum
 import time
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 
 from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.errors import BackendError
+from scheduler_svc.backend_handle import BackendHandle
+from scheduler_svc.clock import Clock
 from scheduler_svc.errors import ShuttingDown
-
-if TYPE_CHECKING:
-    from scheduler_svc.dispatcher import BackendHandle, ModelDispatcher
-    from scheduler_svc.request import QueuedRequest
+from scheduler_svc.request import QueuedRequest
 
 log = structlog.get_logger(__name__)
 
@@ -52,10 +51,42 @@ class TicketState(enum.Enum):
     DONE = "done"
 
 
+class TicketHost(Protocol):
+    """What a ticket calls back on: the dispatcher that queued it (`ModelDispatcher` is one). Declared here
+    so that the ticket does not import the dispatcher, which imports the ticket."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def position(self, ticket: Ticket) -> int:
+        """1-based position of `ticket` in its user's queue (0 once dispatched)."""
+        ...
+
+    def expire(self, ticket: Ticket) -> None:
+        """End a queued ticket whose deadline passed."""
+        ...
+
+    def withdraw(self, ticket: Ticket) -> None:
+        """Take a queued ticket out of its queue (its caller left)."""
+        ...
+
+    def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
+        """Requeue a ticket its backend failed before the first token; False: it fails as it is."""
+        ...
+
+    def on_first_token(self, ticket: Ticket) -> None: ...
+
+    def on_generated(self, ticket: Ticket, tokens: int) -> None: ...
+
+    def on_finished(self, ticket: Ticket) -> None: ...
+
+    def on_outcome(self, ticket: Ticket) -> None: ...
+
+
 class Ticket:
     """One admitted request's lifecycle: queued -> dispatched -> done."""
 
-    def __init__(self, request: QueuedRequest, dispatcher: ModelDispatcher) -> None:
+    def __init__(self, request: QueuedRequest, dispatcher: TicketHost) -> None:
         self.request = request
         self.state = TicketState.QUEUED
         self.outcome: Outcome | None = None

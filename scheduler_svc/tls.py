@@ -11,9 +11,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
-from scheduler_svc.config import ConfigError, ServerConfig
+from scheduler_svc.config_schema import ConfigError, ServerConfig
 
 
 @dataclass(frozen=True)
@@ -53,14 +51,6 @@ class ServerTls:
     def mutual(self) -> bool:
         """Whether clients must present a certificate signed by the client CA."""
         return self.client_ca is not None
-
-    def grpc_credentials(self) -> grpc.ServerCredentials:
-        """Credentials for `grpc.aio.Server.add_secure_port`."""
-        return grpc.ssl_server_credentials(
-            [(self.private_key, self.cert_chain)],
-            root_certificates=self.client_ca,
-            require_client_auth=self.mutual,
-        )
 
     def ssl_context(self) -> ssl.SSLContext:
         """A server SSLContext for HTTP listeners (aiohttp), with the same certificate and client rule."""

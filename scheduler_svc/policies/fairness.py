@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from scheduler_svc.clock import Clock, MonotonicClock
-from scheduler_svc.config import SchedulingConfig
+from scheduler_svc.config_schema import SchedulingConfig
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.weights import WeightResolver
 from scheduler_svc.queues import FlowView

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from backends.base import BackendLoad
-from scheduler_svc.config import GateConfig, PriorityClassConfig
+from scheduler_svc.config_schema import GateConfig, PriorityClassConfig
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.step_model import StepTimeModel
 

@@ -16,11 +16,11 @@ from backends import (
     GenerationRequest,
     SamplingParams,
     TextDelta,
-    TgiBackend,
-    VllmBackend,
 )
 from backends.base import Backend, GenerationEvent
 from backends.sim import SimConfig, running_simulator
+from backends.tgi import TgiBackend
+from backends.vllm import VllmBackend
 from tests.helpers import eventually
 
 FAST = {"decode_base_ms": 1.0, "decode_per_seq_ms": 0.2}

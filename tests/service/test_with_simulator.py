@@ -10,7 +10,8 @@ import pytest
 
 from backends.sim import SimConfig, running_simulator
 from clients import pb
-from scheduler_svc.dispatcher import BackendHandle, ModelDispatcher
+from scheduler_svc.backend_handle import BackendHandle
+from scheduler_svc.dispatcher import ModelDispatcher
 from scheduler_svc.request import QueuedRequest
 from scheduler_svc.ticket import Ticket
 from tests.helpers import client_for, client_label, eventually, make_config, outcome_count, serving, until_settled

@@ -8,9 +8,10 @@ from typing import Any
 
 from backends.base import BackendCapabilities, BackendLoad, SamplingParams
 from backends.fake import FakeBackend
+from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.clock import FakeClock
 from scheduler_svc.config import GateConfig, PriorityClassConfig, config_from_dict
-from scheduler_svc.dispatcher import BackendHandle, ModelDispatcher
+from scheduler_svc.dispatcher import ModelDispatcher
 from scheduler_svc.ledger import DispatchLedger
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.policies import GATE_POLICIES, GateDecision, GateInputs

@@ -10,7 +10,7 @@ from backends.base import BackendCapabilities, BackendLoad
 from backends.llamacpp import LlamaCppBackend
 from backends.tgi import TgiBackend
 from backends.vllm import VllmBackend
-from scheduler_svc.config import BACKEND_OBSERVES, ConfigError, GateConfig, PriorityClassConfig, config_from_dict
+from scheduler_svc.config import ConfigError, GateConfig, PriorityClassConfig, config_from_dict
 from scheduler_svc.ledger import DispatchLedger
 from scheduler_svc.policies import SignalGate
 from scheduler_svc.policies.step_model import StepTimeModel
@@ -174,10 +174,20 @@ def test_batch_is_held_to_interactives_tpot_while_interactive_is_active() -> Non
 @pytest.mark.parametrize(
     ("kind", "adapter"), [("vllm", VllmBackend), ("tgi", TgiBackend), ("llamacpp", LlamaCppBackend)]
 )
-def test_the_config_capability_table_matches_each_adapter(kind: str, adapter: Any) -> None:
+@pytest.mark.parametrize(
+    ("limit", "value", "flag"), [("max_tpot_seconds", 0.1, "has_tpot"), ("max_kv_cache_usage", 0.9, "has_kv_usage")]
+)
+def test_config_validation_follows_each_adapters_capability_flags(
+    kind: str, adapter: Any, limit: str, value: float, flag: str
+) -> None:
+    """A class limit on a signal is accepted exactly when the kind's adapter says it exports that signal."""
     caps: BackendCapabilities = adapter.CAPABILITIES
-    assert ("max_tpot_seconds" in BACKEND_OBSERVES[kind]) == caps.has_tpot
-    assert ("max_kv_cache_usage" in BACKEND_OBSERVES[kind]) == caps.has_kv_usage
+    config = raw(kind=kind, **{limit: value})
+    if getattr(caps, flag):
+        config_from_dict(config)
+    else:
+        with pytest.raises(ConfigError, match="does not export that signal"):
+            config_from_dict(config)
 
 
 def raw(policy: str = "signals", kind: str = "vllm", **cls: Any) -> dict[str, Any]:

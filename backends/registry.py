@@ -1,0 +1,68 @@
+"""The one list of engine kinds, and the factory that builds an adapter for a configured kind.
+
+An adapter module is imported only when something asks for its kind (a config names it), so importing
+the scheduler's core loads neither aiohttp nor any adapter. Config validation reads a kind's
+`BackendCapabilities` from here, which imports that kind's adapter and nothing else.
+To add an engine: write `backends/<kind>.py` (an `HttpAdapter` subclass) and add one line below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+from backends.base import Backend, BackendCapabilities, HttpSettings
+
+# kind -> "module:class" of its adapter, imported on first use
+_ADAPTERS: dict[str, str] = {
+    "vllm": "backends.vllm:VllmBackend",
+    "tgi": "backends.tgi:TgiBackend",
+    "llamacpp": "backends.llamacpp:LlamaCppBackend",
+}
+BACKEND_KINDS: tuple[str, ...] = tuple(_ADAPTERS)
+
+
+class AdapterClass(Protocol):
+    """What the registry needs of an adapter class: its class-level capabilities and its constructor."""
+
+    CAPABILITIES: BackendCapabilities
+
+    def __call__(
+        self,
+        *,
+        name: str,
+        url: str,
+        engine_model: str,
+        http: HttpSettings | None = None,
+        priority_scheduling: bool = False,
+    ) -> Backend: ...
+
+
+def adapter_class(kind: str) -> AdapterClass:
+    """The adapter class for `kind`, its module imported now; ValueError for an unknown kind."""
+    try:
+        module_name, _, class_name = _ADAPTERS[kind].partition(":")
+    except KeyError:
+        raise ValueError(f"unknown backend kind {kind!r}; known: {sorted(_ADAPTERS)}") from None
+    cls: AdapterClass = getattr(importlib.import_module(module_name), class_name)
+    return cls
+
+
+def capabilities(kind: str) -> BackendCapabilities:
+    """What an engine of `kind` can do and which load signals it exposes (before any is configured with
+    priority scheduling)."""
+    return adapter_class(kind).CAPABILITIES
+
+
+def create_backend(
+    *,
+    kind: str,
+    name: str,
+    url: str,
+    engine_model: str,
+    priority_scheduling: bool = False,
+    http: HttpSettings | None = None,
+) -> Backend:
+    """Build the adapter for an engine kind ("vllm", "tgi", "llamacpp")."""
+    adapter = adapter_class(kind)
+    return adapter(name=name, url=url, engine_model=engine_model, http=http, priority_scheduling=priority_scheduling)
