@@ -53,8 +53,9 @@ class Flow:
     Entries sort by (front, key, stamp): `front` puts a request that came back from a failed dispatch ahead
     of everything (the latest such first), `key` is the ordering policy's, `stamp` keeps arrival order
     among equal keys. Push, removal of any request and position are O(log n) (a `SortedList`, which also
-    keeps ranks); head is O(1); the oldest admission is O(log n) amortised (a heap cleaned lazily, rebuilt
-    when stale entries outnumber live ones, so its size stays O(n)).
+    keeps ranks); head and the oldest admission are O(1): admissions sit in a heap whose stale records are
+    popped while they are on top, and which is rebuilt once they outnumber live ones, so it stays O(n) and
+    each removal costs O(log n) amortised.
     """
 
     __slots__ = ("_admissions", "_entries", "_fronts", "_key", "_order", "_stamp", "priority_class", "user")
@@ -102,10 +103,18 @@ class Flow:
         if entry is None:
             return None
         self._order.remove(entry)
-        if len(self._admissions) > 2 * len(self._entries) + 16:
+        admissions = self._admissions
+        while admissions and not self._live(admissions[0]):  # under arrival order: the one just removed
+            heapq.heappop(admissions)
+        if len(admissions) > 2 * len(self._entries) + 16:  # removals from the middle left too many behind
             self._admissions = [(e[3].admitted_at, e[2], e[3].request_id) for e in self._entries.values()]
             heapq.heapify(self._admissions)
         return entry[3]
+
+    def _live(self, admission: tuple[float, int, str]) -> bool:
+        """Whether a record of the admissions heap is still a queued request's (not removed or re-pushed)."""
+        entry = self._entries.get(admission[2])
+        return entry is not None and entry[2] == admission[1]
 
     def position(self, request: QueuedRequest) -> int:
         """1-based rank of `request` in the ordering policy's order (1: it goes next); 0 if not queued here."""
@@ -122,13 +131,7 @@ class Flow:
 
     def oldest_admission(self) -> float:
         """When the longest-waiting request of the flow was admitted, whatever the order (flow non-empty)."""
-        admissions = self._admissions
-        while True:
-            _, stamp, request_id = admissions[0]
-            entry = self._entries.get(request_id)
-            if entry is not None and entry[2] == stamp:
-                return admissions[0][0]
-            heapq.heappop(admissions)
+        return self._admissions[0][0]  # stale records on top are dropped as requests leave
 
 
 class Band:
