@@ -267,7 +267,15 @@ class SchedulingConfig:
     """How queued requests are chosen."""
 
     fairness: str = _field("round_robin", "Fairness policy between users of a band.")
-    ordering: str = _field("fcfs", "Ordering policy within one user's queue.")
+    ordering: str = _field(
+        "fcfs",
+        "Ordering policy within one user's queue of a class: fcfs (arrival order) or edf (earliest deadline "
+        "first: the call's deadline, else admitted_at + the class's queue_ttl_seconds, the earlier when both; "
+        "requests with neither last; ties in arrival order). position_in_user_queue is the request's rank in "
+        "this order within its user's queue of its class (under edf it may grow when a request with a closer "
+        "deadline arrives); a request put back after a failed dispatch goes first again either way. A band's "
+        "starvation age is its oldest queued request's wait whatever the order.",
+    )
     default_class: str = _field("interactive", "Class used when a request leaves `priority_class` empty.")
     classes: list[PriorityClassConfig] = _field(DEFAULT_CLASSES, "The priority classes; names unique.")
     weights: WeightsConfig = _field(WeightsConfig(), "Per-user and per-group fair-share weights.")

@@ -67,14 +67,14 @@ class ModelDispatcher:
         self.model = model
         self.clock = clock
         self.backends = list(backends)
-        self.queues = ModelQueues(scheduling.classes)
+        self._ordering = ORDERING_POLICIES.create(scheduling.ordering)
+        self.queues = ModelQueues(scheduling.classes, self._ordering.key)
         self.classes = {c.name: c for c in scheduling.classes}
         weights = WeightResolver(scheduling.weights)
         self.fairness = {
             c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, scheduling, clock)
             for c in scheduling.classes
         }
-        self._ordering = ORDERING_POLICIES.create(scheduling.ordering)
         self._priority_per_inflight = scheduling.engine_priority_per_inflight
         self._queued: dict[str, Ticket] = {}
         self._running: dict[str, Ticket] = {}
@@ -86,7 +86,7 @@ class ModelDispatcher:
         self._activity = ClassActivity(scheduling.classes)
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()  # set whenever a request reaches its outcome
-        self._moved: set[Flow] = set()  # flows whose head left since streaming clients were last told
+        self._moved: set[Flow] = set()  # flows whose positions changed since streaming clients were last told
         self._flows_moved = asyncio.Event()
         self.stopping = False  # set once the queue is closed on shutdown: no more dispatches nor failovers
         self.errors = errors or InternalErrors(lambda component: metrics.internal_errors.labels(component).inc())
@@ -115,14 +115,18 @@ class ModelDispatcher:
         return ticket
 
     def _put_in_queue(self, ticket: Ticket, *, front: bool = False) -> Flow:
-        """Queue the ticket's request (at the head of its user's queue with `front`) and tell the band's
-        fairness policy when the user just became backlogged."""
+        """Queue the ticket's request (where the ordering puts it; at the head of its user's queue with
+        `front`) and tell the band's fairness policy when the user just became backlogged. A request the
+        ordering puts ahead of others moves them back one: their streaming clients are told."""
         request = ticket.request
         band = self.queues.band(request.priority_class)
         flow, newly_backlogged = self.queues.push(request, front=front)
         self._queued[request.request_id] = ticket
         if newly_backlogged:
             self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
+        elif not flow.is_last(request):
+            self._moved.add(flow)
+            self._flows_moved.set()
         return flow
 
     def _check_capacity(self, request: QueuedRequest) -> None:
@@ -301,6 +305,7 @@ class ModelDispatcher:
 
     # -- queries ------------------------------------------------------------------------------------
     def position(self, ticket: Ticket) -> int:
+        """1-based rank of the ticket's request in its user's queue by the ordering policy; 0 once it left."""
         flow = self.queues.flow_of(ticket.request.request_id)
         return flow.position(ticket.request) if flow is not None else 0
 
@@ -439,10 +444,10 @@ class ModelDispatcher:
         return 1
 
     def _next_live(self, band: Band, user: str, now: float) -> Ticket | None:
-        """The user's next request by the ordering policy, expiring dead ones on the way, so that expired
-        requests never cost the user its turn."""
+        """The user's next request by the ordering policy (the head of its flow), expiring dead ones on the
+        way, so that expired requests never cost the user its turn."""
         while user in band.flows:
-            request = self._ordering.select(band.flows[user])
+            request = band.flows[user].head()
             ticket = self._queued[request.request_id]
             if request.deadline is None or now < request.deadline:
                 return ticket
@@ -456,7 +461,9 @@ class ModelDispatcher:
         with nothing at the engine, the best placed at a priority engine) lower bands wait too (they would
         only slow it down). Anti-starvation: a lower band whose oldest request has waited longer than its
         `starvation_after_seconds` sends one request under the top band's gate, then the top band gets the
-        next turn, so a starving band gets at most every other dispatch.
+        next turn, so a starving band gets at most every other dispatch. The band's age is its oldest
+        admission whatever the ordering policy (`Band.oldest_admission`); the request it sends is the one
+        fairness and ordering choose.
         """
         backlogged = [b for b in self.queues.backlogged_bands() if b.priority_class.name not in broken]
         if not backlogged:
@@ -467,7 +474,7 @@ class ModelDispatcher:
         if not self._promoted_last:
             for band in backlogged[1:]:
                 limit = band.priority_class.starvation_after_seconds
-                if limit and now - _oldest_admission(band) > limit:
+                if limit and now - band.oldest_admission() > limit:
                     self._promoted_last = True
                     return band, BackendChoice(self, top.priority_class, band.priority_class, now)
         self._promoted_last = False
@@ -556,11 +563,6 @@ class BackendChoice:
     def eligible(self, user: str) -> bool:
         """Whether some backend can take `user`'s next request now (the fairness policy's filter)."""
         return self.for_user(user) is not None
-
-
-def _oldest_admission(band: Band) -> float:
-    """When the band's longest-waiting request was admitted (each flow's head is its oldest)."""
-    return min(flow.head().admitted_at for flow in band.flows.values())
 
 
 def _retry_after(backlog: int, rate: float) -> float:

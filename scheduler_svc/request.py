@@ -31,8 +31,8 @@ class RequestView(Protocol):
 class QueuedRequest:
     """A validated request with its caller's identity, as it sits in a queue.
 
-    Times are `time.monotonic()` values of the scheduler's clock. `seq` is the request's index in its
-    flow (user queue), used for cheap position estimates.
+    Times are `time.monotonic()` values of the scheduler's clock. `deadline` is when it expires in the
+    queue (the earlier of the call's deadline and the class's queue TTL), None when neither is set.
 
     `request_id` is made by the server and unique: every queue, ledger and policy keys on it, and the engine
     sees it. The client's own `client_request_id` is only a label, scoped to its user (two users may use
@@ -48,7 +48,6 @@ class QueuedRequest:
     params: SamplingParams
     admitted_at: float
     deadline: float | None = None
-    seq: int = 0
     prompt_chars: int = field(default=0)
     prompt_bytes: int = field(default=0)
     client_request_id: str = ""

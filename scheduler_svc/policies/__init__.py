@@ -8,7 +8,7 @@ from scheduler_svc.policies.fairness import (
     WeightedRoundRobinFairness,
 )
 from scheduler_svc.policies.gate import GATE_POLICIES, Gate, GateDecision, GateInputs, QueueDepthGate, SignalGate
-from scheduler_svc.policies.ordering import ORDERING_POLICIES, FcfsOrdering, OrderingPolicy
+from scheduler_svc.policies.ordering import ORDERING_POLICIES, EdfOrdering, FcfsOrdering, OrderingPolicy
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.weights import WeightResolver
 
@@ -16,6 +16,7 @@ __all__ = [
     "FAIRNESS_POLICIES",
     "GATE_POLICIES",
     "ORDERING_POLICIES",
+    "EdfOrdering",
     "FairnessPolicy",
     "FcfsOrdering",
     "Gate",

@@ -73,7 +73,16 @@ class Harness:
         self.tokens_by_user: dict[str, int] = defaultdict(int)
         self._ids = itertools.count()
 
-    def submit(self, user: str, max_tokens: int = 10, priority_class: str = "", prompt: str = "p" * 40) -> Ticket:
+    def submit(
+        self,
+        user: str,
+        max_tokens: int = 10,
+        priority_class: str = "",
+        prompt: str = "p" * 40,
+        timeout: float | None = None,
+    ) -> Ticket:
+        """Queue a request as admission would: its deadline is the earlier of the call's (`timeout` from
+        now) and the class's queue TTL."""
         rid = f"{user}-{next(self._ids)}"
         request = QueuedRequest(
             request_id=rid,
@@ -89,8 +98,8 @@ class Harness:
         priority_class = self.config.scheduling.priority_class(request.priority_class)
         assert priority_class is not None
         ttl = priority_class.queue_ttl_seconds
-        if ttl:
-            request.deadline = request.admitted_at + ttl
+        deadlines = [request.admitted_at + t for t in (timeout, ttl or None) if t is not None]
+        request.deadline = min(deadlines, default=None)
         ticket = self.dispatcher.enqueue(request)
         self.tickets[rid] = ticket
         assign = ticket.assign
