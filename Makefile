@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ENGINE ?= sim
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv protos check lint typecheck imports test test-fast engines run demo bench bench-check clean
+.PHONY: help venv protos buf check lint typecheck imports test test-fast engines run demo bench bench-check clean
 
 help:
 	@echo "make run [ENGINE=sim|vllm|llamacpp]  start an engine and the scheduler on 127.0.0.1:50051"
@@ -15,7 +15,8 @@ help:
 	@echo "make demo                              scenario S1: a flood and two latecomers, direct vs scheduled"
 	@echo "make bench [ENGINE=sim|vllm|llamacpp]  scenarios side by side, tables + JSON + plots in bench/results"
 	@echo "make bench-check                       fails when a scenario misses its target beyond tolerance"
-	@echo "make protos                            regenerate Python code from protos/"
+	@echo "make protos                            regenerate llmsched/ (Python API package) and README's error table"
+	@echo "make buf                               buf lint + buf breaking (against main) on protos/"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +29,28 @@ venv: $(STAMP)
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
+# buf (lint and breaking-change check of protos/) from the npm package @bufbuild/buf, pinned, in .cache/buf.
+BUF_VERSION := 1.75.0
+BUF_DIR := .cache/buf
+BUF := $(BUF_DIR)/node_modules/.bin/buf
+BUF_STAMP := $(BUF_DIR)/.installed-$(BUF_VERSION)
+# `buf breaking` guards the API on main: a change here must not break what main serves. The one exception was
+# issue 11, which reshaped v1 in place once before any client was released (its branch failed this check
+# against the old main by design); from its merge on, main's proto is the baseline. Override to compare with
+# another ref, e.g. BUF_AGAINST='.git#tag=v1.0.0,subdir=protos'.
+# A clone without a local main (a detached CI checkout) compares with its own HEAD.
+BUF_BASE := $(shell git rev-parse --verify -q refs/heads/main >/dev/null && echo branch=main || echo ref=HEAD)
+BUF_AGAINST ?= $(shell git rev-parse --git-common-dir)\#$(BUF_BASE),subdir=protos
+
+$(BUF_STAMP):
+	command -v npm >/dev/null || { apt-get update -q && apt-get install -y -q nodejs npm; }
+	npm install --prefix $(BUF_DIR) --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
+	touch $@
+
+buf: $(BUF_STAMP)
+	cd protos && ../$(BUF) lint
+	$(BUF) breaking protos --against '$(BUF_AGAINST)'
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -39,7 +62,7 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-check: lint typecheck imports
+check: lint typecheck imports buf
 	$(BIN)/python scripts/gen_protos.py --check
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
 
@@ -47,7 +70,7 @@ engines: $(STAMP)
 	bash engines/scripts/install_vllm.sh
 	bash engines/scripts/install_llamacpp.sh
 
-test: lint typecheck imports engines
+test: lint typecheck imports buf engines
 	$(BIN)/python scripts/gen_protos.py --check
 	$(BIN)/pytest -q
 

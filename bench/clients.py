@@ -107,11 +107,13 @@ class ScheduledClient:
         self, record: RequestRecord, prompt: str, *, priority_class: str = "", engine_priority: int | None = None
     ) -> None:
         request = pb.StreamRequest(
-            model=self._model,
-            prompt=prompt,
-            max_tokens=record.max_tokens,
-            ignore_eos=True,
-            priority_class=priority_class,
+            params=pb.GenerationParams(
+                model=self._model,
+                prompt=prompt,
+                max_tokens=record.max_tokens,
+                ignore_eos=True,
+                priority_class=priority_class,
+            )
         )
         record.sent = self.clock.now()
         call = cast(

@@ -27,7 +27,7 @@ class EchoServicer(pb_grpc.SchedulerServiceServicer):
     async def Stream(
         self, request: pb.StreamRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.StreamResponse]:
-        tokens = max(request.max_tokens, 1)
+        tokens = max(request.params.max_tokens, 1)
         yield pb.StreamResponse(queued=pb.Queued(request_id="echo", position_in_user_queue=1, model_queue_depth=1))
         yield pb.StreamResponse(dispatched=pb.Dispatched(backend="echo"))
         yield pb.StreamResponse(delta=pb.Delta(text="".join(f" t{i}" for i in range(tokens)), tokens=tokens))

@@ -204,7 +204,8 @@ async def scheduled_ttft(
 ) -> float:
     """Seconds to the first delta through the scheduler."""
     start = time.monotonic()
-    request = pb.StreamRequest(model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
+    params = pb.GenerationParams(model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
+    request = pb.StreamRequest(params=params)
     call = cast(
         "grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]",
         stub.Stream(request, metadata=(("x-user-id", user),)),
@@ -221,7 +222,8 @@ async def scheduled_ttft(
 async def scheduled_complete(
     stub: pb_grpc.SchedulerServiceStub, user: str, model: str, prompt: str, max_tokens: int
 ) -> None:
-    request = pb.SubmitRequest(model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
+    params = pb.GenerationParams(model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
+    request = pb.SubmitRequest(params=params)
     await cast(
         "grpc.aio.UnaryUnaryCall[pb.SubmitRequest, pb.SubmitResponse]",
         stub.Submit(request, metadata=(("x-user-id", user),)),

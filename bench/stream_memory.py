@@ -221,9 +221,10 @@ def new_call(
     """Call number `i`: user `u{i % users}`, on channel `i % len(stubs)`."""
     stub = stubs[i % len(stubs)]
     metadata = (("x-user-id", f"u{i % users}"),)
+    params = pb.GenerationParams(model=MODEL, prompt=prompt, max_tokens=16)
     if unary:
-        return stub.Submit(pb.SubmitRequest(model=MODEL, prompt=prompt, max_tokens=16), metadata=metadata)
-    return stub.Stream(pb.StreamRequest(model=MODEL, prompt=prompt, max_tokens=16), metadata=metadata)
+        return stub.Submit(pb.SubmitRequest(params=params), metadata=metadata)
+    return stub.Stream(pb.StreamRequest(params=params), metadata=metadata)
 
 
 async def open_streams(

@@ -1,4 +1,5 @@
-"""`SchedulerClient`: identity on every call, typed requests, and helpers to read error details."""
+"""`SchedulerClient`: identity on every call, typed requests, and helpers to read error details (which follow
+the error table of `llmsched.v1.errors`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
+from llmsched.v1 import scheduler_pb2 as pb
+from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
+from llmsched.v1.errors import ERROR_DOMAIN
+from llmsched.v1.errors import is_retryable as _reason_is_retryable
 
 
 class SchedulerClient:
@@ -68,13 +71,8 @@ class SchedulerClient:
         timeout: float | None = None,
         **fields: Any,
     ) -> pb.SubmitResponse:
-        """Run one generation and return the whole answer. `fields`: any SubmitRequest field."""
-        request = pb.SubmitRequest(
-            model=model,
-            prompt=prompt,
-            messages=[pb.ChatMessage(role=r, content=c) for r, c in messages],
-            **fields,
-        )
+        """Run one generation and return the whole answer. `fields`: any GenerationParams field."""
+        request = pb.SubmitRequest(params=_params(model, prompt, messages, fields))
         response: pb.SubmitResponse = await self._stub.Submit(request, metadata=self._metadata, timeout=timeout)
         return response
 
@@ -87,18 +85,16 @@ class SchedulerClient:
         timeout: float | None = None,
         **fields: Any,
     ) -> grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]:
-        """Start a streamed generation; iterate the returned call for events, `.cancel()` it to abort."""
-        request = pb.StreamRequest(
-            model=model,
-            prompt=prompt,
-            messages=[pb.ChatMessage(role=r, content=c) for r, c in messages],
-            **fields,
-        )
+        """Start a streamed generation; iterate the returned call for events, `.cancel()` it to abort.
+        `fields`: any GenerationParams field."""
+        request = pb.StreamRequest(params=_params(model, prompt, messages, fields))
         return self._stub.Stream(request, metadata=self._metadata, timeout=timeout)
 
-    async def queue_state(self, model: str = "", user: str = "", max_users: int = 0) -> pb.GetQueueStateResponse:
+    async def queue_state(
+        self, model: str = "", user: str = "", max_users: int | None = None
+    ) -> pb.GetQueueStateResponse:
         """Queue depths, gate states and fair-share counters (admins only when admin_users is set); only
-        `user` when given, at most `max_users` users per class (0: the server's default)."""
+        `user` when given, at most `max_users` users per class (None: the server's default)."""
         response: pb.GetQueueStateResponse = await self._stub.GetQueueState(
             pb.GetQueueStateRequest(model=model, user=user, max_users=max_users), metadata=self._metadata
         )
@@ -109,6 +105,14 @@ class SchedulerClient:
         async for event in self.stream(model, prompt, **kwargs):
             if event.HasField("delta"):
                 yield event.delta.text
+
+
+def _params(
+    model: str, prompt: str, messages: Sequence[tuple[str, str]], fields: dict[str, Any]
+) -> pb.GenerationParams:
+    return pb.GenerationParams(
+        model=model, prompt=prompt, messages=[pb.ChatMessage(role=r, content=c) for r, c in messages], **fields
+    )
 
 
 def _details(error: grpc.aio.AioRpcError) -> list[Any]:
@@ -126,9 +130,15 @@ def retry_delay(error: grpc.aio.AioRpcError) -> float | None:
 
 
 def error_reason(error: grpc.aio.AioRpcError) -> str | None:
-    """The machine-readable reason (google.rpc.ErrorInfo.reason), e.g. "QUEUE_FULL"."""
+    """The machine-readable reason (google.rpc.ErrorInfo.reason: an `ErrorReason` value name), e.g. "QUEUE_FULL"."""
     for detail in _details(error):
         info = error_details_pb2.ErrorInfo()
-        if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
+        if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == ERROR_DOMAIN:
             return str(info.reason)
     return None
+
+
+def is_retryable(error: grpc.aio.AioRpcError) -> bool:
+    """Whether the same request may succeed when sent again (after `retry_delay` when it is not None), by the
+    error table of llmsched.v1; an error without a reason this client knows is not retryable."""
+    return _reason_is_retryable(error_reason(error))

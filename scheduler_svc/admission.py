@@ -1,4 +1,5 @@
-"""Turn an incoming Submit/Stream request into a validated `QueuedRequest`, or a clear error."""
+"""Turn the generation parameters of an incoming Submit/Stream request into a validated `QueuedRequest`, or a
+clear error."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 import uuid
 
 from backends.base import ChatMessage, SamplingParams
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
+from llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.config import Config
 from scheduler_svc.errors import InvalidRequest, ModelNotFound, PromptTooLarge
 from scheduler_svc.request import QueuedRequest
@@ -18,7 +19,7 @@ MAX_STOP_STRINGS = 16
 MAX_MESSAGES = 4096  # bounds the wire overhead beyond the counted bytes (a few bytes of framing each)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 
-GenerateRequest = pb.SubmitRequest | pb.StreamRequest
+GenerateRequest = pb.GenerationParams  # what SubmitRequest and StreamRequest carry as `params`
 
 
 def build_request(

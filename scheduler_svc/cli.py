@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
+from google.protobuf import duration_pb2
 
 from scheduler_svc.config import ConfigError, describe_fields, load_config
 from scheduler_svc.logs import configure_logging
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     _add_connection_arguments(state)
     state.add_argument("--model", default="", help="only this model")
     state.add_argument("--for-user", default="", help="only this user's entries (--user is who asks)")
-    state.add_argument("--max-users", type=int, default=0, help="users per class, most queued first (0: 100)")
+    state.add_argument("--max-users", type=int, default=None, help="users per class, most queued first (default 100)")
 
     commands.add_parser("config-reference", help="print every configuration field with default and meaning")
     commands.add_parser("policies", help="list the registered policies")
@@ -178,6 +179,10 @@ async def _queue_state(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(duration: duration_pb2.Duration) -> str:
+    return f"{duration.ToNanoseconds() / 1e9:.3f}s"
+
+
 async def _call(args: argparse.Namespace) -> int:
     fields: dict[str, object] = {"priority_class": args.priority_class}
     if args.max_tokens is not None:
@@ -199,8 +204,8 @@ async def _call(args: argparse.Namespace) -> int:
                 t = response.timings
                 print(
                     f"[{response.request_id} via {response.backend}: {response.usage.completion_tokens} tokens, "
-                    f"queued {t.queue_wait.ToNanoseconds() / 1e9:.3f}s, "
-                    f"first token {t.time_to_first_token.ToNanoseconds() / 1e9:.3f}s, "
+                    f"queued {_seconds(t.queue_wait)}, "
+                    f"first token {_seconds(t.time_to_first_token) if t.HasField('time_to_first_token') else '-'}, "
                     f"total {time.monotonic() - started:.3f}s]",
                     file=sys.stderr,
                 )

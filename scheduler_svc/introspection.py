@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import heapq
 
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
+from google.protobuf import duration_pb2
+
+from llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.dispatcher import ModelDispatcher
 from scheduler_svc.errors import InvalidRequest
 
@@ -13,14 +15,25 @@ MAX_USERS_CAP = 1000
 MAX_USER_FILTER_BYTES = 256
 
 
-def user_limits(user: str, max_users: int) -> int:
+def user_limits(user: str, max_users: int | None) -> int:
     """Check a GetQueueState request's user filter (client input: its length is bounded, and it is never
-    echoed) and return the effective per-class user cap."""
+    echoed) and return the effective per-class user cap (`max_users` None: unset, the default)."""
     if len(user.encode()) > MAX_USER_FILTER_BYTES:
         raise InvalidRequest(f"user filter longer than {MAX_USER_FILTER_BYTES} bytes")
+    if max_users is None:
+        return DEFAULT_MAX_USERS
     if max_users < 0:
         raise InvalidRequest("max_users must not be negative")
-    return min(max_users or DEFAULT_MAX_USERS, MAX_USERS_CAP)
+    return min(max_users, MAX_USERS_CAP)
+
+
+def _duration(seconds: float | None) -> duration_pb2.Duration | None:
+    """A Duration, or None (the field left unset) when the value is unknown."""
+    if seconds is None:
+        return None
+    value = duration_pb2.Duration()
+    value.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
+    return value
 
 
 def queue_state(dispatcher: ModelDispatcher, user: str = "", max_users: int = DEFAULT_MAX_USERS) -> pb.ModelQueueState:
@@ -40,7 +53,7 @@ def queue_state(dispatcher: ModelDispatcher, user: str = "", max_users: int = DE
                 rank=band.priority_class.rank,
                 queued=band.size,
                 users=[
-                    pb.UserQueueState(user=name, queued=depths[name], fair_share_counter=counters.get(name, 0.0))
+                    pb.UserQueueState(user=name, queued=depths[name], fair_share_counter=counters.get(name))
                     for name in shown
                 ],
                 users_total=len(names),
@@ -58,13 +71,11 @@ def queue_state(dispatcher: ModelDispatcher, user: str = "", max_users: int = DE
                 open=state.decision.open,
                 reason=state.decision.reason,
                 metrics_fresh=state.decision.fresh,
-                reading_age_seconds=age if age is not None else -1.0,
-                engine_waiting=reading.waiting if reading else 0,
-                engine_running=reading.running if reading else 0,
-                engine_tpot_seconds=reading.tpot_seconds if reading and reading.tpot_seconds is not None else -1.0,
-                engine_kv_cache_usage=(
-                    reading.kv_cache_usage if reading and reading.kv_cache_usage is not None else -1.0
-                ),
+                reading_age=_duration(age),
+                engine_waiting=reading.waiting if reading else None,
+                engine_running=reading.running if reading else None,
+                engine_tpot=_duration(reading.tpot_seconds if reading else None),
+                engine_kv_cache_usage=reading.kv_cache_usage if reading else None,
                 in_flight=state.inputs.in_flight,
                 sent_unseen=state.inputs.sent_unseen,
                 estimated_waiting=state.inputs.estimated_waiting(),

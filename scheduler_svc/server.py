@@ -16,8 +16,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
+from llmsched.v1 import scheduler_pb2 as pb
+from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from scheduler_svc.auth import Authenticator
 from scheduler_svc.clock import Clock
 from scheduler_svc.config import Config

@@ -18,8 +18,8 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from backends.base import Finished, TextDelta
 from backends.errors import BackendError
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2_grpc as pb_grpc
+from llmsched.v1 import scheduler_pb2 as pb
+from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from scheduler_svc.admission import GenerateRequest, build_request
 from scheduler_svc.auth import Authenticator
 from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError
@@ -34,10 +34,12 @@ log = structlog.get_logger(__name__)
 _FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
 
 
-def _duration(seconds: float | None) -> duration_pb2.Duration:
+def _duration(seconds: float | None) -> duration_pb2.Duration | None:
+    """A Duration, or None (the field left unset) when the time is unknown."""
+    if seconds is None:
+        return None
     value = duration_pb2.Duration()
-    if seconds is not None:
-        value.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
+    value.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
     return value
 
 
@@ -90,9 +92,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.SubmitResponse:
         try:
-            ticket = self._admit(request, context)
+            ticket = self._admit(request.params, context)
         except SchedulerError as exc:
-            await self._reject(request, context, exc)
+            await self._reject(request.params, context, exc)
         try:
             while True:  # more than once only when a backend fails the request before its first token
                 while not await ticket.wait_dispatched(None):
@@ -114,7 +116,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 request_id=ticket.request.public_id,
                 text="".join(parts),
                 finish_reason=_FINISH.get(finished.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
-                usage=pb.Usage(prompt_tokens=finished.prompt_tokens or 0, completion_tokens=finished.completion_tokens),
+                usage=pb.Usage(prompt_tokens=finished.prompt_tokens, completion_tokens=finished.completion_tokens),
                 timings=self._timings(ticket),
                 backend=ticket.backend.name,
             )
@@ -132,9 +134,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.StreamResponse]:
         try:
-            ticket = self._admit(request, context)
+            ticket = self._admit(request.params, context)
         except SchedulerError as exc:
-            await self._reject(request, context, exc)
+            await self._reject(request.params, context, exc)
         req = ticket.request
         try:
             position = ticket.position()
@@ -182,7 +184,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     def _finished(self, ticket: Ticket, event: Finished) -> pb.Finished:
         return pb.Finished(
             finish_reason=_FINISH.get(event.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
-            usage=pb.Usage(prompt_tokens=event.prompt_tokens or 0, completion_tokens=event.completion_tokens),
+            usage=pb.Usage(prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens),
             timings=self._timings(ticket),
         )
 
@@ -194,7 +196,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             position_in_user_queue=position,
             model_queue_depth=len(dispatcher.queues),
             priority_class=ticket.request.priority_class,
-            estimated_wait=_duration(wait) if wait is not None else None,
+            estimated_wait=_duration(wait),
         )
 
     async def GetQueueState(
@@ -207,7 +209,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 raise PermissionDenied(f"user {client_text(user)} may not read the queue state (auth.admin_users)")
             if request.model and request.model not in self._scheduler.dispatchers:
                 raise ModelNotFound(f"unknown model {client_text(request.model)}")
-            max_users = user_limits(request.user, request.max_users)
+            max_users = user_limits(request.user, request.max_users if request.HasField("max_users") else None)
         except SchedulerError as exc:
             await _abort(context, exc)
         names = [request.model] if request.model else list(self._scheduler.dispatchers)

@@ -239,7 +239,7 @@ async def _gate_sampler(stub: pb_grpc.SchedulerServiceStub, clock: RunClock, out
                             "open": gate.open,
                             "reason": gate.reason,
                             "fresh": gate.metrics_fresh,
-                            "age": gate.reading_age_seconds,
+                            "age": gate.reading_age.ToNanoseconds() / 1e9 if gate.HasField("reading_age") else -1.0,
                             "engine_waiting": gate.engine_waiting,
                             "engine_running": gate.engine_running,
                             "in_flight": gate.in_flight,

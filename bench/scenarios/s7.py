@@ -171,7 +171,7 @@ class Load:
         self, call: Call, *, prompt: str | None = None, cancel_on: str = "", admitted: asyncio.Event | None = None
     ) -> None:
         """One Stream call; `cancel_on` "queued" or "running" cancels it at its first such event."""
-        request = pb.StreamRequest(
+        params = pb.GenerationParams(
             model=SCHEDULED_MODEL,
             prompt=prompt if prompt is not None else self.prompt(call),
             # A call to cancel asks for a long answer, so it is surely still running when this
@@ -180,6 +180,7 @@ class Load:
             ignore_eos=True,
             request_id=call.request_id,
         )
+        request = pb.StreamRequest(params=params)
         stub = self.stubs[call.n % len(self.stubs)]
         rpc = cast(
             "grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]",

@@ -188,7 +188,7 @@ def _generate_request(draw: st.DrawFn, kind: type[pb.SubmitRequest] | type[pb.St
             fields[name] = draw(values)
     for name in draw(st.lists(st.sampled_from(sorted(_HOSTILE)), max_size=3, unique=True)):
         fields[name] = draw(_HOSTILE[name])
-    return kind(**fields).SerializeToString()
+    return kind(params=pb.GenerationParams(**fields)).SerializeToString()
 
 
 @st.composite
@@ -292,8 +292,9 @@ def test_no_input_gets_unknown_or_internal_hangs_or_leaks() -> None:
         example()
 
         normal = (("x-user-id", "alice"),)
-        submit = pb.SubmitRequest(model="m", prompt="hello", max_tokens=2).SerializeToString()
-        stream = pb.StreamRequest(model="m", prompt="hello", max_tokens=2).SerializeToString()
+        params = pb.GenerationParams(model="m", prompt="hello", max_tokens=2)
+        submit = pb.SubmitRequest(params=params).SerializeToString()
+        stream = pb.StreamRequest(params=params).SerializeToString()
         for method, body in (("Submit", submit), ("Stream", stream)):
             answer = service.run(_call(service.channel, method, body, normal))
             assert answer.code == grpc.StatusCode.OK, answer

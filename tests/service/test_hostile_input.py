@@ -104,6 +104,8 @@ def _field(number: int, payload: bytes) -> bytes:
     return bytes([number << 3 | 2, len(payload)]) + payload
 
 
+# Faults in the generation parameters (SubmitRequest and StreamRequest carry them as field 1, `params`;
+# GetQueueState gets them as its own top-level fields, where field 1 is `model` too).
 UNDECODABLE = {
     "bad UTF-8 in model": _field(1, b"m\xff"),
     "bad UTF-8 in prompt": _field(1, b"m") + _field(2, b"caf\xc3("),  # GetQueueState has no field 2
@@ -111,6 +113,12 @@ UNDECODABLE = {
     "length past the end": _field(1, b"m") + b"\x12\x7fshort",
     "garbage": bytes(range(255, 0, -7)),
 }
+
+
+def _body(method: str, name: str) -> bytes:
+    """The undecodable body `name` as `method` receives it: inside `params` for Submit and Stream."""
+    raw = UNDECODABLE[name]
+    return raw if method == "GetQueueState" or name == "garbage" else _field(1, raw)
 
 
 @pytest.mark.parametrize(
@@ -130,10 +138,10 @@ async def test_undecodable_bodies_get_invalid_argument_with_error_info(method: s
             path = f"{SERVICE}/{method}"
             with _info_logs() as logs, pytest.raises(grpc.aio.AioRpcError) as err:
                 if method == "Stream":
-                    async for _ in channel.unary_stream(path)(UNDECODABLE[body], metadata=metadata, timeout=5):
+                    async for _ in channel.unary_stream(path)(_body(method, body), metadata=metadata, timeout=5):
                         pass
                 else:
-                    await channel.unary_unary(path)(UNDECODABLE[body], metadata=metadata, timeout=5)
+                    await channel.unary_unary(path)(_body(method, body), metadata=metadata, timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
         assert error_reason(err.value) == "MALFORMED_REQUEST"
         details = err.value.details() or ""
@@ -145,7 +153,7 @@ async def test_undecodable_bodies_get_invalid_argument_with_error_info(method: s
 
 async def test_a_valid_body_sent_as_raw_bytes_still_works() -> None:
     engine = ControlledEngine(auto_release=True, tokens=2)
-    body = pb.SubmitRequest(model="m", prompt="hi", max_tokens=2).SerializeToString()
+    body = pb.SubmitRequest(params=pb.GenerationParams(model="m", prompt="hi", max_tokens=2)).SerializeToString()
     async with serving(make_config(), engine.factory()) as server, grpc.aio.insecure_channel(server.address) as ch:
         raw = await ch.unary_unary(f"{SERVICE}/Submit")(body, metadata=(("x-user-id", "a"),), timeout=5)
     assert pb.SubmitResponse.FromString(raw).text == "hello t1"

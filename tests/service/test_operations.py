@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from backends.sim import SimConfig, running_simulator
-from clients import error_reason, retry_delay
+from clients import error_reason, is_retryable, retry_delay
 from tests.helpers import (
     ControlledEngine,
     client_for,
@@ -42,7 +42,7 @@ async def test_grpcurl_lists_describes_and_calls_through_reflection() -> None:
     async with serving(make_config(), engine.factory()) as server:
         listing = await _run(GRPCURL, "-plaintext", server.address, "list")
         described = await _run(GRPCURL, "-plaintext", server.address, "describe", "llmsched.v1.SchedulerService")
-        body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 2})
+        body = json.dumps({"params": {"model": "m", "prompt": "hi", "max_tokens": 2}})
         streamed = await _run(
             GRPCURL, "-plaintext", "-H", "x-user-id: carol", "-d", body,
             server.address, "llmsched.v1.SchedulerService/Stream",
@@ -102,7 +102,7 @@ async def test_queue_caps_answer_resource_exhausted_with_retry_info_and_a_reason
         for call in calls:
             call.cancel()
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert error_reason(err.value) == "QUEUE_FULL"
+    assert error_reason(err.value) == "QUEUE_FULL" and is_retryable(err.value)  # the client follows the table
     assert retry_delay(err.value) == pytest.approx(1.0)  # no drain observed yet: the default hint
 
 
@@ -115,7 +115,7 @@ async def test_class_queue_ttl_ends_a_waiting_request_with_deadline_exceeded() -
             await client.submit("m", "too slow")
         await until_settled(server, lambda: outcome_count(server, "expired") == 1)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert error_reason(err.value) == "QUEUE_TIMEOUT"
+    assert error_reason(err.value) == "QUEUE_TIMEOUT" and not is_retryable(err.value)
     assert engine.started == []
 
 
@@ -136,7 +136,7 @@ async def test_get_queue_state_shows_depths_gates_and_counters_and_is_admin_only
     assert [(u.user, u.queued) for u in batch.users] == [("alice", 1)]
     gate = next(g for g in state.gates if g.priority_class == "batch")
     assert not gate.open and gate.engine_waiting == 50 and "idle engine" in gate.reason
-    assert gate.metrics_fresh and gate.reading_age_seconds >= 0
+    assert gate.metrics_fresh and gate.HasField("reading_age") and gate.reading_age.ToNanoseconds() >= 0
 
 
 async def test_engine_priority_lets_a_latecomer_overtake_a_flood_inside_a_priority_engine() -> None:

@@ -255,7 +255,9 @@ async def test_a_stream_closed_at_a_yield_aborts_the_engine_request_at_once() ->
     engine = ControlledEngine(tokens=5)  # the first token, then it waits: the request keeps running
     async with serving(make_config(), engine.factory()) as server:
         handler = SchedulerServicer(server.scheduler, Authenticator(server.config.auth))
-        stream = handler.Stream(pb.StreamRequest(model="m", prompt="x", request_id="r1"), _HandlerContext())  # type: ignore[arg-type]
+        stream = handler.Stream(
+            pb.StreamRequest(params=pb.GenerationParams(model="m", prompt="x", request_id="r1")), _HandlerContext()
+        )  # type: ignore[arg-type]
         async for event in stream:
             if event.HasField("delta"):
                 break  # the handler now sits at its `yield`

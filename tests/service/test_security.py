@@ -23,7 +23,7 @@ import pytest
 import trustme
 
 from clients import SchedulerClient, error_reason
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as pb
+from llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.auth import Authenticator
 from scheduler_svc.config import AuthConfig, ConfigError, config_from_dict
 from scheduler_svc.errors import Unauthenticated
@@ -115,7 +115,8 @@ async def test_a_non_ascii_byte_in_x_user_id_is_refused_and_shown_escaped() -> N
     engine = ControlledEngine(auto_release=True)
     async with serving(make_config(), engine.factory()) as server:
         process = await asyncio.create_subprocess_exec(
-            GRPCURL.encode(), b"-plaintext", b"-H", b"x-user-id: al\xffice", b"-d", b'{"model": "m", "prompt": "x"}',
+            GRPCURL.encode(), b"-plaintext", b"-H", b"x-user-id: al\xffice",
+            b"-d", b'{"params": {"model": "m", "prompt": "x"}}',
             server.address.encode(), b"llmsched.v1.SchedulerService/Submit",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
@@ -140,7 +141,8 @@ async def test_a_second_x_user_id_is_refused() -> None:
     async with serving(make_config(), engine.factory()) as server, client_for(server, user="mallory") as client:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await client._stub.Submit(
-                pb.SubmitRequest(model="m", prompt="x"), metadata=(("x-user-id", "root"), ("x-user-id", "bob"))
+                pb.SubmitRequest(params=pb.GenerationParams(model="m", prompt="x")),
+                metadata=(("x-user-id", "root"), ("x-user-id", "bob")),
             )
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "more than once" in (err.value.details() or "")

@@ -16,7 +16,9 @@ async def test_the_echo_streams_the_schedulers_four_messages_from_its_own_proces
         stub = pb_grpc.SchedulerServiceStub(channel)
         kinds = [
             event.WhichOneof("event")
-            async for event in stub.Stream(pb.StreamRequest(model="m", prompt="hi", max_tokens=16))
+            async for event in stub.Stream(
+                pb.StreamRequest(params=pb.GenerationParams(model="m", prompt="hi", max_tokens=16))
+            )
         ]
         record = RequestRecord(user="u", tag="t", sent=0.0, max_tokens=16)
         await ScheduledClient(stub, "m", RunClock(), "echo").run(record, "hi")

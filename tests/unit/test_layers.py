@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # modules the core must never load: the wire, generated code, HTTP clients, and the adapters
 WIRE = ("grpc", "grpc_status", "grpc_health", "grpc_reflection", "google.rpc", "google.protobuf", "aiohttp")
 ADAPTERS = ("backends.vllm", "backends.tgi", "backends.llamacpp", "backends._http", "backends.openai_compat")
-GENERATED = ("scheduler_svc._proto",)
+GENERATED = ("llmsched",)  # the public API package: generated messages
 
 
 def loaded_after(code: str) -> list[str]:

@@ -16,21 +16,31 @@ A user id is 1-128 ASCII characters from `A-Z a-z 0-9 . _ @ + : / -`, starting w
 Any other value (surrounding spaces, control characters, non-ASCII bytes) is refused with
 UNAUTHENTICATED, never trimmed or repaired; so is an `x-user-id` or `authorization` sent twice.
 
-Errors travel as gRPC status codes with google.rpc details (google.rpc.ErrorInfo with a reason on all):
-  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class),
-                      or a body that does not decode (reason MALFORMED_REQUEST, e.g. bad UTF-8); reason
-                      PROMPT_TOO_LARGE when the prompt, messages and stop
-                      strings exceed the model's max_prompt_bytes in UTF-8 (ErrorInfo metadata names it)
-  NOT_FOUND           unknown model
-  ALREADY_EXISTS      the caller already has a live (queued or running) request with this request_id
-  UNAUTHENTICATED     no user identity, a user id not of the form above, or an unknown API key
-  PERMISSION_DENIED   the caller may not do this (GetQueueState without being an admin user)
-  RESOURCE_EXHAUSTED  a queue cap was hit (reason QUEUE_FULL: requests; QUEUE_BYTES_FULL: prompt bytes
-                      queued and running); carries google.rpc.RetryInfo
-  DEADLINE_EXCEEDED   the call's deadline (or the class's queue TTL) passed while queued
-  UNAVAILABLE         the engine could not be reached or dropped the stream; or the service is shutting
-                      down (reason SHUTTING_DOWN: queued requests at once, running ones when the drain's
-                      grace ends): retry on another instance
+Errors travel as gRPC status codes with google.rpc details: a google.rpc.ErrorInfo on every error, whose
+`reason` is the name of an llmsched.v1.ErrorReason value (error_reason.proto: each value's comment gives its
+gRPC code, HTTP status and whether a retry may succeed; README.md has the same table), domain "llmsched.v1":
+  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class):
+                      INVALID_REQUEST; a body that does not decode (e.g. bad UTF-8): MALFORMED_REQUEST; the
+                      prompt, messages and stop strings exceed the model's max_prompt_bytes in UTF-8:
+                      PROMPT_TOO_LARGE (ErrorInfo metadata `max_prompt_bytes` names the limit); the engine
+                      refused the request as invalid: BACKEND_REJECTED_REQUEST
+  NOT_FOUND           unknown model: MODEL_NOT_FOUND
+  ALREADY_EXISTS      the caller already has a live (queued or running) request with this request_id:
+                      REQUEST_ID_IN_USE
+  UNAUTHENTICATED     no user identity, a user id not of the form above, or an unknown API key:
+                      UNAUTHENTICATED
+  PERMISSION_DENIED   the caller may not do this (GetQueueState without being an admin user):
+                      PERMISSION_DENIED
+  RESOURCE_EXHAUSTED  a queue cap was hit (QUEUE_FULL: requests; QUEUE_BYTES_FULL: prompt bytes queued and
+                      running), carries google.rpc.RetryInfo; or the engine refused for load:
+                      BACKEND_OVERLOADED
+  DEADLINE_EXCEEDED   the call's deadline (or the class's queue TTL) passed while queued: QUEUE_TIMEOUT
+  UNAVAILABLE         the engine could not be reached or dropped the stream: BACKEND_UNAVAILABLE; or the
+                      service is shutting down (SHUTTING_DOWN: queued requests at once, running ones when
+                      the drain's grace ends): retry on another instance
+  INTERNAL            a bug of ours: INTERNAL; the engine answered something we cannot parse:
+                      BACKEND_PROTOCOL_ERROR
+ErrorInfo metadata `backend` names the engine on the BACKEND_* reasons.
 """
 
 from collections import abc as _abc
@@ -102,8 +112,10 @@ class ChatMessage(_message.Message):
 Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
 
 @_typing.final
-class SubmitRequest(_message.Message):
-    """Request for Submit. Exactly one of `prompt` and `messages` must be set."""
+class GenerationParams(_message.Message):
+    """What to generate and how: the generation parameters shared by SubmitRequest and StreamRequest. Exactly one
+    of `prompt` and `messages` must be set.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -182,6 +194,30 @@ class SubmitRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
+
+Global___GenerationParams: _TypeAlias = GenerationParams  # noqa: Y015
+
+@_typing.final
+class SubmitRequest(_message.Message):
+    """Request for Submit."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARAMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def params(self) -> Global___GenerationParams:
+        """The generation to run."""
+
+    def __init__(
+        self,
+        *,
+        params: Global___GenerationParams | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitRequest: _TypeAlias = SubmitRequest  # noqa: Y015
 
@@ -233,85 +269,25 @@ Global___SubmitResponse: _TypeAlias = SubmitResponse  # noqa: Y015
 
 @_typing.final
 class StreamRequest(_message.Message):
-    """Request for Stream. Same fields and rules as SubmitRequest."""
+    """Request for Stream."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    MODEL_FIELD_NUMBER: _builtins.int
-    PROMPT_FIELD_NUMBER: _builtins.int
-    MESSAGES_FIELD_NUMBER: _builtins.int
-    MAX_TOKENS_FIELD_NUMBER: _builtins.int
-    TEMPERATURE_FIELD_NUMBER: _builtins.int
-    TOP_P_FIELD_NUMBER: _builtins.int
-    STOP_FIELD_NUMBER: _builtins.int
-    SEED_FIELD_NUMBER: _builtins.int
-    PRIORITY_CLASS_FIELD_NUMBER: _builtins.int
-    REQUEST_ID_FIELD_NUMBER: _builtins.int
-    IGNORE_EOS_FIELD_NUMBER: _builtins.int
-    model: _builtins.str
-    """The model to run, as named in the scheduler's configuration."""
-    prompt: _builtins.str
-    """Plain-text prompt (completion style)."""
-    max_tokens: _builtins.int
-    """Maximum tokens to generate; unset means the model's configured default."""
-    temperature: _builtins.float
-    """Sampling temperature; unset means the engine's default."""
-    top_p: _builtins.float
-    """Nucleus sampling threshold; unset means the engine's default."""
-    seed: _builtins.int
-    """Sampling seed for reproducible output."""
-    priority_class: _builtins.str
-    """A configured priority class (e.g. "interactive", "batch"); empty means the default class."""
-    request_id: _builtins.str
-    """Client-supplied id for tracing (1-128 of [A-Za-z0-9._:/-]), scoped to the caller: a second request with
-    the id of one of the caller's live requests gets ALREADY_EXISTS; other users' ids never collide with it.
-    Generated when empty. Engines see a unique server-made id that starts with it.
-    """
-    ignore_eos: _builtins.bool
-    """Keep generating past the end-of-sequence token until `max_tokens` (benchmarks, load tests)."""
+    PARAMS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]:
-        """Chat conversation (chat-completion style)."""
-
-    @_builtins.property
-    def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Strings that end the generation when produced."""
+    def params(self) -> Global___GenerationParams:
+        """The generation to run."""
 
     def __init__(
         self,
         *,
-        model: _builtins.str = ...,
-        prompt: _builtins.str = ...,
-        messages: _abc.Iterable[Global___ChatMessage] | None = ...,
-        max_tokens: _builtins.int | None = ...,
-        temperature: _builtins.float | None = ...,
-        top_p: _builtins.float | None = ...,
-        stop: _abc.Iterable[_builtins.str] | None = ...,
-        seed: _builtins.int | None = ...,
-        priority_class: _builtins.str = ...,
-        request_id: _builtins.str = ...,
-        ignore_eos: _builtins.bool = ...,
+        params: Global___GenerationParams | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_tokens", b"max_tokens", "seed", b"seed", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "messages", b"messages", "model", b"model", "priority_class", b"priority_class", "prompt", b"prompt", "request_id", b"request_id", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
-    _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
-    _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
-    _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
-    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
-    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
-    _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
-    _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens) -> _WhichOneofReturnType__max_tokens | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StreamRequest: _TypeAlias = StreamRequest  # noqa: Y015
 
@@ -506,20 +482,22 @@ class Usage(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     prompt_tokens: _builtins.int
-    """Tokens in the prompt, as counted by the engine (0 when the engine does not say)."""
+    """Tokens in the prompt, as counted by the engine (unset when the engine does not say)."""
     completion_tokens: _builtins.int
     """Tokens generated."""
     def __init__(
         self,
         *,
-        prompt_tokens: _builtins.int = ...,
+        prompt_tokens: _builtins.int | None = ...,
         completion_tokens: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_prompt_tokens", b"_prompt_tokens", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_prompt_tokens", b"_prompt_tokens", "completion_tokens", b"completion_tokens", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__prompt_tokens: _TypeAlias = _typing.Literal["prompt_tokens"]  # noqa: Y015
+    _WhichOneofArgType__prompt_tokens: _TypeAlias = _typing.Literal["_prompt_tokens", b"_prompt_tokens"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__prompt_tokens) -> _WhichOneofReturnType__prompt_tokens | None: ...
 
 Global___Usage: _TypeAlias = Usage  # noqa: Y015
 
@@ -538,7 +516,7 @@ class Timings(_message.Message):
 
     @_builtins.property
     def time_to_first_token(self) -> _duration_pb2.Duration:
-        """From admission to the first generated token."""
+        """From admission to the first generated token (unset when no token was generated)."""
 
     @_builtins.property
     def total(self) -> _duration_pb2.Duration:
@@ -573,21 +551,24 @@ class GetQueueStateRequest(_message.Message):
     user: _builtins.str
     """Only this user's entries; empty means every user. At most 256 bytes (INVALID_ARGUMENT otherwise)."""
     max_users: _builtins.int
-    """At most this many users per class, those with the most queued first (ties by user id); 0 means 100,
-    and more than 1000 is answered with 1000. `users_total` and `truncated` tell what was left out.
+    """At most this many users per class, those with the most queued first (ties by user id); unset means 100,
+    0 lists none (the counts only), and more than 1000 is answered with 1000. `users_total` and `truncated`
+    tell what was left out.
     """
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         user: _builtins.str = ...,
-        max_users: _builtins.int = ...,
+        max_users: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_users", b"_max_users", "max_users", b"max_users"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_users", b"max_users", "model", b"model", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_users", b"_max_users", "max_users", b"max_users", "model", b"model", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_users: _TypeAlias = _typing.Literal["max_users"]  # noqa: Y015
+    _WhichOneofArgType__max_users: _TypeAlias = _typing.Literal["_max_users", b"_max_users"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_users) -> _WhichOneofReturnType__max_users | None: ...
 
 Global___GetQueueStateRequest: _TypeAlias = GetQueueStateRequest  # noqa: Y015
 
@@ -721,19 +702,23 @@ class UserQueueState(_message.Message):
     queued: _builtins.int
     """Requests the user has queued in the band."""
     fair_share_counter: _builtins.float
-    """The fairness policy's counter for the user (virtual service received; 0 for round robin)."""
+    """The fairness policy's counter for the user (virtual service received); unset when the policy keeps no
+    counter for the user (round robin keeps none).
+    """
     def __init__(
         self,
         *,
         user: _builtins.str = ...,
         queued: _builtins.int = ...,
-        fair_share_counter: _builtins.float = ...,
+        fair_share_counter: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_fair_share_counter", b"_fair_share_counter", "fair_share_counter", b"fair_share_counter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fair_share_counter", b"fair_share_counter", "queued", b"queued", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fair_share_counter", b"_fair_share_counter", "fair_share_counter", b"fair_share_counter", "queued", b"queued", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__fair_share_counter: _TypeAlias = _typing.Literal["fair_share_counter"]  # noqa: Y015
+    _WhichOneofArgType__fair_share_counter: _TypeAlias = _typing.Literal["_fair_share_counter", b"_fair_share_counter"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fair_share_counter) -> _WhichOneofReturnType__fair_share_counter | None: ...
 
 Global___UserQueueState: _TypeAlias = UserQueueState  # noqa: Y015
 
@@ -748,10 +733,10 @@ class GateState(_message.Message):
     OPEN_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     METRICS_FRESH_FIELD_NUMBER: _builtins.int
-    READING_AGE_SECONDS_FIELD_NUMBER: _builtins.int
+    READING_AGE_FIELD_NUMBER: _builtins.int
     ENGINE_WAITING_FIELD_NUMBER: _builtins.int
     ENGINE_RUNNING_FIELD_NUMBER: _builtins.int
-    ENGINE_TPOT_SECONDS_FIELD_NUMBER: _builtins.int
+    ENGINE_TPOT_FIELD_NUMBER: _builtins.int
     ENGINE_KV_CACHE_USAGE_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     SENT_UNSEEN_FIELD_NUMBER: _builtins.int
@@ -766,22 +751,26 @@ class GateState(_message.Message):
     """Why (the first failing check, or the numbers that passed)."""
     metrics_fresh: _builtins.bool
     """Whether the last metrics reading is fresh enough to trust."""
-    reading_age_seconds: _builtins.float
-    """Age of the last good reading in seconds (-1 when there is none)."""
     engine_waiting: _builtins.int
-    """The engine's waiting queue in the last reading."""
+    """The engine's waiting queue in the last reading (unset when there is none)."""
     engine_running: _builtins.int
-    """The engine's running requests in the last reading."""
-    engine_tpot_seconds: _builtins.float
-    """Time per output token over the last scrape interval, seconds (-1 when unknown)."""
+    """The engine's running requests in the last reading (unset when there is none)."""
     engine_kv_cache_usage: _builtins.float
-    """KV-cache usage 0..1 (-1 when the engine does not report it)."""
+    """KV-cache usage 0..1 (unset when unknown or the engine does not report it)."""
     in_flight: _builtins.int
     """Requests in flight to the backend."""
     sent_unseen: _builtins.int
     """Requests sent that the last reading cannot show yet."""
     estimated_waiting: _builtins.int
     """The gate's estimate of the engine's waiting queue now."""
+    @_builtins.property
+    def reading_age(self) -> _duration_pb2.Duration:
+        """Age of the last good reading (unset when there is none)."""
+
+    @_builtins.property
+    def engine_tpot(self) -> _duration_pb2.Duration:
+        """Time per output token over the last scrape interval (unset when unknown)."""
+
     def __init__(
         self,
         *,
@@ -790,19 +779,30 @@ class GateState(_message.Message):
         open: _builtins.bool = ...,
         reason: _builtins.str = ...,
         metrics_fresh: _builtins.bool = ...,
-        reading_age_seconds: _builtins.float = ...,
-        engine_waiting: _builtins.int = ...,
-        engine_running: _builtins.int = ...,
-        engine_tpot_seconds: _builtins.float = ...,
-        engine_kv_cache_usage: _builtins.float = ...,
+        reading_age: _duration_pb2.Duration | None = ...,
+        engine_waiting: _builtins.int | None = ...,
+        engine_running: _builtins.int | None = ...,
+        engine_tpot: _duration_pb2.Duration | None = ...,
+        engine_kv_cache_usage: _builtins.float | None = ...,
         in_flight: _builtins.int = ...,
         sent_unseen: _builtins.int = ...,
         estimated_waiting: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_engine_kv_cache_usage", b"_engine_kv_cache_usage", "_engine_running", b"_engine_running", "_engine_waiting", b"_engine_waiting", "engine_kv_cache_usage", b"engine_kv_cache_usage", "engine_running", b"engine_running", "engine_tpot", b"engine_tpot", "engine_waiting", b"engine_waiting", "reading_age", b"reading_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "engine_kv_cache_usage", b"engine_kv_cache_usage", "engine_running", b"engine_running", "engine_tpot_seconds", b"engine_tpot_seconds", "engine_waiting", b"engine_waiting", "estimated_waiting", b"estimated_waiting", "in_flight", b"in_flight", "metrics_fresh", b"metrics_fresh", "open", b"open", "priority_class", b"priority_class", "reading_age_seconds", b"reading_age_seconds", "reason", b"reason", "sent_unseen", b"sent_unseen"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_engine_kv_cache_usage", b"_engine_kv_cache_usage", "_engine_running", b"_engine_running", "_engine_waiting", b"_engine_waiting", "backend", b"backend", "engine_kv_cache_usage", b"engine_kv_cache_usage", "engine_running", b"engine_running", "engine_tpot", b"engine_tpot", "engine_waiting", b"engine_waiting", "estimated_waiting", b"estimated_waiting", "in_flight", b"in_flight", "metrics_fresh", b"metrics_fresh", "open", b"open", "priority_class", b"priority_class", "reading_age", b"reading_age", "reason", b"reason", "sent_unseen", b"sent_unseen"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__engine_kv_cache_usage: _TypeAlias = _typing.Literal["engine_kv_cache_usage"]  # noqa: Y015
+    _WhichOneofArgType__engine_kv_cache_usage: _TypeAlias = _typing.Literal["_engine_kv_cache_usage", b"_engine_kv_cache_usage"]  # noqa: Y015
+    _WhichOneofReturnType__engine_running: _TypeAlias = _typing.Literal["engine_running"]  # noqa: Y015
+    _WhichOneofArgType__engine_running: _TypeAlias = _typing.Literal["_engine_running", b"_engine_running"]  # noqa: Y015
+    _WhichOneofReturnType__engine_waiting: _TypeAlias = _typing.Literal["engine_waiting"]  # noqa: Y015
+    _WhichOneofArgType__engine_waiting: _TypeAlias = _typing.Literal["_engine_waiting", b"_engine_waiting"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__engine_kv_cache_usage) -> _WhichOneofReturnType__engine_kv_cache_usage | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__engine_running) -> _WhichOneofReturnType__engine_running | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__engine_waiting) -> _WhichOneofReturnType__engine_waiting | None: ...
 
 Global___GateState: _TypeAlias = GateState  # noqa: Y015

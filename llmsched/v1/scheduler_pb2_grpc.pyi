@@ -16,26 +16,36 @@ A user id is 1-128 ASCII characters from `A-Z a-z 0-9 . _ @ + : / -`, starting w
 Any other value (surrounding spaces, control characters, non-ASCII bytes) is refused with
 UNAUTHENTICATED, never trimmed or repaired; so is an `x-user-id` or `authorization` sent twice.
 
-Errors travel as gRPC status codes with google.rpc details (google.rpc.ErrorInfo with a reason on all):
-  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class),
-                      or a body that does not decode (reason MALFORMED_REQUEST, e.g. bad UTF-8); reason
-                      PROMPT_TOO_LARGE when the prompt, messages and stop
-                      strings exceed the model's max_prompt_bytes in UTF-8 (ErrorInfo metadata names it)
-  NOT_FOUND           unknown model
-  ALREADY_EXISTS      the caller already has a live (queued or running) request with this request_id
-  UNAUTHENTICATED     no user identity, a user id not of the form above, or an unknown API key
-  PERMISSION_DENIED   the caller may not do this (GetQueueState without being an admin user)
-  RESOURCE_EXHAUSTED  a queue cap was hit (reason QUEUE_FULL: requests; QUEUE_BYTES_FULL: prompt bytes
-                      queued and running); carries google.rpc.RetryInfo
-  DEADLINE_EXCEEDED   the call's deadline (or the class's queue TTL) passed while queued
-  UNAVAILABLE         the engine could not be reached or dropped the stream; or the service is shutting
-                      down (reason SHUTTING_DOWN: queued requests at once, running ones when the drain's
-                      grace ends): retry on another instance
+Errors travel as gRPC status codes with google.rpc details: a google.rpc.ErrorInfo on every error, whose
+`reason` is the name of an llmsched.v1.ErrorReason value (error_reason.proto: each value's comment gives its
+gRPC code, HTTP status and whether a retry may succeed; README.md has the same table), domain "llmsched.v1":
+  INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class):
+                      INVALID_REQUEST; a body that does not decode (e.g. bad UTF-8): MALFORMED_REQUEST; the
+                      prompt, messages and stop strings exceed the model's max_prompt_bytes in UTF-8:
+                      PROMPT_TOO_LARGE (ErrorInfo metadata `max_prompt_bytes` names the limit); the engine
+                      refused the request as invalid: BACKEND_REJECTED_REQUEST
+  NOT_FOUND           unknown model: MODEL_NOT_FOUND
+  ALREADY_EXISTS      the caller already has a live (queued or running) request with this request_id:
+                      REQUEST_ID_IN_USE
+  UNAUTHENTICATED     no user identity, a user id not of the form above, or an unknown API key:
+                      UNAUTHENTICATED
+  PERMISSION_DENIED   the caller may not do this (GetQueueState without being an admin user):
+                      PERMISSION_DENIED
+  RESOURCE_EXHAUSTED  a queue cap was hit (QUEUE_FULL: requests; QUEUE_BYTES_FULL: prompt bytes queued and
+                      running), carries google.rpc.RetryInfo; or the engine refused for load:
+                      BACKEND_OVERLOADED
+  DEADLINE_EXCEEDED   the call's deadline (or the class's queue TTL) passed while queued: QUEUE_TIMEOUT
+  UNAVAILABLE         the engine could not be reached or dropped the stream: BACKEND_UNAVAILABLE; or the
+                      service is shutting down (SHUTTING_DOWN: queued requests at once, running ones when
+                      the drain's grace ends): retry on another instance
+  INTERNAL            a bug of ours: INTERNAL; the engine answered something we cannot parse:
+                      BACKEND_PROTOCOL_ERROR
+ErrorInfo metadata `backend` names the engine on the BACKEND_* reasons.
 """
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as _scheduler_pb2
+from llmsched.v1 import scheduler_pb2 as _scheduler_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

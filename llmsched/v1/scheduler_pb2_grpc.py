@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from scheduler_svc._proto.llmsched.v1 import scheduler_pb2 as llmsched_dot_v1_dot_scheduler__pb2
+from llmsched.v1 import scheduler_pb2 as llmsched_dot_v1_dot_scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
