@@ -372,7 +372,10 @@ class ModelDispatcher:
         could = False
         if self.queues.size and not self.stopping:
             top = next(self.queues.backlogged_bands())
-            could = self.open_backend(top.priority_class, top.priority_class, None, now) is not None
+            # Asked for a real user of the band: at a priority engine a newcomer may pass the gate while
+            # every backlogged user's next request would queue too deep (a lone flood), which is no stall.
+            choice = BackendChoice(self, top.priority_class, top.priority_class, now)
+            could = any(choice.eligible(user) for user in top.flows)
         self.health.observe(now, could_dispatch=could, dispatched_since_last=moved)
 
     async def wait_settled(self) -> None:

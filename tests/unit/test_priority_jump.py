@@ -12,6 +12,7 @@ import pytest
 
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
+from scheduler_svc.health import LoopHealth, ServiceHealth
 from scheduler_svc.ledger import DispatchLedger
 from scheduler_svc.policies import SignalGate
 from tests.unit.dispatch_harness import Harness
@@ -108,3 +109,20 @@ def test_a_user_skipped_for_its_priority_keeps_its_round_robin_turn() -> None:
     harness.step()  # all four start: the queue is empty, everyone may go
     order = [t.request.user for t in harness.dispatch()]
     assert order[:2] == ["flood", "b"], order  # the flood was first in the ring and stayed there
+
+
+def test_a_lone_flood_held_at_a_priority_engine_is_not_a_stall() -> None:
+    """A newcomer would pass the gate, but the only backlogged user's next request would not: the watchdog
+    must not call that a wedged loop (it would turn the service NOT_SERVING during any long flood)."""
+    harness = _flood_then_latecomers(priority_scheduling=True, fairness="round_robin")
+    dispatcher = harness.dispatcher
+    service = ServiceHealth()
+    dispatcher.health = LoopHealth("dispatch:m", service, max_failed_passes=3, max_stall_seconds=30.0)
+    for second in range(10, 130, 10):
+        harness.reading(waiting=0, tpot=0.005)  # fresh readings; the flood's three are still on their way
+        dispatcher.watchdog_look()
+        assert service.serving, f"flagged as stalled after {second} s: {service.problems}"
+        harness.clock.advance(10.0)
+    harness.reading(waiting=0, tpot=0.005)
+    harness.submit("b")  # a user the gate admits: now work could go, and the loop would send it
+    assert [t.request.user for t in harness.dispatch()] == ["b"]
