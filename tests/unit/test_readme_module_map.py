@@ -29,7 +29,8 @@ def entry_path(entry: str) -> Path:
     if entry.endswith((".py", ".sh")):
         return ROOT / entry
     base = ROOT.joinpath(*entry.split("."))
-    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    module = base.with_suffix(".py")  # a module wins over a same-named folder (bench/results/ holds outputs)
+    return module if module.is_file() else base / "__init__.py"
 
 
 def tree_entries() -> set[str]:
