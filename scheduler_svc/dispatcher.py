@@ -9,7 +9,6 @@ fairness policy picks a user, then the ordering policy picks that user's request
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -210,7 +209,7 @@ class ModelDispatcher:
     # -- events from running requests ---------------------------------------------------------------
     def on_first_token(self, ticket: Ticket) -> None:
         assert ticket.backend is not None and ticket.first_token_at is not None
-        ticket.backend.ledger.started(ticket.request.request_id, ticket.first_token_at)
+        ticket.backend.estimator.started(ticket.request.request_id, ticket.first_token_at)
         self._class_series[ticket.request.priority_class].ttft.observe(
             ticket.first_token_at - ticket.request.admitted_at
         )
@@ -230,16 +229,10 @@ class ModelDispatcher:
         """A dispatched request no longer holds its backend."""
         backend = ticket.backend
         assert backend is not None
-        backend.ledger.finished(ticket.request.request_id, self.clock.now())
-        user = ticket.request.user
-        remaining = backend.user_in_flight.get(user, 1) - 1
-        if remaining:
-            backend.user_in_flight[user] = remaining
-        else:
-            backend.user_in_flight.pop(user, None)
+        backend.estimator.finished(ticket.request.request_id, self.clock.now())
         if self._running.pop(ticket.request.request_id, None) is not None:
             self._activity.ended(ticket.request.priority_class, self.clock.now())
-        self._series[backend.name].in_flight.set(backend.ledger.in_flight)
+        self._series[backend.name].in_flight.set(backend.estimator.in_flight)
 
     def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
         """The backend failed `ticket` before its first token: queue it again at the head of its user's
@@ -334,11 +327,10 @@ class ModelDispatcher:
         now = self.clock.now()
         states = []
         for handle in self.backends:
-            backend_inputs = handle.ledger.gate_inputs(now)
             for cls in self.classes.values():
-                inputs = dataclasses.replace(
-                    backend_inputs,
-                    better_class_active=self._activity.better_active(cls, now),
+                inputs = handle.estimator.gate_inputs(
+                    now,
+                    self._activity.better_active(cls, now),
                     better_tpot_limit=self._activity.better_tpot_limit(cls, now),
                     candidate_priority=self._engine_priority(cls.name, None, handle),
                 )
@@ -431,13 +423,13 @@ class ModelDispatcher:
             # Out of the queue and not sent: end it now, or its client would wait for nothing.
             ticket.end_in_queue(Outcome.FAILED, InternalError("the scheduler failed to dispatch the request"))
             raise
-        handle.user_in_flight[request.user] = handle.user_in_flight.get(request.user, 0) + 1
+        handle.estimator.dispatched(request.request_id, priority, request.user)
         ticket.assign(handle, now, priority)
         self._running[request.request_id] = ticket
         self._activity.started(request.priority_class, now)
         series = self._series[handle.name]
         series.dispatched.inc()
-        series.in_flight.set(handle.ledger.in_flight)
+        series.in_flight.set(handle.estimator.in_flight)
         if ticket.attempts == 1:  # a failed-over request left the queue, and was observed, the first time
             self.drain.record(now)
             self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
@@ -501,10 +493,10 @@ class ModelDispatcher:
                 if series is not None:
                     series.gate_open.set(0)
                 continue
-            inputs = handle.ledger.gate_inputs(now, better_active)
             priority = self._engine_priority(request_class.name, user, handle)
-            if better_tpot or priority is not None:
-                inputs = dataclasses.replace(inputs, better_tpot_limit=better_tpot, candidate_priority=priority)
+            inputs = handle.estimator.gate_inputs(
+                now, better_active, better_tpot_limit=better_tpot, candidate_priority=priority
+            )
             decision = handle.gate.decide(inputs, gate_class)
             if series is not None:
                 series.gate_open.set(1 if decision.open else 0)
@@ -523,7 +515,7 @@ class ModelDispatcher:
         if not handle.sends_priority:
             return None
         base = self.classes[priority_class].engine_priority
-        in_flight = handle.user_in_flight.get(user, 0) if user is not None else 0
+        in_flight = handle.estimator.user_in_flight.get(user, 0) if user is not None else 0
         return base + self._priority_per_inflight * in_flight
 
     def _set_depth(self, priority_class: str) -> None:
@@ -554,7 +546,7 @@ class BackendChoice:
     def for_user(self, user: str) -> BackendHandle | None:
         """The backend `user`'s next request would go to now, None when no gate admits it."""
         backends = self._dispatcher.backends
-        key = tuple(h.user_in_flight.get(user, 0) if h.sends_priority else 0 for h in backends)
+        key = tuple(h.estimator.user_in_flight.get(user, 0) if h.sends_priority else 0 for h in backends)
         if key not in self._answers:
             dispatcher = self._dispatcher
             self._answers[key] = dispatcher.open_backend(self._gate_class, self._request_class, user, self._now)

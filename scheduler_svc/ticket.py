@@ -114,7 +114,6 @@ class Ticket:
         self.dispatched_at = now
         self.dispatched_wall = time.time()
         self.attempts += 1
-        backend.ledger.dispatched(self.request.request_id, engine_priority)
         self._woken.set()
 
     def requeued(self) -> None:
@@ -196,7 +195,7 @@ class Ticket:
             async with contextlib.aclosing(backend.backend.generate(generation)) as events:
                 async for event in events:
                     if isinstance(event, Accepted):
-                        backend.ledger.accepted(req.request_id, self._dispatcher.clock.now())
+                        backend.estimator.accepted(req.request_id, self._dispatcher.clock.now())
                         continue
                     if isinstance(event, TextDelta):
                         if self.first_token_at is None:
