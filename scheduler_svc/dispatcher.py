@@ -14,28 +14,25 @@ from dataclasses import dataclass
 
 import structlog
 
-from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
+from backends.errors import BackendError
 from scheduler_svc.activity import ClassActivity
 from scheduler_svc.backend_handle import BackendHandle
+from scheduler_svc.capacity import Capacity
 from scheduler_svc.clock import Clock
 from scheduler_svc.config import ModelConfig, PriorityClassConfig, SchedulingConfig
-from scheduler_svc.errors import InternalError, QueueBytesFull, QueueFull, QueueTimeout, ShuttingDown
+from scheduler_svc.errors import InternalError, QueueTimeout, ShuttingDown
+from scheduler_svc.failover import FailoverRule
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
 from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, GateDecision, GateInputs
 from scheduler_svc.policies.weights import WeightResolver
+from scheduler_svc.positions import PositionNotifier
 from scheduler_svc.queues import Band, Flow, ModelQueues
 from scheduler_svc.rate import RateMeter
 from scheduler_svc.request import QueuedRequest
 from scheduler_svc.ticket import Outcome, Ticket
 
 log = structlog.get_logger(__name__)
-
-MIN_RETRY_SECONDS = 0.1
-MAX_RETRY_SECONDS = 300.0
-UNKNOWN_RATE_RETRY_SECONDS = 1.0
-# Errors that say nothing against the request itself, only that this engine could not take it now.
-FAILOVER_ERRORS = (BackendUnavailable, BackendOverloaded)
 
 
 @dataclass(frozen=True)
@@ -85,8 +82,9 @@ class ModelDispatcher:
         self._activity = ClassActivity(scheduling.classes)
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()  # set whenever a request reaches its outcome
-        self._moved: set[Flow] = set()  # flows whose positions changed since streaming clients were last told
-        self._flows_moved = asyncio.Event()
+        self.positions = PositionNotifier(self._queued)
+        self.capacity = Capacity(model, self.queues)
+        self._failover = FailoverRule(model)
         self.stopping = False  # set once the queue is closed on shutdown: no more dispatches nor failovers
         self.errors = errors or InternalErrors(lambda component: metrics.internal_errors.labels(component).inc())
         self.health = health or LoopHealth(
@@ -95,18 +93,14 @@ class ModelDispatcher:
         self._on_done = on_done
         self.dispatches = 0  # requests sent so far (the watchdog compares it between looks)
         self._dispatches_at_last_look = 0
-        # Prompt bytes held by queued and running requests, for the byte caps (released at the outcome).
-        self.held_bytes = 0
-        self._user_bytes: dict[str, int] = {}
 
     # -- admission and withdrawal ---------------------------------------------------------------------
     def enqueue(self, request: QueuedRequest) -> Ticket:
         """Queue an admitted request and return its ticket; QueueFull when a cap is reached."""
-        self._check_capacity(request)
+        self.capacity.check(request, self.busy, self.drain.rate(self.clock.now()))
         ticket = Ticket(request, self)
         self._put_in_queue(ticket)
-        self.held_bytes += request.prompt_bytes
-        self._user_bytes[request.user] = self._user_bytes.get(request.user, 0) + request.prompt_bytes
+        self.capacity.hold(request)
         self._class_series[request.priority_class].admitted.inc()
         self._activity.touch(request.priority_class, self.clock.now())
         self._set_depth(request.priority_class)
@@ -124,41 +118,8 @@ class ModelDispatcher:
         if newly_backlogged:
             self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
         elif not flow.is_last(request):
-            self._moved.add(flow)
-            self._flows_moved.set()
+            self.positions.moved(flow)
         return flow
-
-    def _check_capacity(self, request: QueuedRequest) -> None:
-        now = self.clock.now()
-        rate = self.drain.rate(now)
-        if self.held_bytes + request.prompt_bytes > self.model.max_queued_bytes:
-            raise QueueBytesFull(
-                f"model {self.model.name} holds {self.held_bytes} prompt bytes in queued and running requests "
-                f"(capacity {self.model.max_queued_bytes}, max_queued_bytes)",
-                retry_after_seconds=_retry_after(self.busy, rate),
-            )
-        user_bytes = self._user_bytes.get(request.user, 0)
-        if user_bytes + request.prompt_bytes > self.model.max_queued_bytes_per_user:
-            user_rate = rate / max(1, len(self.queues.band(request.priority_class).flows))
-            raise QueueBytesFull(
-                f"user {request.user} holds {user_bytes} prompt bytes in queued and running requests for "
-                f"{self.model.name} (limit {self.model.max_queued_bytes_per_user}, max_queued_bytes_per_user)",
-                retry_after_seconds=_retry_after(max(1, self.queues.user_depth(request.user)), user_rate),
-            )
-        if len(self.queues) >= self.model.max_queued:
-            raise QueueFull(
-                f"model {self.model.name} has {len(self.queues)} requests queued (capacity {self.model.max_queued})",
-                retry_after_seconds=_retry_after(len(self.queues), rate),
-            )
-        depth = self.queues.user_depth(request.user)
-        if depth >= self.model.max_queued_per_user:
-            band = self.queues.band(request.priority_class)
-            user_rate = rate / max(1, len(band.flows))  # fairness gives each backlogged user about this much
-            raise QueueFull(
-                f"user {request.user} has {depth} requests queued for {self.model.name} "
-                f"(limit {self.model.max_queued_per_user})",
-                retry_after_seconds=_retry_after(depth, user_rate),
-            )
 
     def withdraw(self, ticket: Ticket) -> None:
         """Take a still-queued request out of the queue (dispatched, cancelled, expired, shutting down)."""
@@ -167,25 +128,7 @@ class ModelDispatcher:
             del self._queued[ticket.request.request_id]
             self._set_depth(ticket.request.priority_class)
             if flow:  # the requests behind it moved up
-                self._moved.add(flow)
-                self._flows_moved.set()
-
-    async def run_position_updates(self, interval: float) -> None:
-        """Nudge the streaming clients whose queue position changed, at most once per `interval`.
-
-        Event-driven so that idle queued streams cost nothing: a timer per queued stream cost ~40 us a
-        second each, most of a core at 20,000 queued. Only flows whose head left are visited.
-        """
-        while True:
-            await self._flows_moved.wait()
-            self._flows_moved.clear()
-            moved, self._moved = self._moved, set()
-            for flow in moved:
-                for request in flow:
-                    ticket = self._queued.get(request.request_id)
-                    if ticket is not None and ticket.watches_position:
-                        ticket.nudge()
-            await asyncio.sleep(interval)  # a rate limit, not a synchronisation
+                self.positions.moved(flow)
 
     def expire(self, ticket: Ticket) -> None:
         """End a queued request whose deadline passed; it is never dispatched."""
@@ -241,23 +184,17 @@ class ModelDispatcher:
         deadline, or the service is stopping."""
         request = ticket.request
         now = self.clock.now()
-        if (
-            not isinstance(error, FAILOVER_ERRORS)
-            or ticket.attempts > self.model.failover_attempts
-            or (request.deadline is not None and now >= request.deadline)
-            or self.stopping
-        ):
+        if self.stopping or not self._failover.may_retry(request, error, ticket.attempts, now):
             return False
         handle = ticket.backend
         assert handle is not None
-        handle.cool_until = now + self.model.failover_cooldown_seconds
+        self._failover.cool_down(handle, now)
         self._release(ticket)
         ticket.requeued()  # first: from here a failure below leaves a ticket that close() can end cleanly
         self.fairness[request.priority_class].on_requeued(request)
         flow = self._put_in_queue(ticket, front=True)
         self._set_depth(request.priority_class)
-        self._moved.add(flow)  # the requests behind it moved down one
-        self._flows_moved.set()
+        self.positions.moved(flow)  # the requests behind it moved down one
         self._series[handle.name].failovers.inc()
         log.warning(
             "request_failed_over",
@@ -271,13 +208,7 @@ class ModelDispatcher:
         return True
 
     def on_outcome(self, ticket: Ticket) -> None:
-        request = ticket.request
-        self.held_bytes -= request.prompt_bytes
-        left = self._user_bytes.get(request.user, 0) - request.prompt_bytes
-        if left > 0:
-            self._user_bytes[request.user] = left
-        else:
-            self._user_bytes.pop(request.user, None)
+        self.capacity.release(ticket.request)
         if self._on_done is not None:
             self._on_done(ticket)
         self._metrics.outcomes.labels(self.model.name, ticket.outcome.value if ticket.outcome else "?").inc()
@@ -555,10 +486,3 @@ class BackendChoice:
     def eligible(self, user: str) -> bool:
         """Whether some backend can take `user`'s next request now (the fairness policy's filter)."""
         return self.for_user(user) is not None
-
-
-def _retry_after(backlog: int, rate: float) -> float:
-    """Time for the scheduler to dispatch a tenth of `backlog` (at least one request) at `rate`/s."""
-    if rate <= 0:
-        return UNKNOWN_RATE_RETRY_SECONDS
-    return min(MAX_RETRY_SECONDS, max(MIN_RETRY_SECONDS, max(1.0, backlog / 10) / rate))

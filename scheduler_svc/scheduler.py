@@ -127,7 +127,7 @@ class Scheduler:
             for dispatcher in self.dispatchers.values():
                 tasks.create_task(dispatcher.run(), name=f"dispatch:{dispatcher.model.name}")
                 tasks.create_task(
-                    dispatcher.run_position_updates(self.config.server.queue_update_interval_seconds),
+                    dispatcher.positions.run(self.config.server.queue_update_interval_seconds),
                     name=f"positions:{dispatcher.model.name}",
                 )
                 if self.config.server.unhealthy_after_stalled_seconds:
