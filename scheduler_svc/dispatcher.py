@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import structlog
 
@@ -19,12 +18,15 @@ from scheduler_svc.activity import ClassActivity
 from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.capacity import Capacity
 from scheduler_svc.clock import Clock
-from scheduler_svc.config import ModelConfig, PriorityClassConfig, SchedulingConfig
+from scheduler_svc.config import ModelConfig, SchedulingConfig
 from scheduler_svc.errors import InternalError, QueueTimeout, ShuttingDown
 from scheduler_svc.failover import FailoverRule
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
-from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, GateDecision, GateInputs
+from scheduler_svc.openings import BackendChoice, BackendGates, BackendState, EnginePriorities
+from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES
+from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, DEFAULT_BACKEND_POLICY
+from scheduler_svc.policies.band import BAND_POLICIES, DEFAULT_BAND_POLICY
 from scheduler_svc.policies.weights import WeightResolver
 from scheduler_svc.positions import PositionNotifier
 from scheduler_svc.queues import Band, Flow, ModelQueues
@@ -33,16 +35,6 @@ from scheduler_svc.request import QueuedRequest
 from scheduler_svc.ticket import Outcome, Ticket
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class BackendState:
-    """A backend's gate state for one class, for introspection."""
-
-    name: str
-    priority_class: str
-    decision: GateDecision
-    inputs: GateInputs
 
 
 class ModelDispatcher:
@@ -71,15 +63,21 @@ class ModelDispatcher:
             c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, scheduling, clock)
             for c in scheduling.classes
         }
-        self._priority_per_inflight = scheduling.engine_priority_per_inflight
         self._queued: dict[str, Ticket] = {}
         self._running: dict[str, Ticket] = {}
         self._metrics = metrics
         self._series = {h.name: backend_series(metrics, model.name, h.name) for h in self.backends}
         self._class_series = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
         self.drain = RateMeter()
-        self._promoted_last = False  # the last dispatch was an anti-starvation promotion
         self._activity = ClassActivity(scheduling.classes)
+        self._bands = BAND_POLICIES.create(DEFAULT_BAND_POLICY)
+        self._backend_policy = BACKEND_POLICIES.create(DEFAULT_BACKEND_POLICY)
+        self.gates = BackendGates(
+            self.backends,
+            self._activity,
+            EnginePriorities(self.classes, scheduling.engine_priority_per_inflight),
+            self._series,
+        )
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()  # set whenever a request reaches its outcome
         self.positions = PositionNotifier(self._queued)
@@ -253,24 +251,8 @@ class ModelDispatcher:
         return len(self._queued) + len(self._running)
 
     def backend_states(self) -> list[BackendState]:
-        """Every backend's gate decision for every class, with its inputs, for a request from a user with
-        nothing at the engine (at a priority engine a user with requests there may find the gate closed)."""
-        now = self.clock.now()
-        states = []
-        for handle in self.backends:
-            for cls in self.classes.values():
-                inputs = handle.estimator.gate_inputs(
-                    now,
-                    self._activity.better_active(cls, now),
-                    better_tpot_limit=self._activity.better_tpot_limit(cls, now),
-                    candidate_priority=self._engine_priority(cls.name, None, handle),
-                )
-                decision = handle.gate.decide(inputs, cls)
-                if cooling := handle.cooling_for(now):
-                    reason = f"cooling down {cooling:.1f}s after failing a request ({decision.reason})"
-                    decision = GateDecision(False, reason, decision.fresh)
-                states.append(BackendState(handle.name, cls.name, decision, inputs))
-        return states
+        """Every backend's gate decision for every class, with its inputs (see `BackendGates.states`)."""
+        return self.gates.states(list(self.classes.values()), self.clock.now())
 
     # -- the loop -------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -295,7 +277,7 @@ class ModelDispatcher:
         could = False
         if self.queues.size and not self.stopping:
             top = next(self.queues.backlogged_bands())
-            could = self.open_backend(top.priority_class, top.priority_class, None, now) is not None
+            could = bool(self.gates.open(top.priority_class, top.priority_class, None, now))
         self.health.observe(now, could_dispatch=could, dispatched_since_last=moved)
 
     async def wait_settled(self) -> None:
@@ -340,16 +322,17 @@ class ModelDispatcher:
         user = fairness.select(band.flow_views, backends.eligible)
         if user is None:
             return None
-        handle = backends.for_user(user)
-        assert handle is not None, "fairness chose a user no backend can take"
+        openings = backends.for_user(user)
+        assert openings, "fairness chose a user no backend can take"
         ticket = self._next_live(band, user, now)
         if ticket is None:
             return 0  # the user's queue held only expired requests
         request = ticket.request
+        handle = self._backend_policy.choose(request, openings).handle
         self.withdraw(ticket)
         try:
             fairness.on_dispatched(request)
-            priority = self._engine_priority(request.priority_class, request.user, handle)
+            priority = self.gates.priorities.of(request.priority_class, request.user, handle)
         except Exception:
             # Out of the queue and not sent: end it now, or its client would wait for nothing.
             ticket.end_in_queue(Outcome.FAILED, InternalError("the scheduler failed to dispatch the request"))
@@ -378,111 +361,16 @@ class ModelDispatcher:
         return None
 
     def _choose_band(self, now: float, broken: set[str]) -> tuple[Band, BackendChoice] | None:
-        """The band to serve and the gates its request must pass, or None when nothing may go now.
-
-        Strict priority: the best backlogged band decides, and while its gate is closed (even for a user
-        with nothing at the engine, the best placed at a priority engine) lower bands wait too (they would
-        only slow it down). Anti-starvation: a lower band whose oldest request has waited longer than its
-        `starvation_after_seconds` sends one request under the top band's gate, then the top band gets the
-        next turn, so a starving band gets at most every other dispatch. The band's age is its oldest
-        admission whatever the ordering policy (`Band.oldest_admission`); the request it sends is the one
-        fairness and ordering choose.
-        """
+        """The band to serve and the gates its request must pass, or None when nothing may go now: the
+        band policy decides among the backlogged bands that did not fail this pass."""
         backlogged = [b for b in self.queues.backlogged_bands() if b.priority_class.name not in broken]
         if not backlogged:
             return None
-        top = backlogged[0]
-        if self.open_backend(top.priority_class, top.priority_class, None, now) is None:
+        turn = self._bands.choose(backlogged, now, lambda cls: bool(self.gates.open(cls, cls, None, now)))
+        if turn is None:
             return None
-        if not self._promoted_last:
-            for band in backlogged[1:]:
-                limit = band.priority_class.starvation_after_seconds
-                if limit and now - band.oldest_admission() > limit:
-                    self._promoted_last = True
-                    return band, BackendChoice(self, top.priority_class, band.priority_class, now)
-        self._promoted_last = False
-        return top, BackendChoice(self, top.priority_class, top.priority_class, now)
-
-    def open_backend(
-        self,
-        gate_class: PriorityClassConfig,
-        request_class: PriorityClassConfig,
-        user: str | None,
-        now: float,
-    ) -> BackendHandle | None:
-        """The least loaded backend whose gate (for `gate_class`) admits one more request of
-        `request_class` from `user` (None: a user with nothing at the engines), if any; a backend cooling
-        down after a failover gets none. At a priority engine the answer depends on the user: its request
-        queues behind only what the engine would serve first (see `check_waiting`)."""
-        best: tuple[int, int, int] | None = None
-        chosen: BackendHandle | None = None
-        better_active = self._activity.better_active(gate_class, now)
-        better_tpot = self._activity.better_tpot_limit(gate_class, now)
-        for handle in self.backends:
-            series = self._series[handle.name] if user is None else None  # the gauges show the band-level view
-            if handle.cooling_for(now):
-                if series is not None:
-                    series.gate_open.set(0)
-                continue
-            priority = self._engine_priority(request_class.name, user, handle)
-            inputs = handle.estimator.gate_inputs(
-                now, better_active, better_tpot_limit=better_tpot, candidate_priority=priority
-            )
-            decision = handle.gate.decide(inputs, gate_class)
-            if series is not None:
-                series.gate_open.set(1 if decision.open else 0)
-                series.metrics_fresh.set(1 if decision.fresh else 0)
-                series.estimated_waiting.set(inputs.estimated_waiting())
-            if decision.open:
-                key = (inputs.waiting_ahead(), inputs.estimated_waiting(), inputs.in_flight)
-                if best is None or key < best:
-                    best, chosen = key, handle
-        return chosen
-
-    def _engine_priority(self, priority_class: str, user: str | None, handle: BackendHandle) -> int | None:
-        """The engine priority a request of this class and user would carry to `handle` (None: the backend
-        takes none): class priority, worsened by the user's requests already at this engine (lower is
-        served first), so a user's second and third requests queue behind other users' first ones."""
-        if not handle.sends_priority:
-            return None
-        base = self.classes[priority_class].engine_priority
-        in_flight = handle.estimator.user_in_flight.get(user, 0) if user is not None else 0
-        return base + self._priority_per_inflight * in_flight
+        band = backlogged[turn.index]
+        return band, BackendChoice(self.gates, turn.gate_class, band.priority_class, now)
 
     def _set_depth(self, priority_class: str) -> None:
         self._class_series[priority_class].queue_depth.set(self.queues.band(priority_class).size)
-
-
-class BackendChoice:
-    """Which backend can take a request of one band now, per user, within one dispatch.
-
-    At a priority engine whether a request may go depends on its engine priority, which depends on how
-    many requests its user already has there; users with the same counts get the same answer, so each
-    distinct answer is worked out once per dispatch, however many users the band holds.
-    """
-
-    def __init__(
-        self,
-        dispatcher: ModelDispatcher,
-        gate_class: PriorityClassConfig,
-        request_class: PriorityClassConfig,
-        now: float,
-    ) -> None:
-        self._dispatcher = dispatcher
-        self._gate_class = gate_class
-        self._request_class = request_class
-        self._now = now
-        self._answers: dict[tuple[int, ...], BackendHandle | None] = {}
-
-    def for_user(self, user: str) -> BackendHandle | None:
-        """The backend `user`'s next request would go to now, None when no gate admits it."""
-        backends = self._dispatcher.backends
-        key = tuple(h.estimator.user_in_flight.get(user, 0) if h.sends_priority else 0 for h in backends)
-        if key not in self._answers:
-            dispatcher = self._dispatcher
-            self._answers[key] = dispatcher.open_backend(self._gate_class, self._request_class, user, self._now)
-        return self._answers[key]
-
-    def eligible(self, user: str) -> bool:
-        """Whether some backend can take `user`'s next request now (the fairness policy's filter)."""
-        return self.for_user(user) is not None
