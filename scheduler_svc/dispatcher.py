@@ -2,8 +2,14 @@
 
 The loop wakes on events only (a new request, an engine accepting or starting a request, a finished
 request, a new metrics reading), never on a fixed tick. Each wake-up sends as many requests as the gates
-allow: the best backlogged band first (strict by rank, with the anti-starvation guard), then the band's
-fairness policy picks a user, then the ordering policy picks that user's request.
+allow: the band policy picks a band (strict by rank, with the anti-starvation guard), the band's fairness
+policy a user among those some backend's gate admits, the ordering policy that user's request, and the
+backend policy one of the open backends.
+
+The dispatcher wires named parts, each in its own module: `capacity` (caps and retry hints), `openings`
+(gate decisions, engine priorities, what introspection shows), `policies.band` and
+`policies.backend_choice`, `failover` (may a failed request go again), `positions` (the notifier), and
+one `load.LoadEstimator` per backend. The request itself runs in its caller's task (`request_run`).
 """
 
 from __future__ import annotations
@@ -316,8 +322,8 @@ class ModelDispatcher:
 
     def _dispatch_one(self, band: Band, backends: BackendChoice, now: float) -> int | None:
         """Send the band's next request: fairness picks the user among those a backend can take now,
-        ordering picks the request. Returns how many went (0: the user's queue held only expired requests),
-        None when no backlogged user of the band may go."""
+        ordering picks the request, the backend policy one of the backends open to it. Returns how many
+        went (0: the user's queue held only expired requests), None when no backlogged user may go."""
         fairness = self.fairness[band.priority_class.name]
         user = fairness.select(band.flow_views, backends.eligible)
         if user is None:
