@@ -1,4 +1,4 @@
-"""A backend as the dispatch core holds it: the adapter, its gate, its ledger, and its cooldown.
+"""A backend as the dispatch core holds it: the adapter, its gate, its load estimator, and its cooldown.
 
 It lives apart from the dispatcher so that a ticket can name the backend it was assigned without
 importing the dispatcher (the ticket calls back through its own `TicketHost` Protocol).
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from backends.base import Backend, BackendLoad
 from scheduler_svc.config_schema import BackendConfig
-from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.load import LoadEstimator
 from scheduler_svc.policies.gate import Gate
 
 
@@ -21,10 +21,9 @@ class BackendHandle:
     config: BackendConfig
     backend: Backend
     gate: Gate
-    ledger: DispatchLedger
+    estimator: LoadEstimator
 
     def __post_init__(self) -> None:
-        self.user_in_flight: dict[str, int] = {}
         self.cool_until = 0.0  # no request goes to it before this time: it failed one before its first token
 
     @property
@@ -36,8 +35,8 @@ class BackendHandle:
         return max(0.0, self.cool_until - now)
 
     def record_reading(self, reading: BackendLoad) -> None:
-        """A scrape of the backend: the ledger sets it against what was sent, the gate learns from it."""
-        self.ledger.record_reading(reading)
+        """A scrape of the backend: the estimator sets it against what was sent, the gate learns from it."""
+        self.estimator.record_reading(reading)
         self.gate.observe(reading)
 
     @property

@@ -5,7 +5,7 @@ llmsched sim --flavor vllm --port 8000  run a simulated engine (no GPU here)
 llmsched submit|stream --model M --user U "prompt"
 llmsched config-reference               every config field with its default and meaning
 llmsched hash-key < KEYFILE             the SHA-256 digest of an API key, for auth.api_key_sha256
-llmsched policies                       the registered fairness / ordering / gate policies
+llmsched policies                       the registered fairness / ordering / gate / band / backend policies
 """
 
 from __future__ import annotations
@@ -85,9 +85,15 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "hash-key":
         _hash_key()
     elif args.command == "policies":
-        from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
+        from scheduler_svc.policies import (
+            BACKEND_POLICIES,
+            BAND_POLICIES,
+            FAIRNESS_POLICIES,
+            GATE_POLICIES,
+            ORDERING_POLICIES,
+        )
 
-        for registry in (FAIRNESS_POLICIES, ORDERING_POLICIES, GATE_POLICIES):
+        for registry in (FAIRNESS_POLICIES, ORDERING_POLICIES, GATE_POLICIES, BAND_POLICIES, BACKEND_POLICIES):
             for name, doc in registry.describe().items():
                 print(f"{registry.kind:<10} {name:<16} {doc}")
 

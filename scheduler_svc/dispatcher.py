@@ -2,51 +2,45 @@
 
 The loop wakes on events only (a new request, an engine accepting or starting a request, a finished
 request, a new metrics reading), never on a fixed tick. Each wake-up sends as many requests as the gates
-allow: the best backlogged band first (strict by rank, with the anti-starvation guard), then the band's
-fairness policy picks a user, then the ordering policy picks that user's request.
+allow: the band policy picks a band (strict by rank, with the anti-starvation guard), the band's fairness
+policy a user among those some backend's gate admits, the ordering policy that user's request, and the
+backend policy one of the open backends.
+
+The dispatcher wires named parts, each in its own module: `capacity` (caps and retry hints), `openings`
+(gate decisions, engine priorities, what introspection shows), `policies.band` and
+`policies.backend_choice`, `failover` (may a failed request go again), `positions` (the notifier), and
+one `load.LoadEstimator` per backend. The request itself runs in its caller's task (`request_run`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import structlog
 
-from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
+from backends.errors import BackendError
 from scheduler_svc.activity import ClassActivity
 from scheduler_svc.backend_handle import BackendHandle
+from scheduler_svc.capacity import Capacity
 from scheduler_svc.clock import Clock
-from scheduler_svc.config import ModelConfig, PriorityClassConfig, SchedulingConfig
-from scheduler_svc.errors import InternalError, QueueBytesFull, QueueFull, QueueTimeout, ShuttingDown
+from scheduler_svc.config import ModelConfig, SchedulingConfig
+from scheduler_svc.errors import InternalError, QueueTimeout, ShuttingDown
+from scheduler_svc.failover import FailoverRule
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
-from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, GateDecision, GateInputs
+from scheduler_svc.openings import BackendChoice, BackendGates, BackendState, EnginePriorities
+from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES
+from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, DEFAULT_BACKEND_POLICY
+from scheduler_svc.policies.band import BAND_POLICIES, DEFAULT_BAND_POLICY
 from scheduler_svc.policies.weights import WeightResolver
+from scheduler_svc.positions import PositionNotifier
 from scheduler_svc.queues import Band, Flow, ModelQueues
 from scheduler_svc.rate import RateMeter
 from scheduler_svc.request import QueuedRequest
 from scheduler_svc.ticket import Outcome, Ticket
 
 log = structlog.get_logger(__name__)
-
-MIN_RETRY_SECONDS = 0.1
-MAX_RETRY_SECONDS = 300.0
-UNKNOWN_RATE_RETRY_SECONDS = 1.0
-# Errors that say nothing against the request itself, only that this engine could not take it now.
-FAILOVER_ERRORS = (BackendUnavailable, BackendOverloaded)
-
-
-@dataclass(frozen=True)
-class BackendState:
-    """A backend's gate state for one class, for introspection."""
-
-    name: str
-    priority_class: str
-    decision: GateDecision
-    inputs: GateInputs
 
 
 class ModelDispatcher:
@@ -75,19 +69,26 @@ class ModelDispatcher:
             c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, scheduling, clock)
             for c in scheduling.classes
         }
-        self._priority_per_inflight = scheduling.engine_priority_per_inflight
         self._queued: dict[str, Ticket] = {}
         self._running: dict[str, Ticket] = {}
         self._metrics = metrics
         self._series = {h.name: backend_series(metrics, model.name, h.name) for h in self.backends}
         self._class_series = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
         self.drain = RateMeter()
-        self._promoted_last = False  # the last dispatch was an anti-starvation promotion
         self._activity = ClassActivity(scheduling.classes)
+        self._bands = BAND_POLICIES.create(DEFAULT_BAND_POLICY)
+        self._backend_policy = BACKEND_POLICIES.create(DEFAULT_BACKEND_POLICY)
+        self.gates = BackendGates(
+            self.backends,
+            self._activity,
+            EnginePriorities(self.classes, scheduling.engine_priority_per_inflight),
+            self._series,
+        )
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()  # set whenever a request reaches its outcome
-        self._moved: set[Flow] = set()  # flows whose positions changed since streaming clients were last told
-        self._flows_moved = asyncio.Event()
+        self.positions = PositionNotifier(self._queued)
+        self.capacity = Capacity(model, self.queues)
+        self._failover = FailoverRule(model)
         self.stopping = False  # set once the queue is closed on shutdown: no more dispatches nor failovers
         self.errors = errors or InternalErrors(lambda component: metrics.internal_errors.labels(component).inc())
         self.health = health or LoopHealth(
@@ -96,18 +97,14 @@ class ModelDispatcher:
         self._on_done = on_done
         self.dispatches = 0  # requests sent so far (the watchdog compares it between looks)
         self._dispatches_at_last_look = 0
-        # Prompt bytes held by queued and running requests, for the byte caps (released at the outcome).
-        self.held_bytes = 0
-        self._user_bytes: dict[str, int] = {}
 
     # -- admission and withdrawal ---------------------------------------------------------------------
     def enqueue(self, request: QueuedRequest) -> Ticket:
         """Queue an admitted request and return its ticket; QueueFull when a cap is reached."""
-        self._check_capacity(request)
+        self.capacity.check(request, self.busy, self.drain.rate(self.clock.now()))
         ticket = Ticket(request, self)
         self._put_in_queue(ticket)
-        self.held_bytes += request.prompt_bytes
-        self._user_bytes[request.user] = self._user_bytes.get(request.user, 0) + request.prompt_bytes
+        self.capacity.hold(request)
         self._class_series[request.priority_class].admitted.inc()
         self._activity.touch(request.priority_class, self.clock.now())
         self._set_depth(request.priority_class)
@@ -125,41 +122,8 @@ class ModelDispatcher:
         if newly_backlogged:
             self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
         elif not flow.is_last(request):
-            self._moved.add(flow)
-            self._flows_moved.set()
+            self.positions.moved(flow)
         return flow
-
-    def _check_capacity(self, request: QueuedRequest) -> None:
-        now = self.clock.now()
-        rate = self.drain.rate(now)
-        if self.held_bytes + request.prompt_bytes > self.model.max_queued_bytes:
-            raise QueueBytesFull(
-                f"model {self.model.name} holds {self.held_bytes} prompt bytes in queued and running requests "
-                f"(capacity {self.model.max_queued_bytes}, max_queued_bytes)",
-                retry_after_seconds=_retry_after(self.busy, rate),
-            )
-        user_bytes = self._user_bytes.get(request.user, 0)
-        if user_bytes + request.prompt_bytes > self.model.max_queued_bytes_per_user:
-            user_rate = rate / max(1, len(self.queues.band(request.priority_class).flows))
-            raise QueueBytesFull(
-                f"user {request.user} holds {user_bytes} prompt bytes in queued and running requests for "
-                f"{self.model.name} (limit {self.model.max_queued_bytes_per_user}, max_queued_bytes_per_user)",
-                retry_after_seconds=_retry_after(max(1, self.queues.user_depth(request.user)), user_rate),
-            )
-        if len(self.queues) >= self.model.max_queued:
-            raise QueueFull(
-                f"model {self.model.name} has {len(self.queues)} requests queued (capacity {self.model.max_queued})",
-                retry_after_seconds=_retry_after(len(self.queues), rate),
-            )
-        depth = self.queues.user_depth(request.user)
-        if depth >= self.model.max_queued_per_user:
-            band = self.queues.band(request.priority_class)
-            user_rate = rate / max(1, len(band.flows))  # fairness gives each backlogged user about this much
-            raise QueueFull(
-                f"user {request.user} has {depth} requests queued for {self.model.name} "
-                f"(limit {self.model.max_queued_per_user})",
-                retry_after_seconds=_retry_after(depth, user_rate),
-            )
 
     def withdraw(self, ticket: Ticket) -> None:
         """Take a still-queued request out of the queue (dispatched, cancelled, expired, shutting down)."""
@@ -168,25 +132,7 @@ class ModelDispatcher:
             del self._queued[ticket.request.request_id]
             self._set_depth(ticket.request.priority_class)
             if flow:  # the requests behind it moved up
-                self._moved.add(flow)
-                self._flows_moved.set()
-
-    async def run_position_updates(self, interval: float) -> None:
-        """Nudge the streaming clients whose queue position changed, at most once per `interval`.
-
-        Event-driven so that idle queued streams cost nothing: a timer per queued stream cost ~40 us a
-        second each, most of a core at 20,000 queued. Only flows whose head left are visited.
-        """
-        while True:
-            await self._flows_moved.wait()
-            self._flows_moved.clear()
-            moved, self._moved = self._moved, set()
-            for flow in moved:
-                for request in flow:
-                    ticket = self._queued.get(request.request_id)
-                    if ticket is not None and ticket.watches_position:
-                        ticket.nudge()
-            await asyncio.sleep(interval)  # a rate limit, not a synchronisation
+                self.positions.moved(flow)
 
     def expire(self, ticket: Ticket) -> None:
         """End a queued request whose deadline passed; it is never dispatched."""
@@ -210,7 +156,7 @@ class ModelDispatcher:
     # -- events from running requests ---------------------------------------------------------------
     def on_first_token(self, ticket: Ticket) -> None:
         assert ticket.backend is not None and ticket.first_token_at is not None
-        ticket.backend.ledger.started(ticket.request.request_id, ticket.first_token_at)
+        ticket.backend.estimator.started(ticket.request.request_id, ticket.first_token_at)
         self._class_series[ticket.request.priority_class].ttft.observe(
             ticket.first_token_at - ticket.request.admitted_at
         )
@@ -230,16 +176,10 @@ class ModelDispatcher:
         """A dispatched request no longer holds its backend."""
         backend = ticket.backend
         assert backend is not None
-        backend.ledger.finished(ticket.request.request_id, self.clock.now())
-        user = ticket.request.user
-        remaining = backend.user_in_flight.get(user, 1) - 1
-        if remaining:
-            backend.user_in_flight[user] = remaining
-        else:
-            backend.user_in_flight.pop(user, None)
+        backend.estimator.finished(ticket.request.request_id, self.clock.now())
         if self._running.pop(ticket.request.request_id, None) is not None:
             self._activity.ended(ticket.request.priority_class, self.clock.now())
-        self._series[backend.name].in_flight.set(backend.ledger.in_flight)
+        self._series[backend.name].in_flight.set(backend.estimator.in_flight)
 
     def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
         """The backend failed `ticket` before its first token: queue it again at the head of its user's
@@ -248,23 +188,17 @@ class ModelDispatcher:
         deadline, or the service is stopping."""
         request = ticket.request
         now = self.clock.now()
-        if (
-            not isinstance(error, FAILOVER_ERRORS)
-            or ticket.attempts > self.model.failover_attempts
-            or (request.deadline is not None and now >= request.deadline)
-            or self.stopping
-        ):
+        if self.stopping or not self._failover.may_retry(request, error, ticket.attempts, now):
             return False
         handle = ticket.backend
         assert handle is not None
-        handle.cool_until = now + self.model.failover_cooldown_seconds
+        self._failover.cool_down(handle, now)
         self._release(ticket)
         ticket.requeued()  # first: from here a failure below leaves a ticket that close() can end cleanly
         self.fairness[request.priority_class].on_requeued(request)
         flow = self._put_in_queue(ticket, front=True)
         self._set_depth(request.priority_class)
-        self._moved.add(flow)  # the requests behind it moved down one
-        self._flows_moved.set()
+        self.positions.moved(flow)  # the requests behind it moved down one
         self._series[handle.name].failovers.inc()
         log.warning(
             "request_failed_over",
@@ -278,13 +212,7 @@ class ModelDispatcher:
         return True
 
     def on_outcome(self, ticket: Ticket) -> None:
-        request = ticket.request
-        self.held_bytes -= request.prompt_bytes
-        left = self._user_bytes.get(request.user, 0) - request.prompt_bytes
-        if left > 0:
-            self._user_bytes[request.user] = left
-        else:
-            self._user_bytes.pop(request.user, None)
+        self.capacity.release(ticket.request)
         if self._on_done is not None:
             self._on_done(ticket)
         self._metrics.outcomes.labels(self.model.name, ticket.outcome.value if ticket.outcome else "?").inc()
@@ -329,25 +257,8 @@ class ModelDispatcher:
         return len(self._queued) + len(self._running)
 
     def backend_states(self) -> list[BackendState]:
-        """Every backend's gate decision for every class, with its inputs, for a request from a user with
-        nothing at the engine (at a priority engine a user with requests there may find the gate closed)."""
-        now = self.clock.now()
-        states = []
-        for handle in self.backends:
-            backend_inputs = handle.ledger.gate_inputs(now)
-            for cls in self.classes.values():
-                inputs = dataclasses.replace(
-                    backend_inputs,
-                    better_class_active=self._activity.better_active(cls, now),
-                    better_tpot_limit=self._activity.better_tpot_limit(cls, now),
-                    candidate_priority=self._engine_priority(cls.name, None, handle),
-                )
-                decision = handle.gate.decide(inputs, cls)
-                if cooling := handle.cooling_for(now):
-                    reason = f"cooling down {cooling:.1f}s after failing a request ({decision.reason})"
-                    decision = GateDecision(False, reason, decision.fresh)
-                states.append(BackendState(handle.name, cls.name, decision, inputs))
-        return states
+        """Every backend's gate decision for every class, with its inputs (see `BackendGates.states`)."""
+        return self.gates.states(list(self.classes.values()), self.clock.now())
 
     # -- the loop -------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -374,7 +285,7 @@ class ModelDispatcher:
             top = next(self.queues.backlogged_bands())
             # Asked for a real user of the band: at a priority engine a newcomer may pass the gate while
             # every backlogged user's next request would queue too deep (a lone flood), which is no stall.
-            choice = BackendChoice(self, top.priority_class, top.priority_class, now)
+            choice = BackendChoice(self.gates, top.priority_class, top.priority_class, now)
             could = any(choice.eligible(user) for user in top.flows)
         self.health.observe(now, could_dispatch=could, dispatched_since_last=moved)
 
@@ -414,33 +325,34 @@ class ModelDispatcher:
 
     def _dispatch_one(self, band: Band, backends: BackendChoice, now: float) -> int | None:
         """Send the band's next request: fairness picks the user among those a backend can take now,
-        ordering picks the request. Returns how many went (0: the user's queue held only expired requests),
-        None when no backlogged user of the band may go."""
+        ordering picks the request, the backend policy one of the backends open to it. Returns how many
+        went (0: the user's queue held only expired requests), None when no backlogged user may go."""
         fairness = self.fairness[band.priority_class.name]
         user = fairness.select(band.flow_views, backends.eligible)
         if user is None:
             return None
-        handle = backends.for_user(user)
-        assert handle is not None, "fairness chose a user no backend can take"
+        openings = backends.for_user(user)
+        assert openings, "fairness chose a user no backend can take"
         ticket = self._next_live(band, user, now)
         if ticket is None:
             return 0  # the user's queue held only expired requests
         request = ticket.request
+        handle = self._backend_policy.choose(request, openings).handle
         self.withdraw(ticket)
         try:
             fairness.on_dispatched(request)
-            priority = self._engine_priority(request.priority_class, request.user, handle)
+            priority = self.gates.priorities.of(request.priority_class, request.user, handle)
         except Exception:
             # Out of the queue and not sent: end it now, or its client would wait for nothing.
             ticket.end_in_queue(Outcome.FAILED, InternalError("the scheduler failed to dispatch the request"))
             raise
-        handle.user_in_flight[request.user] = handle.user_in_flight.get(request.user, 0) + 1
+        handle.estimator.dispatched(request.request_id, priority, request.user)
         ticket.assign(handle, now, priority)
         self._running[request.request_id] = ticket
         self._activity.started(request.priority_class, now)
         series = self._series[handle.name]
         series.dispatched.inc()
-        series.in_flight.set(handle.ledger.in_flight)
+        series.in_flight.set(handle.estimator.in_flight)
         if ticket.attempts == 1:  # a failed-over request left the queue, and was observed, the first time
             self.drain.record(now)
             self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
@@ -458,118 +370,16 @@ class ModelDispatcher:
         return None
 
     def _choose_band(self, now: float, broken: set[str]) -> tuple[Band, BackendChoice] | None:
-        """The band to serve and the gates its request must pass, or None when nothing may go now.
-
-        Strict priority: the best backlogged band decides, and while its gate is closed (even for a user
-        with nothing at the engine, the best placed at a priority engine) lower bands wait too (they would
-        only slow it down). Anti-starvation: a lower band whose oldest request has waited longer than its
-        `starvation_after_seconds` sends one request under the top band's gate, then the top band gets the
-        next turn, so a starving band gets at most every other dispatch. The band's age is its oldest
-        admission whatever the ordering policy (`Band.oldest_admission`); the request it sends is the one
-        fairness and ordering choose.
-        """
+        """The band to serve and the gates its request must pass, or None when nothing may go now: the
+        band policy decides among the backlogged bands that did not fail this pass."""
         backlogged = [b for b in self.queues.backlogged_bands() if b.priority_class.name not in broken]
         if not backlogged:
             return None
-        top = backlogged[0]
-        if self.open_backend(top.priority_class, top.priority_class, None, now) is None:
+        turn = self._bands.choose(backlogged, now, lambda cls: bool(self.gates.open(cls, cls, None, now)))
+        if turn is None:
             return None
-        if not self._promoted_last:
-            for band in backlogged[1:]:
-                limit = band.priority_class.starvation_after_seconds
-                if limit and now - band.oldest_admission() > limit:
-                    self._promoted_last = True
-                    return band, BackendChoice(self, top.priority_class, band.priority_class, now)
-        self._promoted_last = False
-        return top, BackendChoice(self, top.priority_class, top.priority_class, now)
-
-    def open_backend(
-        self,
-        gate_class: PriorityClassConfig,
-        request_class: PriorityClassConfig,
-        user: str | None,
-        now: float,
-    ) -> BackendHandle | None:
-        """The least loaded backend whose gate (for `gate_class`) admits one more request of
-        `request_class` from `user` (None: a user with nothing at the engines), if any; a backend cooling
-        down after a failover gets none. At a priority engine the answer depends on the user: its request
-        queues behind only what the engine would serve first (see `check_waiting`)."""
-        best: tuple[int, int, int] | None = None
-        chosen: BackendHandle | None = None
-        better_active = self._activity.better_active(gate_class, now)
-        better_tpot = self._activity.better_tpot_limit(gate_class, now)
-        for handle in self.backends:
-            series = self._series[handle.name] if user is None else None  # the gauges show the band-level view
-            if handle.cooling_for(now):
-                if series is not None:
-                    series.gate_open.set(0)
-                continue
-            inputs = handle.ledger.gate_inputs(now, better_active)
-            priority = self._engine_priority(request_class.name, user, handle)
-            if better_tpot or priority is not None:
-                inputs = dataclasses.replace(inputs, better_tpot_limit=better_tpot, candidate_priority=priority)
-            decision = handle.gate.decide(inputs, gate_class)
-            if series is not None:
-                series.gate_open.set(1 if decision.open else 0)
-                series.metrics_fresh.set(1 if decision.fresh else 0)
-                series.estimated_waiting.set(inputs.estimated_waiting())
-            if decision.open:
-                key = (inputs.waiting_ahead(), inputs.estimated_waiting(), inputs.in_flight)
-                if best is None or key < best:
-                    best, chosen = key, handle
-        return chosen
-
-    def _engine_priority(self, priority_class: str, user: str | None, handle: BackendHandle) -> int | None:
-        """The engine priority a request of this class and user would carry to `handle` (None: the backend
-        takes none): class priority, worsened by the user's requests already at this engine (lower is
-        served first), so a user's second and third requests queue behind other users' first ones."""
-        if not handle.sends_priority:
-            return None
-        base = self.classes[priority_class].engine_priority
-        in_flight = handle.user_in_flight.get(user, 0) if user is not None else 0
-        return base + self._priority_per_inflight * in_flight
+        band = backlogged[turn.index]
+        return band, BackendChoice(self.gates, turn.gate_class, band.priority_class, now)
 
     def _set_depth(self, priority_class: str) -> None:
         self._class_series[priority_class].queue_depth.set(self.queues.band(priority_class).size)
-
-
-class BackendChoice:
-    """Which backend can take a request of one band now, per user, within one dispatch.
-
-    At a priority engine whether a request may go depends on its engine priority, which depends on how
-    many requests its user already has there; users with the same counts get the same answer, so each
-    distinct answer is worked out once per dispatch, however many users the band holds.
-    """
-
-    def __init__(
-        self,
-        dispatcher: ModelDispatcher,
-        gate_class: PriorityClassConfig,
-        request_class: PriorityClassConfig,
-        now: float,
-    ) -> None:
-        self._dispatcher = dispatcher
-        self._gate_class = gate_class
-        self._request_class = request_class
-        self._now = now
-        self._answers: dict[tuple[int, ...], BackendHandle | None] = {}
-
-    def for_user(self, user: str) -> BackendHandle | None:
-        """The backend `user`'s next request would go to now, None when no gate admits it."""
-        backends = self._dispatcher.backends
-        key = tuple(h.user_in_flight.get(user, 0) if h.sends_priority else 0 for h in backends)
-        if key not in self._answers:
-            dispatcher = self._dispatcher
-            self._answers[key] = dispatcher.open_backend(self._gate_class, self._request_class, user, self._now)
-        return self._answers[key]
-
-    def eligible(self, user: str) -> bool:
-        """Whether some backend can take `user`'s next request now (the fairness policy's filter)."""
-        return self.for_user(user) is not None
-
-
-def _retry_after(backlog: int, rate: float) -> float:
-    """Time for the scheduler to dispatch a tenth of `backlog` (at least one request) at `rate`/s."""
-    if rate <= 0:
-        return UNKNOWN_RATE_RETRY_SECONDS
-    return min(MAX_RETRY_SECONDS, max(MIN_RETRY_SECONDS, max(1.0, backlog / 10) / rate))

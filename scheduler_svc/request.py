@@ -34,7 +34,7 @@ class QueuedRequest:
     Times are `time.monotonic()` values of the scheduler's clock. `deadline` is when it expires in the
     queue (the earlier of the call's deadline and the class's queue TTL), None when neither is set.
 
-    `request_id` is made by the server and unique: every queue, ledger and policy keys on it, and the engine
+    `request_id` is made by the server and unique: every queue, load estimator and policy keys on it, and the engine
     sees it. The client's own `client_request_id` is only a label, scoped to its user (two users may use
     the same one), so no client can collide with another request's state.
     """

@@ -8,7 +8,6 @@ await scheduler.drain(grace)            on shutdown: stop admitting, let work fi
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import structlog
@@ -21,7 +20,7 @@ from scheduler_svc.config import BackendConfig, Config, ModelConfig
 from scheduler_svc.dispatcher import ModelDispatcher
 from scheduler_svc.errors import AlreadyExists, ModelNotFound, ShuttingDown
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
-from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.load import LoadEstimator, scrape
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.policies import GATE_POLICIES
 from scheduler_svc.request import QueuedRequest
@@ -76,7 +75,7 @@ class Scheduler:
                     config=b,
                     backend=backend_factory(model, b),
                     gate=GATE_POLICIES.create(model.gate.policy, model.gate),
-                    ledger=DispatchLedger(engine_slots=b.max_num_seqs),
+                    estimator=LoadEstimator(engine_slots=b.max_num_seqs),
                 )
                 for b in model.backends
             ]
@@ -128,14 +127,14 @@ class Scheduler:
             for dispatcher in self.dispatchers.values():
                 tasks.create_task(dispatcher.run(), name=f"dispatch:{dispatcher.model.name}")
                 tasks.create_task(
-                    dispatcher.run_position_updates(self.config.server.queue_update_interval_seconds),
+                    dispatcher.positions.run(self.config.server.queue_update_interval_seconds),
                     name=f"positions:{dispatcher.model.name}",
                 )
                 if self.config.server.unhealthy_after_stalled_seconds:
                     tasks.create_task(self._watchdog(dispatcher), name=f"watchdog:{dispatcher.model.name}")
                 for handle in dispatcher.backends:
                     tasks.create_task(
-                        _monitor(dispatcher, handle, self.metrics, self.errors),
+                        _monitor(dispatcher, handle, self.clock, self.metrics, self.errors),
                         name=f"monitor:{dispatcher.model.name}:{handle.name}",
                     )
 
@@ -187,17 +186,22 @@ class Scheduler:
 
 
 async def _monitor(
-    dispatcher: ModelDispatcher, handle: BackendHandle, metrics: SchedulerMetrics, errors: InternalErrors
+    dispatcher: ModelDispatcher,
+    handle: BackendHandle,
+    clock: Clock,
+    metrics: SchedulerMetrics,
+    errors: InternalErrors,
 ) -> None:
-    """Read one backend's metrics every scrape interval and wake its dispatcher with each reading."""
+    """Read one backend's metrics every scrape interval (stamped with the core clock) and wake its
+    dispatcher with each reading."""
     interval = handle.config.scrape_interval_seconds
     was_ok: bool | None = None
     while True:
         try:
-            reading: BackendLoad = await handle.backend.load()
+            reading = await scrape(handle.backend, clock)
         except Exception as exc:  # an adapter bug must not stop the model: count it as a failed scrape
             errors.report("monitor", exc, model=dispatcher.model.name, backend=handle.name)
-            reading = BackendLoad(ok=False, read_at=time.monotonic(), error=f"{type(exc).__name__}: {exc}")
+            reading = BackendLoad(ok=False, read_at=clock.now(), error=f"{type(exc).__name__}: {exc}")
         handle.record_reading(reading)
         if not reading.ok:
             metrics.scrape_failures.labels(dispatcher.model.name, handle.name).inc()

@@ -1,8 +1,9 @@
 """The gRPC face of the scheduler: Submit and Stream.
 
-Each RPC runs in its own task: admit, wait for the dispatcher, then run the generation in this same task,
-so a cancelled call (client gone, deadline) cancels the engine request by ordinary asyncio cancellation.
-The ticket's `close()` in `finally` records the single outcome whatever happened.
+Each RPC runs in its own task: admit, then consume the request's run (`request_run.RequestRun`: queue
+positions, dispatch, text, the end) in this same task, so a cancelled call (client gone, deadline) cancels
+the engine request by ordinary asyncio cancellation. The ticket's `close()` in `finally` records the single
+outcome whatever happened (also when the run was never started).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import grpc
 import structlog
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from backends.base import Finished, TextDelta
 from backends.errors import BackendError
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
@@ -25,9 +25,10 @@ from scheduler_svc.auth import Authenticator
 from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError
 from scheduler_svc.grpc_errors import to_grpc_status
 from scheduler_svc.introspection import queue_state, user_limits
+from scheduler_svc.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.text import UNKNOWN_LABEL, client_text
-from scheduler_svc.ticket import Requeued, Ticket
+from scheduler_svc.ticket import Ticket
 
 log = structlog.get_logger(__name__)
 
@@ -86,6 +87,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             total=_duration(end - start),
         )
 
+    def _run(self, ticket: Ticket, *, watch_positions: bool) -> RequestRun:
+        return RequestRun(ticket, self._scheduler.dispatchers[ticket.request.model], watch_positions=watch_positions)
+
     async def Submit(
         self,
         request: pb.SubmitRequest,
@@ -96,27 +100,22 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         except SchedulerError as exc:
             await self._reject(request.params, context, exc)
         try:
-            while True:  # more than once only when a backend fails the request before its first token
-                while not await ticket.wait_dispatched(None):
-                    pass
-                parts: list[str] = []
-                finished: Finished | None = None
-                try:
-                    async with contextlib.aclosing(ticket.generate()) as events:
-                        async for event in events:
-                            if isinstance(event, TextDelta):
-                                parts.append(event.text)
-                            elif isinstance(event, Finished):
-                                finished = event
-                except Requeued:
-                    continue
-                break
-            assert finished is not None and ticket.backend is not None
+            parts: list[str] = []
+            done: Done | None = None
+            async with contextlib.aclosing(self._run(ticket, watch_positions=False).events()) as events:
+                async for event in events:
+                    if isinstance(event, Chunk):
+                        parts.append(event.text)
+                    elif isinstance(event, Done):
+                        done = event
+                    elif isinstance(event, Failed):
+                        raise event.error  # reported below, as an exception from the run would be
+            assert done is not None and ticket.backend is not None
             return pb.SubmitResponse(
                 request_id=ticket.request.public_id,
                 text="".join(parts),
-                finish_reason=_FINISH.get(finished.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
-                usage=pb.Usage(prompt_tokens=finished.prompt_tokens, completion_tokens=finished.completion_tokens),
+                finish_reason=_FINISH.get(done.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+                usage=pb.Usage(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens),
                 timings=self._timings(ticket),
                 backend=ticket.backend.name,
             )
@@ -139,30 +138,20 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             await self._reject(request.params, context, exc)
         req = ticket.request
         try:
-            position = ticket.position()
-            ticket.watches_position = True  # the dispatcher nudges it when its position moves
-            yield pb.StreamResponse(queued=self._queued(ticket, position))
-            while True:  # more than once only when a backend fails the request before its first token
-                while not await ticket.wait_dispatched(None):
-                    new_position = ticket.position()
-                    if new_position != position and new_position > 0:
-                        position = new_position
-                        yield pb.StreamResponse(queued=self._queued(ticket, position))
-                yield pb.StreamResponse(dispatched=self._dispatched(ticket))
-                try:
-                    # gRPC closes this handler at a `yield` when the client goes away; closing the generation
-                    # here at once (not when it is garbage-collected) is what aborts the engine request.
-                    async with contextlib.aclosing(ticket.generate()) as events:
-                        async for event in events:
-                            if isinstance(event, TextDelta):
-                                yield pb.StreamResponse(delta=pb.Delta(text=event.text, tokens=event.tokens))
-                            elif isinstance(event, Finished):
-                                yield pb.StreamResponse(finished=self._finished(ticket, event))
-                except Requeued:  # back at the head of the queue: say so, then wait for the next dispatch
-                    position = ticket.position()
-                    yield pb.StreamResponse(queued=self._queued(ticket, position))
-                    continue
-                break
+            # gRPC closes this handler at a `yield` when the client goes away; closing the run here at once
+            # (not when it is garbage-collected) is what aborts the engine request.
+            async with contextlib.aclosing(self._run(ticket, watch_positions=True).events()) as events:
+                async for event in events:
+                    if isinstance(event, Queued):
+                        yield pb.StreamResponse(queued=self._queued(ticket, event.position))
+                    elif isinstance(event, Dispatched):
+                        yield pb.StreamResponse(dispatched=self._dispatched(ticket))
+                    elif isinstance(event, Chunk):
+                        yield pb.StreamResponse(delta=pb.Delta(text=event.text, tokens=event.tokens))
+                    elif isinstance(event, Done):
+                        yield pb.StreamResponse(finished=self._finished(ticket, event))
+                    elif isinstance(event, Failed):
+                        raise event.error  # reported below, as an exception from the run would be
         except (SchedulerError, BackendError) as exc:
             await _abort(context, exc)
         except Exception as exc:
@@ -181,7 +170,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             queue_wait=_duration(ticket.dispatched_at - ticket.request.admitted_at),
         )
 
-    def _finished(self, ticket: Ticket, event: Finished) -> pb.Finished:
+    def _finished(self, ticket: Ticket, event: Done) -> pb.Finished:
         return pb.Finished(
             finish_reason=_FINISH.get(event.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
             usage=pb.Usage(prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens),

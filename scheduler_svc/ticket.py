@@ -1,8 +1,8 @@
-"""A ticket follows one admitted request from the queue to its single final outcome.
+"""A ticket holds one admitted request's state from the queue to its single final outcome.
 
-The servicer's task drives it: it waits on the ticket until the dispatcher assigns a backend, then runs
-the generation itself, so a cancelled RPC cancels the engine request by plain asyncio cancellation.
-Whatever happens, `close()` records exactly one outcome and gives back what the request held.
+It runs nothing: the request run (`request_run.RequestRun`, in the caller's task) waits on the ticket until
+the dispatcher assigns a backend, then runs the generation. Whatever happens, `close()` records exactly one
+outcome and gives back what the request held.
 """
 
 from __future__ import annotations
@@ -11,19 +11,12 @@ import asyncio
 import contextlib
 import enum
 import time
-from collections.abc import AsyncGenerator
 from typing import Protocol
 
-import structlog
-
-from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
-from backends.errors import BackendError
 from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.clock import Clock
 from scheduler_svc.errors import ShuttingDown
 from scheduler_svc.request import QueuedRequest
-
-log = structlog.get_logger(__name__)
 
 # gRPC's deadline timer and ours start a moment apart: a queued call cancelled this close to its deadline
 # was cancelled by the deadline, not by its client.
@@ -38,11 +31,6 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"
     EXPIRED = "expired"
     REJECTED = "rejected"
-
-
-class Requeued(Exception):
-    """The generation failed before its first token and the request is queued again (failover): the
-    caller waits for the next dispatch instead of failing. Never reaches a client."""
 
 
 class TicketState(enum.Enum):
@@ -70,14 +58,6 @@ class TicketHost(Protocol):
         """Take a queued ticket out of its queue (its caller left)."""
         ...
 
-    def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
-        """Requeue a ticket its backend failed before the first token; False: it fails as it is."""
-        ...
-
-    def on_first_token(self, ticket: Ticket) -> None: ...
-
-    def on_generated(self, ticket: Ticket, tokens: int) -> None: ...
-
     def on_finished(self, ticket: Ticket) -> None: ...
 
     def on_outcome(self, ticket: Ticket) -> None: ...
@@ -101,8 +81,8 @@ class Ticket:
         self._dispatcher = dispatcher
         self._woken = asyncio.Event()
         self._close_reason: Exception | None = None
-        self._runner: asyncio.Task[object] | None = None  # the task running the generation, while it runs
-        self._cut_reason: Exception | None = None  # set when shutdown cuts the running generation
+        self.runner: asyncio.Task[object] | None = None  # the task running the generation, while it runs
+        self.cut_reason: Exception | None = None  # set when shutdown cuts the running generation
         self.watches_position = False  # a streaming client wants to hear when its position changes
 
     # -- called by the dispatcher -------------------------------------------------------------------
@@ -114,7 +94,6 @@ class Ticket:
         self.dispatched_at = now
         self.dispatched_wall = time.time()
         self.attempts += 1
-        backend.ledger.dispatched(self.request.request_id, engine_priority)
         self._woken.set()
 
     def requeued(self) -> None:
@@ -134,9 +113,9 @@ class Ticket:
         caller gets `reason` instead of the rest of the answer. False when nothing is running."""
         if self.state is not TicketState.DISPATCHED:
             return False
-        self._cut_reason = reason  # a generation not started yet fails as it starts
-        if self._runner is not None and not self._runner.done():
-            self._runner.cancel()
+        self.cut_reason = reason  # a generation not started yet fails as it starts
+        if self.runner is not None and not self.runner.done():
+            self.runner.cancel()
         return True
 
     def end_in_queue(self, outcome: Outcome, reason: Exception) -> None:
@@ -145,7 +124,7 @@ class Ticket:
         self._record(outcome)
         self._woken.set()
 
-    # -- called by the servicer ---------------------------------------------------------------------
+    # -- called by the request run ---------------------------------------------------------------------
     async def wait_dispatched(self, timeout: float | None) -> bool:
         """True once dispatched; False if `timeout` passed or a `nudge` came first. Raises if the request
         ended in the queue (QueueTimeout once its deadline passes: an expired request is never dispatched)."""
@@ -172,72 +151,6 @@ class Ticket:
     def position(self) -> int:
         """1-based position in the user's queue for this class (0 once dispatched)."""
         return self._dispatcher.position(self)
-
-    async def generate(self) -> AsyncGenerator[GenerationEvent, None]:
-        """Run the generation on the assigned backend, keeping the accounting as tokens stream."""
-        assert self.backend is not None and self.state is TicketState.DISPATCHED
-        backend = self.backend
-        req = self.request
-        generation = GenerationRequest(
-            request_id=req.request_id,
-            prompt=req.prompt,
-            messages=req.messages,
-            params=req.params,
-            engine_priority=self.engine_priority,
-        )
-        shown = False  # whether the caller has seen any of this generation
-        if self._cut_reason is not None:
-            self.close(Outcome.FAILED)
-            raise self._cut_reason
-        self._runner = asyncio.current_task()
-        try:
-            # Closed as soon as this generator is: the adapter's own close aborts the engine request. Left
-            # to the garbage collector, it could go on generating for seconds after the client left.
-            async with contextlib.aclosing(backend.backend.generate(generation)) as events:
-                async for event in events:
-                    if isinstance(event, Accepted):
-                        backend.ledger.accepted(req.request_id, self._dispatcher.clock.now())
-                        continue
-                    if isinstance(event, TextDelta):
-                        if self.first_token_at is None:
-                            self.first_token_at = self._dispatcher.clock.now()
-                            self._dispatcher.on_first_token(self)
-                        self.completion_tokens += event.tokens
-                        self._dispatcher.on_generated(self, event.tokens)
-                    elif isinstance(event, Finished):
-                        # a busy engine merges tokens into one chunk: charge what its usage says was missed
-                        missed = event.completion_tokens - self.completion_tokens
-                        if missed > 0:
-                            self.completion_tokens += missed
-                            self._dispatcher.on_generated(self, missed)
-                    shown = True
-                    yield event
-        except asyncio.CancelledError:
-            if self._cut_reason is None or self._runner is None:
-                self.close(Outcome.CANCELLED)
-                raise
-            self._runner.uncancel()  # our own cut, not the caller's: end with its status instead
-            self.close(Outcome.FAILED)
-            raise self._cut_reason from None
-        except GeneratorExit:
-            self.close(Outcome.CANCELLED)
-            raise
-        except BackendError as exc:
-            try:
-                requeued = not shown and self._dispatcher.fail_over(self, exc)
-            except Exception:
-                log.exception("failover_failed", request_id=req.request_id)
-                requeued = False
-            if requeued:
-                raise Requeued(str(exc)) from exc
-            self.close(Outcome.FAILED)
-            raise
-        except BaseException:
-            self.close(Outcome.FAILED)
-            raise
-        finally:
-            self._runner = None
-        self.close(Outcome.COMPLETED)
 
     def close(self, outcome: Outcome | None = None) -> None:
         """Record the final outcome (first call wins) and release the queue slot or the backend. Without an

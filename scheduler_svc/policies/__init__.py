@@ -1,5 +1,8 @@
-"""Pluggable scheduling policies: fairness (between users), ordering (within a user), gates (backpressure)."""
+"""Pluggable scheduling policies: fairness (between users), ordering (within a user), gates (backpressure),
+band choice (between priority classes), backend choice (among open backends)."""
 
+from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, BackendPolicy, LeastLoaded
+from scheduler_svc.policies.band import BAND_POLICIES, BandPolicy, BandTurn, StrictRankBands
 from scheduler_svc.policies.fairness import (
     FAIRNESS_POLICIES,
     FairnessPolicy,
@@ -13,20 +16,27 @@ from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.weights import WeightResolver
 
 __all__ = [
+    "BACKEND_POLICIES",
+    "BAND_POLICIES",
     "FAIRNESS_POLICIES",
     "GATE_POLICIES",
     "ORDERING_POLICIES",
+    "BackendPolicy",
+    "BandPolicy",
+    "BandTurn",
     "EdfOrdering",
     "FairnessPolicy",
     "FcfsOrdering",
     "Gate",
     "GateDecision",
     "GateInputs",
+    "LeastLoaded",
     "OrderingPolicy",
     "QueueDepthGate",
     "Registry",
     "RoundRobinFairness",
     "SignalGate",
+    "StrictRankBands",
     "VirtualTokenCounterFairness",
     "WeightResolver",
     "WeightedRoundRobinFairness",

@@ -61,7 +61,7 @@ async def test_a_request_an_engine_cannot_take_completes_on_the_other_backend() 
     async with serving(two_backends(), factory(b0, engine.backend("b1"))) as server, client_for(server) as client:
         events = [event async for event in client.stream("m", "hello")]
         dispatcher = server.scheduler.dispatchers["m"]
-        leftovers = [(h.ledger.in_flight, h.user_in_flight) for h in dispatcher.backends], dispatcher.busy
+        leftovers = [(h.estimator.in_flight, h.estimator.user_in_flight) for h in dispatcher.backends], dispatcher.busy
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds[:4] == ["queued", "dispatched", "queued", "dispatched"]  # told it went back, then where to
     assert [e.dispatched.backend for e in events if e.HasField("dispatched")] == ["b0", "b1"]

@@ -231,7 +231,7 @@ async def test_byte_caps_count_queued_and_running_requests_per_user_and_per_mode
             await _drain(call)
         dispatcher = server.scheduler.dispatchers["m"]
         await until_settled(server, lambda: dispatcher.busy == 0)
-        assert dispatcher.held_bytes == 0
+        assert dispatcher.capacity.held_bytes == 0
 
 
 # -- 6. outcomes ----------------------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ async def test_cancel_while_running_aborts_the_engine_request() -> None:
         call.cancel()
         await engine.wait_for(lambda: "victim" in engine.aborted)
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
-        assert server.scheduler.dispatchers["m"].backends[0].ledger.in_flight == 0
+        assert server.scheduler.dispatchers["m"].backends[0].estimator.in_flight == 0
     assert engine.finished == []
 
 

@@ -12,7 +12,7 @@ from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.clock import FakeClock
 from scheduler_svc.config import GateConfig, PriorityClassConfig, config_from_dict
 from scheduler_svc.dispatcher import ModelDispatcher
-from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.load import LoadEstimator
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.policies import GATE_POLICIES, GateDecision, GateInputs
 from scheduler_svc.request import QueuedRequest
@@ -63,7 +63,7 @@ class Harness:
         model_config = config.models[0]
         backend = FakeBackend(_never, capabilities=BackendCapabilities(supports_priority=priority_scheduling))  # type: ignore[arg-type]
         gate = CapGate(cap) if cap is not None else GATE_POLICIES.create(model_config.gate.policy, model_config.gate)
-        self.handle = BackendHandle(model_config.backends[0], backend, gate, DispatchLedger())
+        self.handle = BackendHandle(model_config.backends[0], backend, gate, LoadEstimator())
         self.dispatcher = ModelDispatcher(
             model_config, config.scheduling, [self.handle], self.clock, SchedulerMetrics()
         )

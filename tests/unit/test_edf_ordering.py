@@ -43,7 +43,7 @@ async def test_a_newcomer_with_a_closer_deadline_moves_the_others_back_and_their
     other = h.submit("b", timeout=1.0)
     for ticket in (first, second, other):
         ticket.watches_position = True
-    updates = asyncio.create_task(h.dispatcher.run_position_updates(0.0))
+    updates = asyncio.create_task(h.dispatcher.positions.run(0.0))
     try:
         urgent = h.submit("a", timeout=5.0)
         assert await asyncio.wait_for(first.wait_dispatched(None), 5) is False  # woken, still queued

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
-from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.load import LoadEstimator
 from scheduler_svc.policies import QueueDepthGate, SignalGate
 
 CLS = PriorityClassConfig()
@@ -14,14 +14,14 @@ def reading(at: float, waiting: int = 0, ok: bool = True) -> BackendLoad:
     return BackendLoad(ok=ok, read_at=at, waiting=waiting, running=0)
 
 
-def send(ledger: DispatchLedger, rid: str, accepted_at: float | None) -> None:
+def send(ledger: LoadEstimator, rid: str, accepted_at: float | None) -> None:
     ledger.dispatched(rid)
     if accepted_at is not None:
         ledger.accepted(rid, accepted_at)
 
 
 def test_target_three_with_zero_waiting_sends_exactly_three_without_a_new_scrape() -> None:
-    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), LoadEstimator()
     ledger.record_reading(reading(100.0, waiting=0))
     sent = 0
     while gate.decide(ledger.gate_inputs(100.1), CLS).open:
@@ -32,7 +32,7 @@ def test_target_three_with_zero_waiting_sends_exactly_three_without_a_new_scrape
 
 
 def test_a_first_token_reopens_the_gate_before_the_next_scrape() -> None:
-    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), LoadEstimator()
     for i in range(3):
         send(ledger, f"r{i}", 99.0)
     ledger.record_reading(reading(100.0, waiting=3))  # the engine shows our three as waiting
@@ -43,7 +43,7 @@ def test_a_first_token_reopens_the_gate_before_the_next_scrape() -> None:
 
 
 def test_a_start_of_one_that_was_already_running_does_not_reopen_the_gate() -> None:
-    ledger = DispatchLedger()
+    ledger = LoadEstimator()
     for i in range(4):  # four accepted before the scrape: three wait, one runs without a token yet
         send(ledger, f"r{i}", 99.0)
     ledger.record_reading(reading(100.0, waiting=3))
@@ -54,7 +54,7 @@ def test_a_start_of_one_that_was_already_running_does_not_reopen_the_gate() -> N
 
 
 def test_requests_not_yet_accepted_or_accepted_after_the_reading_count_until_they_start() -> None:
-    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), LoadEstimator()
     send(ledger, "in-transit", None)  # sent before the scrape but the engine did not have it yet
     ledger.record_reading(reading(100.0, waiting=1))
     send(ledger, "after", 100.5)
@@ -65,14 +65,14 @@ def test_requests_not_yet_accepted_or_accepted_after_the_reading_count_until_the
 
 
 def test_waiting_from_other_clients_keeps_the_gate_closed() -> None:
-    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger()
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), LoadEstimator()
     ledger.record_reading(reading(100.0, waiting=7))
     assert not gate.decide(ledger.gate_inputs(100.1), CLS).open
 
 
 def test_stale_reading_falls_back_to_a_concurrency_cap() -> None:
     config = GateConfig(waiting_target=3, stale_after_seconds=1.0, fallback_max_in_flight=2)
-    gate, ledger = QueueDepthGate(config), DispatchLedger()
+    gate, ledger = QueueDepthGate(config), LoadEstimator()
     ledger.record_reading(reading(100.0, waiting=0))
     assert gate.decide(ledger.gate_inputs(100.5), CLS).fresh
     send(ledger, "a", 100.5)
@@ -86,7 +86,7 @@ def test_stale_reading_falls_back_to_a_concurrency_cap() -> None:
 
 
 def test_a_failed_scrape_keeps_the_last_good_reading_until_it_is_stale() -> None:
-    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3, stale_after_seconds=1.0)), DispatchLedger()
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3, stale_after_seconds=1.0)), LoadEstimator()
     ledger.record_reading(reading(100.0, waiting=5))
     ledger.record_reading(reading(100.2, ok=False))
     decision = gate.decide(ledger.gate_inputs(100.3), CLS)
@@ -96,14 +96,14 @@ def test_a_failed_scrape_keeps_the_last_good_reading_until_it_is_stale() -> None
 
 
 def test_no_reading_at_all_uses_the_cap() -> None:
-    gate, ledger = QueueDepthGate(GateConfig(fallback_max_in_flight=1)), DispatchLedger()
+    gate, ledger = QueueDepthGate(GateConfig(fallback_max_in_flight=1)), LoadEstimator()
     assert gate.decide(ledger.gate_inputs(1.0), CLS).open
     send(ledger, "x", None)
     assert not gate.decide(ledger.gate_inputs(1.0), CLS).open
 
 
 def test_running_estimate_follows_starts_finishes_and_unseen_requests() -> None:
-    ledger = DispatchLedger()
+    ledger = LoadEstimator()
     for rid in ("a", "b", "c"):
         send(ledger, rid, 99.0)
     ledger.started("a")
@@ -120,7 +120,7 @@ def test_running_estimate_follows_starts_finishes_and_unseen_requests() -> None:
 def test_an_end_the_reading_already_missed_does_not_lower_the_running_estimate() -> None:
     """The engine freed a slot, was scraped, and only then did its client see the stream end (seen on
     llama.cpp under load): the end must not be subtracted from a reading that no longer counts it."""
-    ledger = DispatchLedger()
+    ledger = LoadEstimator()
     for rid in ("a", "b", "c"):
         send(ledger, rid, 99.0)
         ledger.started(rid)
@@ -133,7 +133,7 @@ def test_an_end_the_reading_already_missed_does_not_lower_the_running_estimate()
 
 
 def test_a_class_limited_in_running_requests_leaves_slots_free() -> None:
-    gate, ledger = QueueDepthGate(GateConfig()), DispatchLedger()
+    gate, ledger = QueueDepthGate(GateConfig()), LoadEstimator()
     batch = PriorityClassConfig("batch", max_engine_running=48, require_idle_engine=True)
     ledger.record_reading(BackendLoad(ok=True, read_at=100.0, waiting=0, running=47))
     assert SignalGate(GateConfig()).decide(ledger.gate_inputs(100.1), batch).open
@@ -145,7 +145,7 @@ def test_a_class_limited_in_running_requests_leaves_slots_free() -> None:
 
 
 def test_known_free_slots_are_not_counted_as_waiting() -> None:
-    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), DispatchLedger(engine_slots=64)
+    gate, ledger = QueueDepthGate(GateConfig(waiting_target=3)), LoadEstimator(engine_slots=64)
     ledger.record_reading(BackendLoad(ok=True, read_at=100.0, waiting=0, running=40))
     sent = 0
     while gate.decide(ledger.gate_inputs(100.1), CLS).open:
@@ -156,7 +156,7 @@ def test_known_free_slots_are_not_counted_as_waiting() -> None:
 
 
 def test_free_slots_earn_nothing_while_the_engine_shows_a_queue() -> None:
-    ledger = DispatchLedger(engine_slots=64)
+    ledger = LoadEstimator(engine_slots=64)
     ledger.record_reading(BackendLoad(ok=True, read_at=100.0, waiting=2, running=10))
     assert ledger.gate_inputs(100.1).estimated_waiting() == 2  # it is not admitting: trust the queue
 
@@ -166,7 +166,7 @@ def test_stale_metrics_never_let_a_class_past_its_running_limit() -> None:
     with metrics stale, what we have in flight is all the gate knows runs, and the class limit holds."""
     batch = PriorityClassConfig("batch", rank=2, max_engine_running=3)
     gate = SignalGate(GateConfig(stale_after_seconds=1.0, fallback_max_in_flight=4))
-    ledger = DispatchLedger(engine_slots=4)
+    ledger = LoadEstimator(engine_slots=4)
     ledger.record_reading(reading(100.0, waiting=0))
     for rid in ("a", "b", "c"):
         send(ledger, rid, 100.1)

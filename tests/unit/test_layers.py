@@ -49,7 +49,7 @@ CORE = [
     "scheduler_svc.scheduler",
     "scheduler_svc.config",
     "scheduler_svc.policies",
-    "scheduler_svc.ledger",
+    "scheduler_svc.load",
     "scheduler_svc.errors",
     "backends",
 ]

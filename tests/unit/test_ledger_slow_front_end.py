@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
-from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.load import LoadEstimator
 from scheduler_svc.policies.gate import SignalGate
 
 CLS = PriorityClassConfig(name="standard")
@@ -54,7 +54,7 @@ def replay(
     Returns (slot-seconds left empty while requests were queued at the scheduler, the engine's largest
     waiting queue, when the last request ended at the engine)."""
     engine = SlowFrontEndEngine(intake, output, scrape, decode)
-    ledger = DispatchLedger(engine_slots=SLOTS)
+    ledger = LoadEstimator(engine_slots=SLOTS)
     gate = SignalGate(GateConfig(waiting_target=TARGET, stale_after_seconds=1.0))
     queued = [f"r{i}" for i in range(requests)]
     pending_scrape: tuple[float, BackendLoad] | None = None
@@ -119,7 +119,7 @@ def test_a_fast_front_end_keeps_the_queue_at_the_target_and_the_slots_full() -> 
 
 def test_first_tokens_seen_during_a_slow_scrape_count_against_it() -> None:
     """The exact events of the slow-scrape trace: starts between read_at and the answer are not lost."""
-    ledger = DispatchLedger(engine_slots=SLOTS)
+    ledger = LoadEstimator(engine_slots=SLOTS)
     for i in range(7):
         ledger.dispatched(f"r{i}")
         ledger.accepted(f"r{i}", 99.0)

@@ -13,7 +13,7 @@ import pytest
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
 from scheduler_svc.errors import QueueFull
-from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.load import LoadEstimator
 from scheduler_svc.policies import SignalGate
 from scheduler_svc.ticket import Outcome, TicketState
 from tests.unit.dispatch_harness import Harness
@@ -206,7 +206,7 @@ def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() 
 def test_each_gate_signal_for_each_class(
     cls: PriorityClassConfig, reading: dict[str, object], open_: bool, why: str
 ) -> None:
-    ledger, gate = DispatchLedger(), SignalGate(GateConfig(waiting_target=3))
+    ledger, gate = LoadEstimator(), SignalGate(GateConfig(waiting_target=3))
     load = BackendLoad(ok=True, read_at=10.0, **reading)  # type: ignore[arg-type]
     ledger.record_reading(load)
     gate.observe(load)
@@ -299,7 +299,7 @@ def long_vs_short_after_a_synchronised_start(lookahead: float) -> list[float]:
 
     def top_up() -> None:  # closed loops: each user keeps 48 requests queued or running
         for user, n in tokens.items():
-            while h.dispatcher.queues.user_depth(user) + h.handle.user_in_flight.get(user, 0) < 48:
+            while h.dispatcher.queues.user_depth(user) + h.handle.estimator.user_in_flight.get(user, 0) < 48:
                 h.submit(user, max_tokens=n, prompt="pp")
 
     for _ in range(48):  # interleaved arrivals, each sent on arrival while the engine has room

@@ -13,16 +13,16 @@ import pytest
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
 from scheduler_svc.health import LoopHealth, ServiceHealth
-from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.load import LoadEstimator
 from scheduler_svc.policies import SignalGate
 from tests.unit.dispatch_harness import Harness
 
 CLS = PriorityClassConfig()
 
 
-def _ledger_with_a_flood(foreign_waiting: int = 0) -> DispatchLedger:
+def _ledger_with_a_flood(foreign_waiting: int = 0) -> LoadEstimator:
     """Four of user A's requests run, two wait at the engine with priorities 4 and 5."""
-    ledger = DispatchLedger(engine_slots=4)
+    ledger = LoadEstimator(engine_slots=4)
     for i in range(6):
         ledger.dispatched(f"a{i}", engine_priority=i)
         ledger.accepted(f"a{i}", 99.0)

@@ -30,7 +30,7 @@ def check_invariants(h: Harness, with_metrics: bool = False) -> None:
     for ticket in states[TicketState.QUEUED]:
         assert h.dispatcher.queues.flow_of(ticket.request.request_id) is not None
         assert ticket.outcome is None and ticket.backend is None
-    assert h.handle.ledger.in_flight == len(states[TicketState.DISPATCHED])
+    assert h.handle.estimator.in_flight == len(states[TicketState.DISPATCHED])
     assert all(t.outcome is not None for t in states[TicketState.DONE])
     if with_metrics:  # collecting the registry is slow: every so often
         sample = h.dispatcher._metrics.registry.get_sample_value

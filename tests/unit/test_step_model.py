@@ -11,7 +11,7 @@ from backends.llamacpp import LlamaCppBackend
 from backends.tgi import TgiBackend
 from backends.vllm import VllmBackend
 from scheduler_svc.config import ConfigError, GateConfig, PriorityClassConfig, config_from_dict
-from scheduler_svc.ledger import DispatchLedger
+from scheduler_svc.load import LoadEstimator
 from scheduler_svc.policies import SignalGate
 from scheduler_svc.policies.step_model import StepTimeModel
 from scheduler_svc.ticket import TicketState
@@ -92,8 +92,8 @@ def test_a_changing_batch_pairs_the_tpot_with_the_interval_mean() -> None:
     assert model.predict(2) == pytest.approx(step(2))
 
 
-def gate_after(readings: list[tuple[int, float]]) -> tuple[SignalGate, DispatchLedger]:
-    gate, ledger = SignalGate(GateConfig(waiting_target=100)), DispatchLedger(engine_slots=16)
+def gate_after(readings: list[tuple[int, float]]) -> tuple[SignalGate, LoadEstimator]:
+    gate, ledger = SignalGate(GateConfig(waiting_target=100)), LoadEstimator(engine_slots=16)
     for i, (running, tpot) in enumerate(readings):
         load = BackendLoad(ok=True, read_at=10.0 + i * 0.2, running=running, tpot_seconds=tpot)
         ledger.record_reading(load)
@@ -101,7 +101,7 @@ def gate_after(readings: list[tuple[int, float]]) -> tuple[SignalGate, DispatchL
     return gate, ledger
 
 
-def fill(gate: SignalGate, ledger: DispatchLedger, now: float, cls: PriorityClassConfig = INTERACTIVE) -> int:
+def fill(gate: SignalGate, ledger: LoadEstimator, now: float, cls: PriorityClassConfig = INTERACTIVE) -> int:
     sent = 0
     while gate.decide(ledger.gate_inputs(now), cls).open and sent < 100:
         ledger.dispatched(f"r{sent}")

@@ -1,4 +1,9 @@
-"""What the scheduler sent to one backend, set against the backend's last metrics reading.
+"""One backend's load as the core estimates it: what the scheduler sent, set against the last reading.
+
+One `LoadEstimator` per backend keeps everything a gate decision rests on: the in-flight requests (and how
+many each user has there, for engine priorities), the latest metrics reading, and the `GateInputs` built
+from both. Readings are stamped with the core's injected clock (`scrape`), the clock every other time here
+comes from, so a test on a fake clock sees consistent ages.
 
 Metrics arrive every scrape interval; dispatch decisions happen in between. The ledger tracks each
 in-flight request until its first token: whether the engine had accepted it before the last reading was
@@ -9,7 +14,10 @@ and its estimate of the engine's waiting queue stays an upper bound when we are 
 
 from __future__ import annotations
 
-from backends.base import BackendLoad
+import dataclasses
+
+from backends.base import Backend, BackendLoad
+from scheduler_svc.clock import Clock
 from scheduler_svc.policies.gate import GateInputs
 
 # An engine answers the HTTP request a moment before its scheduler holds the request (vLLM starts the
@@ -24,7 +32,16 @@ def _seen_by(accepted_at: float | None, reading: BackendLoad | None) -> bool:
     return accepted_at is not None and reading is not None and accepted_at <= reading.read_at - VISIBILITY_DELAY
 
 
-class DispatchLedger:
+async def scrape(backend: Backend, clock: Clock) -> BackendLoad:
+    """Read `backend`'s metrics once, stamped with `clock`'s time taken just before asking: adapters stamp
+    with their own `time.monotonic()`, which a fake clock does not follow. Anything dispatched after the
+    stamp is still known not to be reflected in the numbers."""
+    sent_at = clock.now()
+    reading = await backend.load()
+    return dataclasses.replace(reading, read_at=sent_at)
+
+
+class LoadEstimator:
     """Per-backend bookkeeping of in-flight requests relative to the latest good reading.
 
     A scrape is taken at `read_at` but may answer seconds later (a busy engine front end answers
@@ -40,6 +57,8 @@ class DispatchLedger:
         self.reading: BackendLoad | None = None
         self.last_failure: BackendLoad | None = None
         self.in_flight = 0
+        self.user_in_flight: dict[str, int] = {}  # user -> its requests in flight here (engine priorities)
+        self._user_of: dict[str, str] = {}  # request id -> its user, for those dispatched with one
         # request id -> when the engine accepted it (None: sent, not yet accepted), for all in flight
         self._in_flight: dict[str, float | None] = {}
         self._unstarted: set[str] = set()  # in flight without a first token yet
@@ -52,9 +71,13 @@ class DispatchLedger:
         self._started_since_reading = 0  # of those, how many produced a token since
         self._foreign = 0  # requests the reading showed beyond all of ours it could hold: other clients'
 
-    def dispatched(self, request_id: str, engine_priority: int | None = None) -> None:
-        """A request was handed to the backend (with the engine priority it carries, for priority engines)."""
+    def dispatched(self, request_id: str, engine_priority: int | None = None, user: str | None = None) -> None:
+        """A request was handed to the backend (with the engine priority it carries, for priority engines,
+        and its user, counted until it finishes)."""
         self.in_flight += 1
+        if user is not None:
+            self._user_of[request_id] = user
+            self.user_in_flight[user] = self.user_in_flight.get(user, 0) + 1
         self._in_flight[request_id] = None
         self._unstarted.add(request_id)
         if engine_priority is not None:
@@ -82,6 +105,13 @@ class DispatchLedger:
         """The request is over at `at`, whatever the outcome."""
         self.started(request_id, at)
         self.in_flight -= 1
+        user = self._user_of.pop(request_id, None)
+        if user is not None:
+            remaining = self.user_in_flight.get(user, 1) - 1
+            if remaining:
+                self.user_in_flight[user] = remaining
+            else:
+                self.user_in_flight.pop(user, None)
         accepted_at = self._in_flight.pop(request_id, None)
         started_at = self._started_at.pop(request_id, None)
         if at is not None:
@@ -125,7 +155,16 @@ class DispatchLedger:
         ours = self.in_flight + len(self._ended)
         self._foreign = max(0, reading.running + reading.waiting - ours)
 
-    def gate_inputs(self, now: float, better_class_active: bool = False) -> GateInputs:
+    def gate_inputs(
+        self,
+        now: float,
+        better_class_active: bool = False,
+        *,
+        better_tpot_limit: float = 0.0,
+        candidate_priority: int | None = None,
+    ) -> GateInputs:
+        """What a gate decides on at `now`, for a request whose class has better classes active (or not)
+        and which would carry `candidate_priority` to a priority engine: the one place they are built."""
         reading = self.reading
         sent_unseen = sum(1 for rid in self._unstarted if not _seen_by(self._in_flight[rid], reading))
         unseen_in_flight = sum(1 for at in self._in_flight.values() if not _seen_by(at, reading))
@@ -147,6 +186,8 @@ class DispatchLedger:
             waiting_bound=self._waiting_bound(),
             unstarted_priorities=tuple(sorted(self._priority.values())),
             unstarted=len(self._unstarted),
+            better_tpot_limit=better_tpot_limit,
+            candidate_priority=candidate_priority,
         )
 
     def _waiting_bound(self) -> int | None:

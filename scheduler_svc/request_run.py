@@ -1,0 +1,206 @@
+"""One request run: an admitted request from its queue to its outcome, as an async iterator of events.
+
+Every face consumes the same run (gRPC Submit and Stream today): it waits for the dispatcher, runs the
+generation on the assigned backend in the caller's own task (so a cancelled call cancels the engine
+request by plain asyncio cancellation), keeps the accounting as tokens stream, and when the backend fails
+the request before its first token and the dispatcher queues it again (failover), waits for the next
+dispatch. Events, in order:
+
+    Queued*  (only when positions are watched: at the start, on every move, after a failover)
+    Dispatched, Chunk*, then Done; or Failed, the last event, with the error to report
+    (after a failover: Queued, Dispatched, ... again)
+
+Errors the client should hear about (scheduler and backend errors) come as a `Failed` event; anything
+else is a bug and propagates. Whatever happens, the ticket records exactly one outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from backends.base import Accepted, Finished, GenerationRequest, TextDelta
+from backends.errors import BackendError
+from scheduler_svc.clock import Clock
+from scheduler_svc.errors import SchedulerError
+from scheduler_svc.ticket import Outcome, Ticket, TicketState
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The request waits at `position` in its user's queue (1-based, by the ordering policy)."""
+
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """The request was sent to `backend` (its `attempt`-th dispatch: more than one after a failover)."""
+
+    backend: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Generated text carrying `tokens` tokens."""
+
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The generation finished: why, and the engine's usage."""
+
+    finish_reason: str
+    prompt_tokens: int | None
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The request failed with an error its client is told about (the ticket's outcome is recorded)."""
+
+    error: SchedulerError | BackendError
+
+
+RunEvent = Queued | Dispatched | Chunk | Done | Failed
+
+
+class _Requeued(Exception):
+    """The generation failed before its first token and the request is queued again (failover)."""
+
+
+class RunHost(Protocol):
+    """What a run reports to: the dispatcher that queued the request (`ModelDispatcher` is one)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def on_first_token(self, ticket: Ticket) -> None: ...
+
+    def on_generated(self, ticket: Ticket, tokens: int) -> None: ...
+
+    def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
+        """Requeue a ticket its backend failed before the first token; False: it fails as it is."""
+        ...
+
+
+class RequestRun:
+    """Drives one ticket to its outcome; `events()` is iterated once, by the caller's task."""
+
+    def __init__(self, ticket: Ticket, host: RunHost, *, watch_positions: bool = False) -> None:
+        self.ticket = ticket
+        self._host = host
+        self._watch = watch_positions  # a streaming client hears of position changes
+
+    async def events(self) -> AsyncGenerator[RunEvent, None]:
+        """The run's events (see the module docstring). Closing the iterator early (the caller left) ends
+        the request as cancelled and aborts its engine request at once."""
+        ticket = self.ticket
+        position = 0
+        try:
+            if self._watch:
+                position = ticket.position()
+                ticket.watches_position = True  # the dispatcher nudges it when its position moves
+                yield Queued(position)
+            while True:  # more than once only when a backend fails the request before its first token
+                while not await ticket.wait_dispatched(None):
+                    if self._watch and (new_position := ticket.position()) != position and new_position > 0:
+                        position = new_position
+                        yield Queued(position)
+                assert ticket.backend is not None
+                yield Dispatched(ticket.backend.name, ticket.attempts)
+                try:
+                    # Closed as soon as this run is: closing the generation is what aborts the engine request.
+                    async with contextlib.aclosing(self._generate()) as events:
+                        async for event in events:
+                            yield event
+                except _Requeued:  # back at the head of the queue: say so, then wait for the next dispatch
+                    if self._watch:
+                        position = ticket.position()
+                        yield Queued(position)
+                    continue
+                break
+        except (SchedulerError, BackendError) as exc:
+            yield Failed(exc)
+        finally:
+            ticket.close()
+
+    async def _generate(self) -> AsyncGenerator[Chunk | Done, None]:
+        """Run the generation on the assigned backend, keeping the accounting as tokens stream."""
+        ticket, host = self.ticket, self._host
+        assert ticket.backend is not None and ticket.state is TicketState.DISPATCHED
+        backend = ticket.backend
+        req = ticket.request
+        generation = GenerationRequest(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            messages=req.messages,
+            params=req.params,
+            engine_priority=ticket.engine_priority,
+        )
+        shown = False  # whether the caller has seen any of this generation
+        if ticket.cut_reason is not None:
+            ticket.close(Outcome.FAILED)
+            raise ticket.cut_reason
+        ticket.runner = asyncio.current_task()
+        try:
+            # Closed as soon as this generator is: the adapter's own close aborts the engine request. Left
+            # to the garbage collector, it could go on generating for seconds after the client left.
+            async with contextlib.aclosing(backend.backend.generate(generation)) as events:
+                async for event in events:
+                    if isinstance(event, Accepted):
+                        backend.estimator.accepted(req.request_id, host.clock.now())
+                        continue
+                    if isinstance(event, TextDelta):
+                        if ticket.first_token_at is None:
+                            ticket.first_token_at = host.clock.now()
+                            host.on_first_token(ticket)
+                        ticket.completion_tokens += event.tokens
+                        host.on_generated(ticket, event.tokens)
+                        shown = True
+                        yield Chunk(event.text, event.tokens)
+                    elif isinstance(event, Finished):
+                        # a busy engine merges tokens into one chunk: charge what its usage says was missed
+                        missed = event.completion_tokens - ticket.completion_tokens
+                        if missed > 0:
+                            ticket.completion_tokens += missed
+                            host.on_generated(ticket, missed)
+                        shown = True
+                        yield Done(event.finish_reason, event.prompt_tokens, event.completion_tokens)
+        except asyncio.CancelledError:
+            runner = ticket.runner
+            if ticket.cut_reason is None or runner is None:
+                ticket.close(Outcome.CANCELLED)
+                raise
+            runner.uncancel()  # our own cut, not the caller's: end with its status instead
+            ticket.close(Outcome.FAILED)
+            raise ticket.cut_reason from None
+        except GeneratorExit:
+            ticket.close(Outcome.CANCELLED)
+            raise
+        except BackendError as exc:
+            try:
+                requeued = not shown and host.fail_over(ticket, exc)
+            except Exception:
+                log.exception("failover_failed", request_id=req.request_id)
+                requeued = False
+            if requeued:
+                raise _Requeued(str(exc)) from exc
+            ticket.close(Outcome.FAILED)
+            raise
+        except BaseException:
+            ticket.close(Outcome.FAILED)
+            raise
+        finally:
+            ticket.runner = None
+        ticket.close(Outcome.COMPLETED)

@@ -1,0 +1,168 @@
+"""Band choice, backend choice and the gates' openings alone: plain views, fake clock, no dispatcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from backends.base import BackendCapabilities, BackendLoad, SamplingParams
+from backends.fake import FakeBackend
+from scheduler_svc.activity import ClassActivity
+from scheduler_svc.backend_handle import BackendHandle
+from scheduler_svc.config import PriorityClassConfig, config_from_dict
+from scheduler_svc.config_schema import ConfigError
+from scheduler_svc.load import LoadEstimator
+from scheduler_svc.metrics import SchedulerMetrics, backend_series
+from scheduler_svc.openings import BackendChoice, BackendGates, EnginePriorities, Opening
+from scheduler_svc.policies import BACKEND_POLICIES, BAND_POLICIES, GateInputs, LeastLoaded, StrictRankBands
+from scheduler_svc.request import QueuedRequest
+from tests.unit.dispatch_harness import CapGate
+
+TOP = PriorityClassConfig(name="interactive", rank=0)
+LOW = PriorityClassConfig(name="batch", rank=1, starvation_after_seconds=10.0)
+LOWER = PriorityClassConfig(name="bulk", rank=2, starvation_after_seconds=5.0)
+
+
+@dataclass
+class FakeBand:
+    priority_class: PriorityClassConfig
+    oldest: float
+
+    def oldest_admission(self) -> float:
+        return self.oldest
+
+
+def test_the_registries_know_the_defaults_and_refuse_unknown_names() -> None:
+    assert set(BAND_POLICIES.describe()) == {"strict_rank"}
+    assert set(BACKEND_POLICIES.describe()) == {"least_loaded"}
+    with pytest.raises(ConfigError, match="unknown band policy 'nope'"):
+        BAND_POLICIES.create("nope")
+
+
+def test_strict_rank_serves_the_top_band_and_waits_while_its_gate_is_closed() -> None:
+    policy = StrictRankBands()
+    bands = [FakeBand(TOP, 100.0), FakeBand(LOW, 100.0)]
+    turn = policy.choose(bands, 101.0, lambda cls: True)
+    assert turn is not None and (turn.index, turn.gate_class) == (0, TOP)
+    asked: list[str] = []
+    assert policy.choose(bands, 200.0, lambda cls: asked.append(cls.name) or False) is None
+    assert asked == ["interactive"]  # only the top band's gate is asked: lower bands wait with it
+
+
+def test_a_starving_band_gets_every_other_turn_under_the_top_gate() -> None:
+    policy = StrictRankBands()
+    bands = [FakeBand(TOP, 100.0), FakeBand(LOW, 100.0), FakeBand(LOWER, 100.0)]
+    turns = [policy.choose(bands, 106.0, lambda cls: True) for _ in range(4)]
+    assert [(t.index, t.gate_class.name) for t in turns if t] == [(2, "interactive"), (0, "interactive")] * 2
+    starving_both = [policy.choose(bands, 111.0, lambda cls: True) for _ in range(2)]
+    assert [t.index for t in starving_both if t] == [1, 0]  # the better-ranked starving band first
+
+
+@dataclass
+class FakeOpening:
+    name: str
+    inputs: GateInputs
+
+
+def inputs(
+    waiting: int, in_flight: int = 0, unstarted: tuple[int, ...] = (), candidate: int | None = None
+) -> GateInputs:
+    reading = BackendLoad(ok=True, read_at=10.0, waiting=waiting)
+    return GateInputs(
+        reading=reading,
+        now=10.0,
+        in_flight=in_flight,
+        sent_unseen=0,
+        started_since_reading=0,
+        unstarted=len(unstarted),
+        unstarted_priorities=unstarted,
+        candidate_priority=candidate,
+    )
+
+
+def request(user: str = "u") -> QueuedRequest:
+    return QueuedRequest("r", "m", user, "interactive", "p", None, SamplingParams(), admitted_at=0.0)
+
+
+def test_least_loaded_prefers_fewest_ahead_then_queue_then_in_flight_then_config_order() -> None:
+    policy = LeastLoaded()
+    a, b = FakeOpening("a", inputs(waiting=2)), FakeOpening("b", inputs(waiting=1))
+    assert policy.choose(request(), [a, b]) is b
+    busy, idle = FakeOpening("busy", inputs(waiting=1, in_flight=5)), FakeOpening("idle", inputs(waiting=1))
+    assert policy.choose(request(), [busy, idle]) is idle
+    first, second = FakeOpening("first", inputs(waiting=0)), FakeOpening("second", inputs(waiting=0))
+    assert policy.choose(request(), [first, second]) is first
+    # at a priority engine only what would be served first counts: 2 waiting, none ahead of priority 0
+    priority = FakeOpening("priority", inputs(waiting=2, unstarted=(5, 6), candidate=0))
+    fifo = FakeOpening("fifo", inputs(waiting=1))
+    assert policy.choose(request(), [fifo, priority]) is priority
+
+
+def gates(priority_scheduling: bool = True, caps: tuple[int, ...] = (1, 1)) -> BackendGates:
+    config = config_from_dict(
+        {
+            "scheduling": {"engine_priority_per_inflight": 3},
+            "models": [
+                {
+                    "name": "m",
+                    "backends": [
+                        {"name": f"b{i}", "priority_scheduling": priority_scheduling} for i in range(len(caps))
+                    ],
+                }
+            ],
+        }
+    )
+    capabilities = BackendCapabilities(supports_priority=priority_scheduling)
+    handles = [
+        BackendHandle(b, FakeBackend(lambda _: None, capabilities=capabilities), CapGate(cap), LoadEstimator())  # type: ignore[arg-type, return-value]
+        for b, cap in zip(config.models[0].backends, caps, strict=True)
+    ]
+    classes = {c.name: c for c in config.scheduling.classes}
+    metrics = SchedulerMetrics()
+    series = {h.name: backend_series(metrics, "m", h.name) for h in handles}
+    return BackendGates(handles, ClassActivity(config.scheduling.classes), EnginePriorities(classes, 3), series)
+
+
+def test_engine_priority_grows_with_the_users_requests_at_that_engine() -> None:
+    g = gates()
+    b0 = g.backends[0]
+    b0.estimator.dispatched("r1", user="flood")
+    b0.estimator.dispatched("r2", user="flood")
+    base = g.priorities.of("batch", None, b0)
+    assert base is not None
+    assert g.priorities.of("batch", "flood", b0) == base + 6 and g.priorities.of("batch", "late", b0) == base
+    plain = gates(priority_scheduling=False)
+    plain.backends[0].estimator.dispatched("r1", user="flood")
+    assert plain.priorities.of("batch", "flood", plain.backends[0]) is None
+
+
+def test_open_leaves_out_closed_gates_and_cooling_backends() -> None:
+    g = gates(caps=(1, 2))
+    b0, b1 = g.backends
+    assert [o.name for o in g.open(TOP, TOP, None, 10.0)] == ["b0", "b1"]
+    b0.estimator.dispatched("r1", user="u")
+    assert [o.name for o in g.open(TOP, TOP, None, 10.0)] == ["b1"]
+    b1.cool_until = 12.0
+    assert g.open(TOP, TOP, None, 10.0) == []
+    states = {(s.name, s.priority_class): s.decision for s in g.states([TOP], 10.0)}
+    assert not states[("b1", "interactive")].open and "cooling down 2.0s" in states[("b1", "interactive")].reason
+
+
+def test_a_choice_works_out_each_distinct_answer_once_per_dispatch() -> None:
+    g = gates(caps=(5, 5))
+    calls: list[str | None] = []
+    real_open = g.open
+
+    def counting_open(
+        gate_class: PriorityClassConfig, request_class: PriorityClassConfig, user: str | None, now: float
+    ) -> list[Opening]:
+        calls.append(user)
+        return real_open(gate_class, request_class, user, now)
+
+    g.open = counting_open  # type: ignore[method-assign]
+    choice = BackendChoice(g, TOP, TOP, 10.0)
+    assert choice.eligible("a") and choice.eligible("b") and choice.eligible("a")
+    assert calls == ["a"]  # b has the same in-flight counts as a: the same answer
+    g.backends[0].estimator.dispatched("r", user="c")
+    assert choice.eligible("c") and calls == ["a", "c"]
