@@ -22,7 +22,7 @@ from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from scheduler_svc.admission import GenerateRequest, build_request
 from scheduler_svc.auth import Authenticator
-from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError
+from scheduler_svc.errors import InternalError, ModelNotFound, PermissionDenied, SchedulerError
 from scheduler_svc.grpc_errors import to_grpc_status
 from scheduler_svc.introspection import queue_state, user_limits
 from scheduler_svc.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun
@@ -58,15 +58,24 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         self._auth = authenticator
 
     def _admit(self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Ticket:
-        user = self._auth.identify(context.invocation_metadata(), context.auth_context)
-        request = build_request(
-            message,
-            user=user,
-            config=self._scheduler.config,
-            now=self._scheduler.clock.now(),
-            timeout=context.time_remaining(),
-        )
-        return self._scheduler.admit(request)
+        """Identify the caller, validate and queue the request. A bug on the way (anything that is not a
+        SchedulerError) is counted and logged once, and the caller gets INTERNAL with its ErrorInfo, not a
+        bare UNKNOWN."""
+        try:
+            user = self._auth.identify(context.invocation_metadata(), context.auth_context)
+            request = build_request(
+                message,
+                user=user,
+                config=self._scheduler.config,
+                now=self._scheduler.clock.now(),
+                timeout=context.time_remaining(),
+            )
+            return self._scheduler.admit(request)
+        except SchedulerError:
+            raise
+        except Exception as exc:
+            self._scheduler.errors.report("admission", exc)
+            raise InternalError("the scheduler failed to admit the request") from exc
 
     async def _reject(
         self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any], exc: SchedulerError

@@ -94,6 +94,29 @@ async def test_a_live_request_id_is_refused_for_the_same_user_and_nothing_jams()
     assert len(engine_ids) == len(set(engine_ids)) == 7  # the engine always sees a unique id
 
 
+async def test_a_bug_during_admission_is_internal_with_error_info_and_the_service_goes_on() -> None:
+    engine = ControlledEngine(auto_release=True)
+    async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
+        real_admit = server.scheduler.admit
+        calls = 0
+
+        def admit_once_broken(request: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise KeyError("an admission bug")
+            return real_admit(request)
+
+        server.scheduler.admit = admit_once_broken  # type: ignore[method-assign]
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await client.submit("m", "hello")
+        assert failed.value.code() == grpc.StatusCode.INTERNAL  # not a bare UNKNOWN
+        assert error_reason(failed.value) == "INTERNAL"
+        assert _internal_errors(server, "admission") == 1
+        answer = await client.submit("m", "hello again")  # the next call is served as usual
+        assert answer.usage.completion_tokens == 3
+
+
 # -- 2. unexpected errors in a dispatch loop ----------------------------------------------------------------
 
 
