@@ -297,19 +297,22 @@ class QueueDepthGate(SignalGate):
         self.checks = (check_waiting,)
 
 
-_HONOURED: dict[str, frozenset[str]] = {}
-
 GATE_POLICIES: Registry[Gate] = Registry("gate")
 
 
 def _register(name: str, gate: type[SignalGate], doc: str) -> None:
     GATE_POLICIES.register(name, gate, doc)
-    _HONOURED[name] = gate.honours
 
 
 def ignored_limits(policy: str, cls: PriorityClassConfig) -> list[str]:
-    """The limits `cls` sets that gate `policy` would not act on (config validation refuses them)."""
-    honoured = _HONOURED.get(policy, frozenset(CLASS_LIMITS))
+    """The limits `cls` sets that gate `policy` would not act on (config validation refuses them). A gate
+    declares what it acts on in its `honours` class attribute; one that declares nothing honours no limit,
+    so a limit is never accepted for a gate that silently ignores it. An unknown name ignores nothing here
+    (the registry refuses the name itself)."""
+    factory = GATE_POLICIES.factory(policy)
+    if factory is None:
+        return []
+    honoured: frozenset[str] = getattr(factory, "honours", frozenset())
     return [name for name in CLASS_LIMITS if getattr(cls, name) and name not in honoured]
 
 

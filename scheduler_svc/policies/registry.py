@@ -35,6 +35,10 @@ class Registry(Generic[P]):
         self.check(name, self.kind)
         return self._factories[name](*args)
 
+    def factory(self, name: str) -> Callable[..., P] | None:
+        """What `name` builds (None when unknown), for checks that read a policy's declared traits."""
+        return self._factories.get(name)
+
     def describe(self) -> dict[str, str]:
         """Name -> one-line description, for `llmsched policies`."""
         return dict(self._docs)

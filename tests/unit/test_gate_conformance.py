@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 from backends.base import BackendLoad
 from scheduler_svc.config import ConfigError, GateConfig, PriorityClassConfig, config_from_dict
 from scheduler_svc.policies import GATE_POLICIES, Gate, GateInputs
+from scheduler_svc.policies import gate as gate_module
 from scheduler_svc.policies.gate import CLASS_LIMITS, ignored_limits
+from scheduler_svc.policies.registry import Registry
 
 POLICIES = sorted(GATE_POLICIES.describe())
 CONFIG = GateConfig(waiting_target=3, stale_after_seconds=1.0, fallback_max_in_flight=4)
@@ -134,6 +136,20 @@ def test_a_limit_the_gate_would_ignore_is_a_config_error(policy: str, limit: str
     }
     with pytest.raises(ConfigError, match=limit):
         config_from_dict(raw)
+
+
+def test_a_gate_registered_without_declaring_its_limits_honours_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gate added straight through the registry, with no `honours`, must not let limits pass unchecked."""
+
+    class Undeclared:
+        def __init__(self, config: GateConfig) -> None:
+            self.config = config
+
+    registry: Registry[Gate] = Registry("gate")  # a private copy: the process-wide registry stays as it is
+    registry.register("undeclared_test_gate", Undeclared, "a test gate that declares no limits")  # type: ignore[arg-type]
+    monkeypatch.setattr(gate_module, "GATE_POLICIES", registry)
+    cls = PriorityClassConfig("interactive", max_tpot_seconds=0.1, waiting_target=2)
+    assert ignored_limits("undeclared_test_gate", cls) == ["waiting_target", "max_tpot_seconds"]
 
 
 _inputs = st.builds(
