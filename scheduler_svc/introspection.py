@@ -27,8 +27,8 @@ def user_limits(user: str, max_users: int | None) -> int:
     return min(max_users, MAX_USERS_CAP)
 
 
-def _duration(seconds: float | None) -> duration_pb2.Duration | None:
-    """A Duration, or None (the field left unset) when the value is unknown."""
+def to_duration(seconds: float | None) -> duration_pb2.Duration | None:
+    """A Duration, or None (the field left unset) when the value is unknown (shared by the gRPC face)."""
     if seconds is None:
         return None
     value = duration_pb2.Duration()
@@ -71,10 +71,10 @@ def queue_state(dispatcher: ModelDispatcher, user: str = "", max_users: int = DE
                 open=state.decision.open,
                 reason=state.decision.reason,
                 metrics_fresh=state.decision.fresh,
-                reading_age=_duration(age),
+                reading_age=to_duration(age),
                 engine_waiting=reading.waiting if reading else None,
                 engine_running=reading.running if reading else None,
-                engine_tpot=_duration(reading.tpot_seconds if reading else None),
+                engine_tpot=to_duration(reading.tpot_seconds if reading else None),
                 engine_kv_cache_usage=reading.kv_cache_usage if reading else None,
                 in_flight=state.inputs.in_flight,
                 sent_unseen=state.inputs.sent_unseen,

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import grpc
 import structlog
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
 from backends.errors import BackendError
 from llmsched.v1 import scheduler_pb2 as pb
@@ -24,7 +24,7 @@ from scheduler_svc.admission import GenerateRequest, build_request
 from scheduler_svc.auth import Authenticator
 from scheduler_svc.errors import InternalError, ModelNotFound, PermissionDenied, SchedulerError
 from scheduler_svc.grpc_errors import to_grpc_status
-from scheduler_svc.introspection import queue_state, user_limits
+from scheduler_svc.introspection import queue_state, to_duration, user_limits
 from scheduler_svc.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.text import UNKNOWN_LABEL, client_text
@@ -33,15 +33,6 @@ from scheduler_svc.ticket import Ticket
 log = structlog.get_logger(__name__)
 
 _FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
-
-
-def _duration(seconds: float | None) -> duration_pb2.Duration | None:
-    """A Duration, or None (the field left unset) when the time is unknown."""
-    if seconds is None:
-        return None
-    value = duration_pb2.Duration()
-    value.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
-    return value
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
@@ -91,9 +82,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         start = ticket.request.admitted_at
         end = ticket.finished_at if ticket.finished_at is not None else self._scheduler.clock.now()
         return pb.Timings(
-            queue_wait=_duration(None if ticket.dispatched_at is None else ticket.dispatched_at - start),
-            time_to_first_token=_duration(None if ticket.first_token_at is None else ticket.first_token_at - start),
-            total=_duration(end - start),
+            queue_wait=to_duration(None if ticket.dispatched_at is None else ticket.dispatched_at - start),
+            time_to_first_token=to_duration(None if ticket.first_token_at is None else ticket.first_token_at - start),
+            total=to_duration(end - start),
         )
 
     def _run(self, ticket: Ticket, *, watch_positions: bool) -> RequestRun:
@@ -176,7 +167,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         return pb.Dispatched(
             backend=ticket.backend.name,
             dispatched_at=sent_at,
-            queue_wait=_duration(ticket.dispatched_at - ticket.request.admitted_at),
+            queue_wait=to_duration(ticket.dispatched_at - ticket.request.admitted_at),
         )
 
     def _finished(self, ticket: Ticket, event: Done) -> pb.Finished:
@@ -194,7 +185,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             position_in_user_queue=position,
             model_queue_depth=len(dispatcher.queues),
             priority_class=ticket.request.priority_class,
-            estimated_wait=_duration(wait),
+            estimated_wait=to_duration(wait),
         )
 
     async def GetQueueState(
