@@ -126,8 +126,8 @@ class BackendGates:
 class BackendChoice:
     """Which backends can take a request of one band now, per user, within one dispatch.
 
-    At a priority engine whether a request may go depends on its engine priority, which depends on how
-    many requests its user already has there; users with the same counts get the same answer, so each
+    At a priority engine whether a request may go depends on its engine priority (`EnginePriorities`), and
+    only on that: users whose requests would carry the same priorities get the same answer, so each
     distinct answer is worked out once per dispatch, however many users the band holds.
     """
 
@@ -138,12 +138,12 @@ class BackendChoice:
         self._gate_class = gate_class
         self._request_class = request_class
         self._now = now
-        self._answers: dict[tuple[int, ...], list[Opening]] = {}
+        self._answers: dict[tuple[int | None, ...], list[Opening]] = {}
 
     def for_user(self, user: str) -> list[Opening]:
         """The backends `user`'s next request may go to now (empty: no gate admits it)."""
-        backends = self._gates.backends
-        key = tuple(h.estimator.user_in_flight.get(user, 0) if h.sends_priority else 0 for h in backends)
+        priorities = self._gates.priorities
+        key = tuple(priorities.of(self._request_class.name, user, h) for h in self._gates.backends)
         if key not in self._answers:
             self._answers[key] = self._gates.open(self._gate_class, self._request_class, user, self._now)
         return self._answers[key]
