@@ -1,10 +1,10 @@
 """Generate llmsched's public API package from protos/: the typed Python gRPC code, and README's error table.
 
 This is the only way generated code enters the tree. protos/llmsched/v1/*.proto becomes
-llmsched/v1/*_pb2.py, *_pb2_grpc.py and their .pyi stubs (the proto package is the Python package, so the
-imports grpcio-tools emits work as they are); the hand-written modules of the package (`__init__.py`,
-`errors.py`) are never touched. README.md's error table, between its `error-table` markers, is rendered
-from `llmsched.v1.errors.ERRORS`.
+llmsched/v1/*_pb2.py, *_pb2_grpc.py (only for protos with a service) and their .pyi stubs (the proto package
+is the Python package, so the imports grpcio-tools emits work as they are); the hand-written modules of the
+package (`__init__.py`, `errors.py`) are never touched. README.md's error table, between its `error-table`
+markers, is rendered from `llmsched.v1.errors.ERRORS`.
 
 `--check` regenerates into a temporary folder and fails when a checked-in generated file differs, is missing
 or is left over from a proto that no longer exists, or when the README's table is stale: CI catches a proto
@@ -53,6 +53,17 @@ def _generate(out_dir: Path) -> None:
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
+    _drop_empty_grpc_modules(out_dir, protos)
+
+
+def _drop_empty_grpc_modules(out_dir: Path, protos: list[str]) -> None:
+    """Remove the *_pb2_grpc modules protoc writes for protos that declare no service: they hold nothing."""
+    for proto in protos:
+        if "\nservice " in "\n" + (PROTO_ROOT / proto).read_text():
+            continue
+        stem = out_dir / proto.removesuffix(".proto")
+        for suffix in ("_pb2_grpc.py", "_pb2_grpc.pyi"):
+            Path(f"{stem}{suffix}").unlink(missing_ok=True)
 
 
 def _generated(root: Path) -> set[Path]:
