@@ -5,8 +5,13 @@ cancellation, for the asyncio and the blocking variant alike (the blocking one r
 from __future__ import annotations
 
 import asyncio
+import io
+import os
+import sys
 import time
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +36,7 @@ from clients import (
     RetryPolicy,
     UnavailableError,
 )
+from scheduler_svc.cli import _QueueLine
 from scheduler_svc.server import SchedulerServer
 from tests.helpers import ControlledEngine, client_for, eventually, make_config, outcome_count, serving, until_settled
 
@@ -295,3 +301,46 @@ async def test_cancel_aborts_the_request_in_the_engine_and_ends_the_stream(varia
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
         assert not any(isinstance(e, Finished) for e in seen)
         assert sim.engine.stats()["running"] == 0
+
+
+async def test_cli_stream_shows_the_live_queue_position_while_waiting() -> None:
+    engine = ControlledEngine(auto_release=True)
+    async with serving(make_config(), engine.factory()) as server:
+        raw, parked = await _held_queue(server, engine)  # alice's first request waits at position 1
+        cli = [sys.executable, "-m", "scheduler_svc.cli", "stream", "--target", server.address]
+        process = await asyncio.create_subprocess_exec(
+            *cli, "--model", "m", "--user", "alice", "Hi", stdout=PIPE, stderr=PIPE, env=_env()
+        )
+        queues = server.scheduler.dispatchers["m"].queues
+        await eventually(lambda: queues.user_depth("alice") == 2, what="the CLI's request queued second")
+        parked.cancel()  # it moves up to position 1
+        await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
+        engine.waiting = 0  # and goes
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+        await raw.close()
+    assert process.returncode == 0, err.decode()
+    lines = err.decode().splitlines()
+    queued = [line for line in lines if line.startswith("[queued: position")]
+    assert queued[0].startswith("[queued: position 2,") and queued[-1].startswith("[queued: position 1,")
+    assert "\r" not in err.decode()  # not a terminal: plain lines, nothing rewritten
+    assert "[dispatched to b0]" in lines and "hello t1 t2" in out.decode()
+
+
+def test_the_queue_line_is_rewritten_in_place_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    line = _QueueLine(terminal)
+    line.show(Queued("r", 3, 40, "interactive", 2.1))
+    line.show(Queued("r", 2, 39, "interactive", None))
+    line.clear()
+    assert terminal.getvalue() == (
+        "\r\x1b[K[queued: position 3, 40 queued for the model, about 2.1s to go]"
+        "\r\x1b[K[queued: position 2, 39 queued for the model]\r\x1b[K"
+    )
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
