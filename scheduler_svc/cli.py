@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import grpc
 
@@ -214,7 +214,7 @@ class _QueueLine:
 async def _call(args: argparse.Namespace) -> int:
     from clients import AsyncClient, Delta, Dispatched, Finished, Queued, SchedulerError
 
-    fields: dict[str, object] = {"priority_class": args.priority_class}
+    fields: dict[str, Any] = {"priority_class": args.priority_class}
     if args.max_tokens is not None:
         fields["max_tokens"] = args.max_tokens
     if args.temperature is not None:
