@@ -1,5 +1,6 @@
-"""`SchedulerClient`: identity on every call, typed requests, and helpers to read error details (which follow
-the error table of `llmsched.v1.errors`)."""
+"""`SchedulerClient`: the raw asyncio layer (protobuf messages, gRPC errors, no retries) with identity on every
+call, and helpers to read error details (which follow the error table of `llmsched.v1.errors`). Applications
+want `AsyncClient` or `Client`, which add typed events and errors, retries and deadlines."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from clients._connection import channel_credentials, generation_params, identity_metadata
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from llmsched.v1.errors import ERROR_DOMAIN
@@ -36,20 +38,12 @@ class SchedulerClient:
         certificate_chain: bytes | None = None,
         private_key: bytes | None = None,
     ) -> None:
-        if (certificate_chain is None) != (private_key is None):
-            raise ValueError("a client certificate needs both certificate_chain and private_key")
-        if tls or root_certificates is not None or certificate_chain is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
-            self._channel = grpc.aio.secure_channel(target, credentials)
-        else:
-            self._channel = grpc.aio.insecure_channel(target)
+        credentials = channel_credentials(tls, root_certificates, certificate_chain, private_key)
+        self._channel = (
+            grpc.aio.secure_channel(target, credentials) if credentials else grpc.aio.insecure_channel(target)
+        )
         self._stub = pb_grpc.SchedulerServiceStub(self._channel)
-        metadata: list[tuple[str, str]] = []
-        if user:
-            metadata.append(("x-user-id", user))
-        if api_key:
-            metadata.append(("authorization", f"Bearer {api_key}"))
-        self._metadata = tuple(metadata)
+        self._metadata = identity_metadata(user, api_key)
 
     async def __aenter__(self) -> SchedulerClient:
         return self
@@ -72,7 +66,7 @@ class SchedulerClient:
         **fields: Any,
     ) -> pb.SubmitResponse:
         """Run one generation and return the whole answer. `fields`: any GenerationParams field."""
-        request = pb.SubmitRequest(params=_params(model, prompt, messages, fields))
+        request = pb.SubmitRequest(params=generation_params(model, prompt, messages, fields))
         response: pb.SubmitResponse = await self._stub.Submit(request, metadata=self._metadata, timeout=timeout)
         return response
 
@@ -87,7 +81,7 @@ class SchedulerClient:
     ) -> grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]:
         """Start a streamed generation; iterate the returned call for events, `.cancel()` it to abort.
         `fields`: any GenerationParams field."""
-        request = pb.StreamRequest(params=_params(model, prompt, messages, fields))
+        request = pb.StreamRequest(params=generation_params(model, prompt, messages, fields))
         return self._stub.Stream(request, metadata=self._metadata, timeout=timeout)
 
     async def queue_state(
@@ -105,14 +99,6 @@ class SchedulerClient:
         async for event in self.stream(model, prompt, **kwargs):
             if event.HasField("delta"):
                 yield event.delta.text
-
-
-def _params(
-    model: str, prompt: str, messages: Sequence[tuple[str, str]], fields: dict[str, Any]
-) -> pb.GenerationParams:
-    return pb.GenerationParams(
-        model=model, prompt=prompt, messages=[pb.ChatMessage(role=r, content=c) for r, c in messages], **fields
-    )
 
 
 def _details(error: grpc.aio.AioRpcError) -> list[Any]:

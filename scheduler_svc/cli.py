@@ -19,16 +19,15 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TextIO
 
 import grpc
-from google.protobuf import duration_pb2
 
 from scheduler_svc.config import ConfigError, describe_fields, load_config
 from scheduler_svc.logs import configure_logging
 
 if TYPE_CHECKING:
-    from clients import SchedulerClient
+    from clients import Queued, SchedulerClient
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,12 +184,37 @@ async def _queue_state(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seconds(duration: duration_pb2.Duration) -> str:
-    return f"{duration.ToNanoseconds() / 1e9:.3f}s"
+class _QueueLine:
+    """The live queue position while a streamed request waits, on stderr: one line rewritten in place on a
+    terminal, a plain line per change otherwise (logs, pipes)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._shown = False
+
+    def show(self, event: Queued) -> None:
+        eta = f", about {event.estimated_wait:.1f}s to go" if event.estimated_wait is not None else ""
+        text = f"[queued: position {event.position}, {event.model_queue_depth} queued for the model{eta}]"
+        if self._tty:
+            self._stream.write(f"\r\x1b[K{text}")
+            self._shown = True
+        else:
+            self._stream.write(text + "\n")
+        self._stream.flush()
+
+    def clear(self) -> None:
+        """End the rewritten line (the request left the queue)."""
+        if self._shown:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
+            self._shown = False
 
 
 async def _call(args: argparse.Namespace) -> int:
-    fields: dict[str, object] = {"priority_class": args.priority_class}
+    from clients import AsyncClient, Delta, Dispatched, Finished, Queued, SchedulerError
+
+    fields: dict[str, Any] = {"priority_class": args.priority_class}
     if args.max_tokens is not None:
         fields["max_tokens"] = args.max_tokens
     if args.temperature is not None:
@@ -199,7 +223,24 @@ async def _call(args: argparse.Namespace) -> int:
     if any(len(m) != 2 for m in messages):
         print("--message must be ROLE:TEXT", file=sys.stderr)
         return 2
-    async with _client(args) as client:
+
+    def read(path: str | None) -> bytes | None:
+        return Path(path).read_bytes() if path else None
+
+    try:
+        client = AsyncClient(
+            args.target,
+            user=args.user,
+            api_key=args.api_key,
+            tls=args.tls,
+            root_certificates=read(args.ca_cert),
+            certificate_chain=read(args.client_cert),
+            private_key=read(args.client_key),
+        )
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    async with client:
         try:
             if args.command == "submit":
                 started = time.monotonic()
@@ -208,32 +249,28 @@ async def _call(args: argparse.Namespace) -> int:
                 )
                 print(response.text)
                 t = response.timings
+                ttft = f"{t.time_to_first_token:.3f}s" if t.time_to_first_token is not None else "-"
                 print(
-                    f"[{response.request_id} via {response.backend}: {response.usage.completion_tokens} tokens, "
-                    f"queued {_seconds(t.queue_wait)}, "
-                    f"first token {_seconds(t.time_to_first_token) if t.HasField('time_to_first_token') else '-'}, "
-                    f"total {time.monotonic() - started:.3f}s]",
+                    f"[{response.request_id} via {response.backend}: {response.completion_tokens} tokens, "
+                    f"queued {t.queue_wait:.3f}s, first token {ttft}, total {time.monotonic() - started:.3f}s]",
                     file=sys.stderr,
                 )
             else:
+                line = _QueueLine(sys.stderr)
                 async for event in client.stream(
                     args.model, args.prompt, messages=messages, timeout=args.timeout, **fields
                 ):
-                    kind = event.WhichOneof("event")
-                    if kind == "delta":
-                        print(event.delta.text, end="", flush=True)
-                    elif kind == "queued":
-                        print(
-                            f"[queued: position {event.queued.position_in_user_queue}, "
-                            f"{event.queued.model_queue_depth} queued for the model]",
-                            file=sys.stderr,
-                        )
-                    elif kind == "dispatched":
-                        print(f"[dispatched to {event.dispatched.backend}]", file=sys.stderr)
-                    elif kind == "finished":
-                        print(f"\n[finished: {event.finished.usage.completion_tokens} tokens]", file=sys.stderr)
-        except grpc.aio.AioRpcError as exc:
-            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+                    if isinstance(event, Delta):
+                        print(event.text, end="", flush=True)
+                    elif isinstance(event, Queued):
+                        line.show(event)
+                    elif isinstance(event, Dispatched):
+                        line.clear()
+                        print(f"[dispatched to {event.backend}]", file=sys.stderr)
+                    elif isinstance(event, Finished):
+                        print(f"\n[finished: {event.completion_tokens} tokens]", file=sys.stderr)
+        except SchedulerError as exc:
+            print(f"\nerror: {exc}", file=sys.stderr)
             return 1
     return 0
 

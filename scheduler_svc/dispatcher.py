@@ -72,7 +72,7 @@ class ModelDispatcher:
         self._queued: dict[str, Ticket] = {}
         self._running: dict[str, Ticket] = {}
         self._metrics = metrics
-        self._series = {h.name: backend_series(metrics, model.name, h.name) for h in self.backends}
+        self._series = {h.name: backend_series(metrics, model.name, h.name, self.classes) for h in self.backends}
         self._class_series = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
         self.drain = RateMeter()
         self._activity = ClassActivity(scheduling.classes)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from scheduler_svc.policies.gate import GateCause
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -96,12 +100,92 @@ class SchedulerMetrics:
             ["component"],
             registry=r,
         )
+        self.gate_closed = Gauge(
+            "llmsched_gate_closed",
+            "1 on the series of the cause that closed the backend's gate for the class at its last decision, 0 on "
+            "the others (all 0: open). `reason` is one of a fixed set (scheduler_svc.policies.GateCause).",
+            ["model", "backend", "priority_class", "reason"],
+            registry=r,
+        )
+        self.engine_waiting = Gauge(
+            "llmsched_engine_waiting",
+            "The engine's waiting requests in its last good metrics reading.",
+            ["model", "backend"],
+            registry=r,
+        )
+        self.engine_running = Gauge(
+            "llmsched_engine_running",
+            "The engine's running requests in its last good metrics reading.",
+            ["model", "backend"],
+            registry=r,
+        )
+        self.engine_tpot = Gauge(
+            "llmsched_engine_tpot_seconds",
+            "The engine's time per output token in its last good metrics reading (NaN: not reported).",
+            ["model", "backend"],
+            registry=r,
+        )
+        self.engine_kv_cache_usage = Gauge(
+            "llmsched_engine_kv_cache_usage",
+            "The engine's KV-cache usage 0..1 in its last good metrics reading (NaN: not reported).",
+            ["model", "backend"],
+            registry=r,
+        )
         self.scrape_failures = Counter(
             "llmsched_backend_scrape_failures",
             "Failed reads of an engine's metrics.",
             ["model", "backend"],
             registry=r,
         )
+
+
+GATE_CLOSE_CAUSES = tuple(cause for cause in GateCause if cause is not GateCause.OPEN)
+"""The values of `llmsched_gate_closed`'s `reason` label: every series exists from the start, so a query
+never mistakes a missing series for an open gate."""
+
+
+@dataclass
+class GateCauseSeries:
+    """`llmsched_gate_closed` for one backend and class: one child per cause, resolved once."""
+
+    children: dict[GateCause, Any]
+    shown: GateCause | None = field(default=None)
+
+    def show(self, cause: GateCause) -> None:
+        """Mark `cause` (OPEN: none) as what the last decision rests on; only a change touches the gauges."""
+        if cause is self.shown:
+            return
+        if self.shown is not None and self.shown is not GateCause.OPEN:
+            self.children[self.shown].set(0)
+        if cause is not GateCause.OPEN:
+            self.children[cause].set(1)
+        self.shown = cause
+
+
+@dataclass(frozen=True)
+class EngineSeries:
+    """One backend's last-reading gauges (the engine's own numbers, as scraped)."""
+
+    waiting: Any
+    running: Any
+    tpot: Any
+    kv_cache_usage: Any
+
+    def show(self, waiting: int, running: int, tpot: float | None, kv_cache_usage: float | None) -> None:
+        self.waiting.set(waiting)
+        self.running.set(running)
+        self.tpot.set(math.nan if tpot is None else tpot)
+        self.kv_cache_usage.set(math.nan if kv_cache_usage is None else kv_cache_usage)
+
+
+def engine_series(metrics: SchedulerMetrics, model: str, backend: str) -> EngineSeries:
+    labels = (model, backend)
+    return EngineSeries(
+        waiting=metrics.engine_waiting.labels(*labels),
+        running=metrics.engine_running.labels(*labels),
+        tpot=metrics.engine_tpot.labels(*labels),
+        kv_cache_usage=metrics.engine_kv_cache_usage.labels(*labels),
+    )
 
 
 @dataclass(frozen=True)
@@ -115,6 +199,7 @@ class BackendSeries:
     gate_open: Any
     metrics_fresh: Any
     estimated_waiting: Any
+    gate_causes: dict[str, GateCauseSeries] = field(default_factory=dict)  # priority class -> its causes
 
 
 @dataclass(frozen=True)
@@ -127,8 +212,17 @@ class ClassSeries:
     ttft: Any
 
 
-def backend_series(metrics: SchedulerMetrics, model: str, backend: str) -> BackendSeries:
+def backend_series(metrics: SchedulerMetrics, model: str, backend: str, classes: Iterable[str] = ()) -> BackendSeries:
     labels = (model, backend)
+    causes = {
+        cls: GateCauseSeries(
+            {cause: metrics.gate_closed.labels(model, backend, cls, cause.value) for cause in GATE_CLOSE_CAUSES}
+        )
+        for cls in classes
+    }
+    for series in causes.values():  # every series exists from the start, at 0
+        for child in series.children.values():
+            child.set(0)
     return BackendSeries(
         dispatched=metrics.dispatched.labels(*labels),
         failovers=metrics.failovers.labels(*labels),
@@ -137,6 +231,7 @@ def backend_series(metrics: SchedulerMetrics, model: str, backend: str) -> Backe
         gate_open=metrics.gate_open.labels(*labels),
         metrics_fresh=metrics.metrics_fresh.labels(*labels),
         estimated_waiting=metrics.estimated_waiting.labels(*labels),
+        gate_causes=causes,
     )
 
 

@@ -15,7 +15,7 @@ from scheduler_svc.activity import ClassActivity
 from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.metrics import BackendSeries
-from scheduler_svc.policies import GateDecision, GateInputs
+from scheduler_svc.policies import GateCause, GateDecision, GateInputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +89,8 @@ class BackendGates:
             if handle.cooling_for(now):
                 if series is not None:
                     series.gate_open.set(0)
+                    if causes := series.gate_causes.get(gate_class.name):
+                        causes.show(GateCause.COOLING_DOWN)
                 continue
             priority = self.priorities.of(request_class.name, user, handle)
             inputs = handle.estimator.gate_inputs(
@@ -99,6 +101,8 @@ class BackendGates:
                 series.gate_open.set(1 if decision.open else 0)
                 series.metrics_fresh.set(1 if decision.fresh else 0)
                 series.estimated_waiting.set(inputs.estimated_waiting())
+                if causes := series.gate_causes.get(gate_class.name):
+                    causes.show(GateCause.OPEN if decision.open else decision.cause)
             if decision.open:
                 openings.append(Opening(handle, inputs))
         return openings
@@ -118,7 +122,7 @@ class BackendGates:
                 decision = handle.gate.decide(inputs, cls)
                 if cooling := handle.cooling_for(now):
                     reason = f"cooling down {cooling:.1f}s after failing a request ({decision.reason})"
-                    decision = GateDecision(False, reason, decision.fresh)
+                    decision = GateDecision(False, reason, decision.fresh, GateCause.COOLING_DOWN)
                 states.append(BackendState(handle.name, cls.name, decision, inputs))
         return states
 

@@ -21,7 +21,7 @@ from scheduler_svc.dispatcher import ModelDispatcher
 from scheduler_svc.errors import AlreadyExists, ModelNotFound, ShuttingDown
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.load import LoadEstimator, scrape
-from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.metrics import SchedulerMetrics, engine_series
 from scheduler_svc.policies import GATE_POLICIES
 from scheduler_svc.request import QueuedRequest
 from scheduler_svc.text import client_text
@@ -196,6 +196,7 @@ async def _monitor(
     dispatcher with each reading."""
     interval = handle.config.scrape_interval_seconds
     was_ok: bool | None = None
+    engine = engine_series(metrics, dispatcher.model.name, handle.name)
     while True:
         try:
             reading = await scrape(handle.backend, clock)
@@ -203,7 +204,9 @@ async def _monitor(
             errors.report("monitor", exc, model=dispatcher.model.name, backend=handle.name)
             reading = BackendLoad(ok=False, read_at=clock.now(), error=f"{type(exc).__name__}: {exc}")
         handle.record_reading(reading)
-        if not reading.ok:
+        if reading.ok:  # the engine's numbers as last read (a failed scrape leaves the last good ones)
+            engine.show(reading.waiting, reading.running, reading.tpot_seconds, reading.kv_cache_usage)
+        else:
             metrics.scrape_failures.labels(dispatcher.model.name, handle.name).inc()
         if reading.ok != was_ok:
             log.info(

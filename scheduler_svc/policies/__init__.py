@@ -10,7 +10,15 @@ from scheduler_svc.policies.fairness import (
     VirtualTokenCounterFairness,
     WeightedRoundRobinFairness,
 )
-from scheduler_svc.policies.gate import GATE_POLICIES, Gate, GateDecision, GateInputs, QueueDepthGate, SignalGate
+from scheduler_svc.policies.gate import (
+    GATE_POLICIES,
+    Gate,
+    GateCause,
+    GateDecision,
+    GateInputs,
+    QueueDepthGate,
+    SignalGate,
+)
 from scheduler_svc.policies.ordering import ORDERING_POLICIES, EdfOrdering, FcfsOrdering, OrderingPolicy
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.weights import WeightResolver
@@ -28,6 +36,7 @@ __all__ = [
     "FairnessPolicy",
     "FcfsOrdering",
     "Gate",
+    "GateCause",
     "GateDecision",
     "GateInputs",
     "LeastLoaded",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from backends.base import BackendLoad
@@ -108,13 +109,29 @@ class GateInputs:
         return min(waiting, ours_ahead + ours_unknown + foreign)
 
 
+class GateCause(StrEnum):
+    """What a gate decision rests on, from a fixed set (a metric label: never free text). `reason` says the
+    numbers; this says which signal: the one that closed the gate, or `open`."""
+
+    OPEN = "open"
+    STALE_METRICS = "stale_metrics"  # no fresh reading: the fallback in-flight cap is reached
+    ENGINE_WAITING = "engine_waiting"  # the engine's queue (ahead of the request) is at the class's target
+    ENGINE_RUNNING = "engine_running"  # the engine runs the class's limit (slots kept for better classes)
+    TPOT = "tpot"  # one more request would push the predicted time per output token past the limit
+    KV_CACHE = "kv_cache"  # the engine's KV-cache usage is over the class's limit
+    COOLING_DOWN = "cooling_down"  # the backend failed a request and sits out its cooldown
+    OTHER = "other"  # a gate that does not say
+
+
 @dataclass(frozen=True, slots=True)
 class GateDecision:
-    """The gate's answer with the reason, for logs, metrics and introspection."""
+    """The gate's answer with the reason (free text, for logs and introspection) and its cause (one of a fixed
+    set, for metrics)."""
 
     open: bool
     reason: str
     fresh: bool
+    cause: GateCause = GateCause.OTHER
 
 
 class Gate(Protocol):
@@ -142,8 +159,10 @@ def _fallback(inputs: GateInputs, config: GateConfig, cls: PriorityClassConfig) 
     if limit := running_limit(inputs, cls):
         cap = min(cap, limit)
     if inputs.in_flight < cap:
-        return GateDecision(True, f"metrics stale: in flight {inputs.in_flight} < cap {cap}", False)
-    return GateDecision(False, f"metrics stale: in flight {inputs.in_flight} >= cap {cap}", False)
+        return GateDecision(True, f"metrics stale: in flight {inputs.in_flight} < cap {cap}", False, GateCause.OPEN)
+    return GateDecision(
+        False, f"metrics stale: in flight {inputs.in_flight} >= cap {cap}", False, GateCause.STALE_METRICS
+    )
 
 
 GateCheck = Callable[[GateInputs, PriorityClassConfig, GateConfig], "str | None"]
@@ -267,7 +286,12 @@ class SignalGate:
     def __init__(self, config: GateConfig) -> None:
         self._config = config
         self.tpot = TpotSignal(config.step_model_half_life_seconds)
-        self.checks: tuple[GateCheck, ...] = (check_waiting, check_running, self.tpot.check, check_kv_cache)
+        self.checks: tuple[tuple[GateCause, GateCheck], ...] = (
+            (GateCause.ENGINE_WAITING, check_waiting),
+            (GateCause.ENGINE_RUNNING, check_running),
+            (GateCause.TPOT, self.tpot.check),
+            (GateCause.KV_CACHE, check_kv_cache),
+        )
 
     def observe(self, reading: BackendLoad) -> None:
         self.tpot.observe(reading)
@@ -276,11 +300,13 @@ class SignalGate:
         fallback = _fallback(inputs, self._config, priority_class)
         if fallback is not None:
             return fallback
-        for check in self.checks:
+        for cause, check in self.checks:
             reason = check(inputs, priority_class, self._config)
             if reason is not None:
-                return GateDecision(False, reason, True)
-        return GateDecision(True, f"waiting {inputs.estimated_waiting()}: all signals under limits", True)
+                return GateDecision(False, reason, True, cause)
+        return GateDecision(
+            True, f"waiting {inputs.estimated_waiting()}: all signals under limits", True, GateCause.OPEN
+        )
 
 
 class QueueDepthGate(SignalGate):
@@ -294,7 +320,7 @@ class QueueDepthGate(SignalGate):
 
     def __init__(self, config: GateConfig) -> None:
         super().__init__(config)
-        self.checks = (check_waiting,)
+        self.checks = ((GateCause.ENGINE_WAITING, check_waiting),)
 
 
 GATE_POLICIES: Registry[Gate] = Registry("gate")

@@ -1,0 +1,207 @@
+"""`AsyncClient`: the asyncio client (typed events and errors, retries, deadlines). `Client` in
+`clients.sync` has the same surface, blocking."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from clients._connection import channel_credentials, generation_params, identity_metadata
+from clients.errors import from_rpc_error
+from clients.events import Completion, Delta, Event, completion_from_pb, event_from_pb
+from clients.retry import Deadline, Retrier, RetryAttempt, RetryPolicy
+from llmsched.v1 import scheduler_pb2 as pb
+from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
+
+
+class AsyncClient:
+    """Talks to one llm-scheduler from asyncio code.
+
+    Identity: `api_key` (sent as a bearer key) or `user` (sent as `x-user-id`). `timeout`: the default
+    overall deadline of a call in seconds (None: none), which a call's own `timeout` or `deadline` replaces;
+    it becomes the gRPC deadline, and retries share it. `retry`: the policy (`NO_RETRY` to turn retries
+    off); `on_retry` hears of each retry before its wait. TLS as for `SchedulerClient`.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        user: str | None = None,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        on_retry: Callable[[RetryAttempt], None] | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+    ) -> None:
+        credentials = channel_credentials(tls, root_certificates, certificate_chain, private_key)
+        self._channel = (
+            grpc.aio.secure_channel(target, credentials) if credentials else grpc.aio.insecure_channel(target)
+        )
+        self._stub = pb_grpc.SchedulerServiceStub(self._channel)
+        self._metadata = identity_metadata(user, api_key)
+        self._timeout = timeout
+        self._retry = retry or RetryPolicy()
+        self._on_retry = on_retry
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+    def _retrier(self, timeout: float | None, deadline: float | None) -> Retrier:
+        if timeout is None and deadline is None:
+            timeout = self._timeout
+        return Retrier(self._retry, Deadline(timeout, deadline), self._on_retry)
+
+    async def submit(
+        self,
+        model: str,
+        prompt: str = "",
+        *,
+        messages: Sequence[tuple[str, str]] = (),
+        timeout: float | None = None,
+        deadline: float | None = None,
+        **fields: Any,
+    ) -> Completion:
+        """Run one generation and return it whole. `timeout` (seconds) or `deadline` (a `time.monotonic()`
+        value): the call's overall deadline. `fields`: any GenerationParams field. Raises SchedulerError."""
+        request = pb.SubmitRequest(params=generation_params(model, prompt, messages, fields))
+        retrier = self._retrier(timeout, deadline)
+        while True:
+            try:
+                response: pb.SubmitResponse = await self._stub.Submit(
+                    request, metadata=self._metadata, timeout=retrier.deadline.remaining()
+                )
+                return completion_from_pb(response)
+            except grpc.aio.AioRpcError as exc:
+                error = from_rpc_error(exc)
+                delay = retrier.next_delay(error, produced_tokens=False, unary=True)
+                if delay is None:
+                    raise error from exc
+            await asyncio.sleep(delay)
+
+    def stream(
+        self,
+        model: str,
+        prompt: str = "",
+        *,
+        messages: Sequence[tuple[str, str]] = (),
+        timeout: float | None = None,
+        deadline: float | None = None,
+        **fields: Any,
+    ) -> AsyncEventStream:
+        """Start a streamed generation: iterate the result for typed events (see `clients.events` for their
+        order), `cancel()` it (or leave the loop) to abort. Raises SchedulerError while iterating."""
+        request = pb.StreamRequest(params=generation_params(model, prompt, messages, fields))
+        retrier = self._retrier(timeout, deadline)
+
+        def start(remaining: float | None) -> grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]:
+            return self._stub.Stream(request, metadata=self._metadata, timeout=remaining)
+
+        return AsyncEventStream(start, retrier)
+
+    async def stream_text(self, model: str, prompt: str = "", **kwargs: Any) -> AsyncIterator[str]:
+        """Just the generated text chunks of a streamed generation."""
+        async with self.stream(model, prompt, **kwargs) as events:
+            async for event in events:
+                if isinstance(event, Delta):
+                    yield event.text
+
+    async def queue_state(
+        self, model: str = "", user: str = "", max_users: int | None = None, *, timeout: float | None = None
+    ) -> pb.GetQueueStateResponse:
+        """Queue depths, gate states and fair-share counters (admins only when admin_users is set)."""
+        try:
+            response: pb.GetQueueStateResponse = await self._stub.GetQueueState(
+                pb.GetQueueStateRequest(model=model, user=user, max_users=max_users),
+                metadata=self._metadata,
+                timeout=timeout if timeout is not None else self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return response
+
+
+class AsyncEventStream:
+    """The events of one streamed generation, across retries; iterate once.
+
+    Leaving the loop early, `cancel()` or `aclose()` cancels the call: a queued request leaves the queue and
+    a running one is aborted in the engine. After `cancel()` the iteration simply ends.
+    """
+
+    def __init__(
+        self,
+        start: Callable[[float | None], grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]],
+        retrier: Retrier,
+    ) -> None:
+        self._start = start
+        self._retrier = retrier
+        self._call: grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse] | None = None
+        self._cancelled = False
+        self._events = self._run()
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events
+
+    async def __aenter__(self) -> AsyncEventStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def cancel(self) -> None:
+        """Abort the request (queued: it leaves the queue; running: the engine stops generating)."""
+        self._cancelled = True
+        if self._call is not None:
+            self._call.cancel()
+
+    async def aclose(self) -> None:
+        self.cancel()
+        await self._events.aclose()
+
+    @property
+    def attempts(self) -> int:
+        """Calls made so far (more than one after retries)."""
+        return self._retrier.attempt
+
+    async def _run(self) -> AsyncGenerator[Event, None]:
+        while not self._cancelled:
+            call = self._call = self._start(self._retrier.deadline.remaining())
+            produced = False
+            try:
+                async for message in call:
+                    event = event_from_pb(message)
+                    produced = produced or isinstance(event, Delta)
+                    yield event
+                return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._cancelled and task is not None and not task.cancelling():
+                    return  # our own cancel(): the stream just ends
+                raise
+            except grpc.aio.AioRpcError as exc:
+                if self._cancelled:
+                    return
+                error = from_rpc_error(exc)
+                delay = self._retrier.next_delay(error, produced_tokens=produced)
+                if delay is None:
+                    raise error from exc
+            finally:
+                call.cancel()  # nothing once the call has ended; aborts it when the consumer left early
+            await asyncio.sleep(delay)
