@@ -62,7 +62,13 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-check: lint typecheck imports buf
+# The Node client (clients/node): node and npm when missing, its npm packages, code generated from protos/, tsc.
+# tests/clients/test_node_client.py runs its tests against a live scheduler.
+.PHONY: node-client
+node-client:
+	bash clients/node/bootstrap.sh
+
+check: lint typecheck imports buf node-client
 	$(BIN)/python scripts/gen_protos.py --check
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
 
@@ -70,7 +76,7 @@ engines: $(STAMP)
 	bash engines/scripts/install_vllm.sh
 	bash engines/scripts/install_llamacpp.sh
 
-test: lint typecheck imports buf engines
+test: lint typecheck imports buf engines node-client
 	$(BIN)/python scripts/gen_protos.py --check
 	$(BIN)/pytest -q
 
