@@ -76,9 +76,16 @@ engines: $(STAMP)
 	bash engines/scripts/install_vllm.sh
 	bash engines/scripts/install_llamacpp.sh
 
-test: lint typecheck imports buf engines node-client
+test: lint typecheck imports buf engines node-client go-client
 	$(BIN)/python scripts/gen_protos.py --check
 	$(BIN)/pytest -q
+
+# Go client (clients/go): Debian's Go toolchain and protoc plugins (apt), code generated from protos/, GOPATH build.
+# Under `make test` its live test (tests/clients/test_go_client.py) fails rather than skips without Go.
+.PHONY: go-client
+go-client:
+	bash clients/go/bootstrap.sh
+test: export LLMSCHED_REQUIRE_GO = 1
 
 test-fast: $(STAMP)
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
