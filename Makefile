@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ENGINE ?= sim
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv protos buf check lint typecheck imports test test-fast engines run demo bench bench-check clean
+.PHONY: help venv protos buf check lint typecheck imports test test-fast engines http-node run demo bench bench-check clean
 
 help:
 	@echo "make run [ENGINE=sim|vllm|llamacpp]  start an engine and the scheduler on 127.0.0.1:50051"
@@ -70,12 +70,18 @@ engines: $(STAMP)
 	bash engines/scripts/install_vllm.sh
 	bash engines/scripts/install_llamacpp.sh
 
-test: lint typecheck imports buf engines
+test: lint typecheck imports buf engines http-node
 	$(BIN)/python scripts/gen_protos.py --check
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP)
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
+
+# The pinned `openai` npm package for tests/http/test_node_sdk.py (tests/http/node/node_modules, npm ci);
+# under `make test` that test fails instead of skipping when the package is missing.
+test: export LLMSCHED_REQUIRE_NODE_SDK = 1
+http-node:
+	bash scripts/http_node_setup.sh
 
 run: $(STAMP)
 	bash scripts/run_local.sh $(ENGINE)
