@@ -79,6 +79,7 @@ async def test_validation_is_the_grpc_one_and_errors_follow_the_table() -> None:
         bad_penalty = await _post(session, base + CHAT, chat(presence_penalty=3))
         bad_role = await _post(session, base + CHAT, {"model": "m", "messages": [{"role": "robot", "content": "x"}]})
         bad_class = await _post(session, base + CHAT, chat(), {"x-priority-class": "vip"})
+        bad_meta_class = await _post(session, base + CHAT, chat(metadata={"priority_class": "vip", "team": "x"}))
         not_json = await _post(session, base + CHAT, "{")
         no_user = await _post(session, base + CHAT, chat(), {"x-user-id": "alice!"})
         rejected = server.scheduler.metrics.registry.get_sample_value(
@@ -89,9 +90,10 @@ async def test_validation_is_the_grpc_one_and_errors_follow_the_table() -> None:
     assert bad_penalty[0] == 400 and "presence_penalty" in _error(bad_penalty[2])["message"]
     assert bad_role[0] == 400 and "messages[0].role" in _error(bad_role[2])["message"]
     assert bad_class[0] == 400 and "priority_class" in _error(bad_class[2])["message"]
+    assert bad_meta_class[0] == 400 and "'vip'" in _error(bad_meta_class[2])["message"]
     assert not_json[0] == 400 and _error(not_json[2])["code"] == "malformed_request"
     assert no_user[0] == 401 and _error(no_user[2])["type"] == "authentication_error"
-    assert rejected == 4  # counted with the gRPC face's counter, under the configured model's name
+    assert rejected == 5  # counted with the gRPC face's counter, under the configured model's name
     assert engine.started == []
 
 
