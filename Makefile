@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ENGINE ?= sim
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv protos buf check lint typecheck imports test test-fast engines run demo bench bench-check clean
+.PHONY: help venv protos buf check lint typecheck imports test test-fast engines http-node run demo bench bench-check clean
 
 help:
 	@echo "make run [ENGINE=sim|vllm|llamacpp]  start an engine and the scheduler on 127.0.0.1:50051"
@@ -62,13 +62,24 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-# The Node client (clients/node): node and npm when missing, its npm packages, code generated from protos/, tsc.
-# tests/clients/test_node_client.py runs its tests against a live scheduler.
-.PHONY: node-client
+# Clients in other languages, each bootstrapped by its own script on a fresh machine:
+# node-client: the Node client (clients/node): node and npm when missing, npm ci, code generated from protos/, tsc;
+#   tests/clients/test_node_client.py runs its tests against a live scheduler.
+# go-client: the Go client (clients/go): Debian's Go toolchain and protoc plugins (apt), code generated from
+#   protos/, GOPATH build; under `make test` its live test fails rather than skips without Go.
+# http-node: the pinned `openai` npm package for tests/http/test_node_sdk.py (the HTTP door through the official
+#   Node SDK); under `make test` that test fails instead of skipping when the package is missing.
+.PHONY: node-client go-client http-node
 node-client:
 	bash clients/node/bootstrap.sh
+go-client:
+	bash clients/go/bootstrap.sh
+http-node:
+	bash scripts/http_node_setup.sh
+test: export LLMSCHED_REQUIRE_GO = 1
+test: export LLMSCHED_REQUIRE_NODE_SDK = 1
 
-check: lint typecheck imports buf node-client
+check: lint typecheck imports buf node-client http-node
 	$(BIN)/python scripts/gen_protos.py --check
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
 
@@ -76,16 +87,9 @@ engines: $(STAMP)
 	bash engines/scripts/install_vllm.sh
 	bash engines/scripts/install_llamacpp.sh
 
-test: lint typecheck imports buf engines node-client go-client
+test: lint typecheck imports buf engines node-client go-client http-node
 	$(BIN)/python scripts/gen_protos.py --check
 	$(BIN)/pytest -q
-
-# Go client (clients/go): Debian's Go toolchain and protoc plugins (apt), code generated from protos/, GOPATH build.
-# Under `make test` its live test (tests/clients/test_go_client.py) fails rather than skips without Go.
-.PHONY: go-client
-go-client:
-	bash clients/go/bootstrap.sh
-test: export LLMSCHED_REQUIRE_GO = 1
 
 test-fast: $(STAMP)
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"

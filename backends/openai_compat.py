@@ -41,6 +41,10 @@ def openai_body(request: GenerationRequest, engine_model: str) -> tuple[str, dic
         body["stop"] = list(params.stop)
     if params.ignore_eos:
         body["ignore_eos"] = True
+    if params.presence_penalty is not None:
+        body["presence_penalty"] = params.presence_penalty
+    if params.frequency_penalty is not None:
+        body["frequency_penalty"] = params.frequency_penalty
     return path, body
 
 

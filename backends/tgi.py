@@ -55,6 +55,8 @@ def tgi_body(request: GenerationRequest) -> dict[str, Any]:
         parameters["seed"] = params.seed
     if params.stop:
         parameters["stop"] = list(params.stop)
+    if params.frequency_penalty is not None:  # /generate_stream has no presence_penalty
+        parameters["frequency_penalty"] = params.frequency_penalty
     return {"inputs": request.prompt, "parameters": parameters}
 
 

@@ -1,25 +1,59 @@
-"""Turn the generation parameters of an incoming Submit/Stream request into a validated `QueuedRequest`, or a
-clear error."""
+"""Turn the generation parameters of an incoming request into a validated `QueuedRequest`, or a clear error,
+and queue it: the one admission path of every face (gRPC Submit/Stream, the HTTP door), so validation,
+caps and the rejection counter are shared whichever door a request came through."""
 
 from __future__ import annotations
 
 import math
 import re
 import uuid
+from collections.abc import Callable
+from typing import Literal
+
+import structlog
 
 from backends.base import ChatMessage, SamplingParams
 from llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.config import Config
-from scheduler_svc.errors import InvalidRequest, ModelNotFound, PromptTooLarge
+from scheduler_svc.errors import InternalError, InvalidRequest, ModelNotFound, PromptTooLarge, SchedulerError
 from scheduler_svc.request import QueuedRequest
-from scheduler_svc.text import client_text
+from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.text import UNKNOWN_LABEL, client_text
+from scheduler_svc.ticket import Ticket
+
+log = structlog.get_logger(__name__)
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOP_STRINGS = 16
+MAX_CACHE_KEY_CHARS = 256
 MAX_MESSAGES = 4096  # bounds the wire overhead beyond the counted bytes (a few bytes of framing each)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 
 GenerateRequest = pb.GenerationParams  # what SubmitRequest and StreamRequest carry as `params`
+
+
+def admit_call(
+    scheduler: Scheduler, message: GenerateRequest, *, identify: Callable[[], str], timeout: float | None
+) -> Ticket:
+    """Identify the caller (`identify` raises Unauthenticated), validate and queue the request. A bug on the
+    way (anything that is not a SchedulerError) is counted and logged once, and surfaces as InternalError."""
+    try:
+        return scheduler.admit(
+            build_request(message, user=identify(), config=scheduler.config, now=scheduler.clock.now(), timeout=timeout)
+        )
+    except SchedulerError:
+        raise
+    except Exception as exc:
+        scheduler.errors.report("admission", exc)
+        raise InternalError("the scheduler failed to admit the request") from exc
+
+
+def count_rejection(scheduler: Scheduler, model: str, exc: SchedulerError) -> None:
+    """Count and log a refused admission. The label is a configured model name or one fixed value, never the
+    client's string: each distinct label value is a series held for the life of the process."""
+    label = model if model in scheduler.dispatchers else UNKNOWN_LABEL
+    scheduler.metrics.rejected.labels(label, exc.reason.lower()).inc()
+    log.info("request_rejected", model=client_text(model), reason=exc.reason, error=str(exc))
 
 
 def build_request(
@@ -55,6 +89,10 @@ def build_request(
     top_p = message.top_p if message.HasField("top_p") else None
     if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
         raise InvalidRequest(f"top_p must be in (0, 1], got {top_p}")
+    presence_penalty = _penalty(message, "presence_penalty")
+    frequency_penalty = _penalty(message, "frequency_penalty")
+    if len(message.prompt_cache_key) > MAX_CACHE_KEY_CHARS:
+        raise InvalidRequest(f"prompt_cache_key: at most {MAX_CACHE_KEY_CHARS} characters")
     if len(message.stop) > MAX_STOP_STRINGS or any(not s for s in message.stop):
         raise InvalidRequest(f"stop: at most {MAX_STOP_STRINGS} non-empty strings")
     class_name = message.priority_class or config.scheduling.default_class
@@ -90,12 +128,25 @@ def build_request(
             stop=tuple(message.stop),
             seed=message.seed if message.HasField("seed") else None,
             ignore_eos=message.ignore_eos,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
         ),
         admitted_at=now,
         deadline=min(deadlines, default=None),
         prompt_chars=prompt_chars,
         prompt_bytes=prompt_bytes,
+        cache_key=message.prompt_cache_key,
     )
+
+
+def _penalty(message: GenerateRequest, name: Literal["presence_penalty", "frequency_penalty"]) -> float | None:
+    """An optional penalty field, checked to lie in the range the OpenAI API and vLLM accept."""
+    if not message.HasField(name):
+        return None
+    value: float = getattr(message, name)
+    if not (math.isfinite(value) and -2 <= value <= 2):
+        raise InvalidRequest(f"{name} must be between -2 and 2, got {value}")
+    return value
 
 
 def server_request_id(client_request_id: str) -> str:

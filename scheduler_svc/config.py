@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import tomllib
 import types
 import typing
@@ -131,6 +132,10 @@ def _validate(config: Config) -> None:
         raise ConfigError("models: configure at least one [[models]] entry")
     if config.server.unhealthy_after_failed_passes < 1 or config.server.unhealthy_after_stalled_seconds < 0:
         raise ConfigError("server: unhealthy_after_failed_passes must be >= 1, unhealthy_after_stalled_seconds >= 0")
+    if config.server.http_max_body_bytes < 0:
+        raise ConfigError("server.http_max_body_bytes must be >= 0 (0: derived from max_prompt_bytes)")
+    if not re.fullmatch(r"[a-z0-9-]{1,64}", config.server.http_user_header):
+        raise ConfigError("server.http_user_header: 1-64 lower-case letters, digits and dashes")
     FAIRNESS_POLICIES.check(config.scheduling.fairness, "scheduling.fairness")
     ORDERING_POLICIES.check(config.scheduling.ordering, "scheduling.ordering")
     class_names = [c.name for c in config.scheduling.classes]

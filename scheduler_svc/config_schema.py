@@ -35,6 +35,21 @@ class ServerConfig:
     metrics_listen: str = _field(
         "127.0.0.1:9464", "Prometheus /metrics HTTP address of the scheduler itself; empty disables it."
     )
+    http_listen: str = _field(
+        "",
+        "OpenAI-compatible HTTP door (/v1/chat/completions, /v1/completions, /v1/models) address, served by "
+        "the same process and queues as gRPC, with the same TLS settings; empty disables it.",
+    )
+    http_max_body_bytes: int = _field(
+        0,
+        "Largest HTTP request body the door reads (413 beyond it); 0: twice the largest max_prompt_bytes "
+        "plus 256 KiB (JSON escaping may double a prompt). Prompts are still held to max_prompt_bytes.",
+    )
+    http_user_header: str = _field(
+        "x-user-id",
+        "Without API keys or client-certificate identity, the HTTP door takes the user id from this header "
+        "(set it from a trusted proxy). The body's `user` / `safety_identifier` never decides identity.",
+    )
     shutdown_grace_seconds: float = _field(
         10.0, "On SIGTERM: how long queued and running requests may drain before they are cut."
     )

@@ -3,6 +3,7 @@
     SchedulerError                      a failure reported to the client
     ├── InternalError                   a bug of ours, counted in llmsched_internal_errors_total
     ├── InvalidRequest                  the request is malformed
+    │   ├── InvalidField                one named field is unknown or of the wrong type (HTTP door)
     │   ├── PromptTooLarge              the prompt exceeds max_prompt_bytes (the limit travels with it)
     │   └── MalformedRequest            the body does not decode
     ├── ModelNotFound                   the model is not configured
@@ -38,6 +39,15 @@ class InvalidRequest(SchedulerError):
     """The request is malformed; the message says which field and why."""
 
     reason = "INVALID_REQUEST"
+
+
+class InvalidField(InvalidRequest):
+    """One field of the request cannot be taken (unknown, or of the wrong type); `param` names it, as
+    OpenAI's error `param` does."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
 
 
 class PromptTooLarge(InvalidRequest):

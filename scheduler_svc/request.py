@@ -51,6 +51,7 @@ class QueuedRequest:
     prompt_chars: int = field(default=0)
     prompt_bytes: int = field(default=0)
     client_request_id: str = ""
+    cache_key: str = ""  # the client's prompt_cache_key: kept for prefix-locality scheduling
 
     @property
     def public_id(self) -> str:

@@ -148,6 +148,11 @@ class Scheduler:
             except Exception as exc:
                 self.errors.report("watchdog", exc, model=dispatcher.model.name)
 
+    @property
+    def accepting(self) -> bool:
+        """False once draining: new requests are refused with ShuttingDown (readiness probes say so)."""
+        return self._accepting
+
     def stop_admission(self) -> None:
         self._accepting = False
 

@@ -1,7 +1,9 @@
-"""Assemble and run the service: gRPC (scheduler, health, reflection), the scheduler loops, /metrics.
+"""Assemble and run the service: gRPC (scheduler, health, reflection), the OpenAI-compatible HTTP door,
+the scheduler loops, /metrics. Both doors share one Scheduler on one event loop.
 
-Graceful shutdown, in this order: health flips to NOT_SERVING, admission stops, queued and running work
-drains for `shutdown_grace_seconds`, what is still queued gets UNAVAILABLE, then the gRPC server stops.
+Graceful shutdown, in this order: health flips to NOT_SERVING, admission stops (HTTP /readyz says 503),
+queued and running work drains for `shutdown_grace_seconds`, what is still queued gets UNAVAILABLE (503 over
+HTTP), then the gRPC server and the HTTP door stop.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from scheduler_svc.auth import Authenticator
 from scheduler_svc.clock import Clock
 from scheduler_svc.config import Config
 from scheduler_svc.decoding import DecodeGuard
+from scheduler_svc.http import HttpDoor
 from scheduler_svc.scheduler import BackendFactory, Scheduler, default_backend_factory
 from scheduler_svc.servicer import SchedulerServicer
 from scheduler_svc.tls import ServerTls
@@ -59,21 +62,26 @@ class SchedulerServer:
         self._tls = ServerTls.from_config(config.server)  # read once, at startup; shared by every listener
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._metrics_runner: web.AppRunner | None = None
+        self._http_runner: web.AppRunner | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
         self.port = 0
         self.metrics_port = 0
+        self.http_port = 0
 
     @property
     def address(self) -> str:
         return f"{_split(self.config.server.listen)[0]}:{self.port}"
 
+    @property
+    def http_address(self) -> str:
+        """host:port of the HTTP door (empty when it is off)."""
+        return f"{_split(self.config.server.http_listen)[0]}:{self.http_port}" if self.http_port else ""
+
     async def start(self) -> None:
         """Bind the ports and start serving."""
-        pb_grpc.add_SchedulerServiceServicer_to_server(
-            SchedulerServicer(self.scheduler, Authenticator(self.config.auth)),
-            self._grpc,
-        )
+        authenticator = Authenticator(self.config.auth)
+        pb_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(self.scheduler, authenticator), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
             (
@@ -94,11 +102,14 @@ class SchedulerServer:
         await self._grpc.start()
         if self.config.server.metrics_listen:
             await self._start_metrics()
+        if self.config.server.http_listen:
+            await self._start_http(authenticator)
         await self._set_health(serving=True)
         self._health_task = asyncio.create_task(self._follow_health(), name="health")
         log.info(
             "serving",
             grpc=self.address,
+            http=self.http_address or None,
             metrics=f"{_split(self.config.server.metrics_listen)[0]}:{self.metrics_port}"
             if self.metrics_port
             else None,
@@ -117,14 +128,22 @@ class SchedulerServer:
         app = web.Application()
         app.router.add_get("/metrics", metrics)
         self._metrics_runner = web.AppRunner(app, access_log=None)
-        await self._metrics_runner.setup()
-        host, port = _split(self.config.server.metrics_listen)
+        self.metrics_port = await self._listen(self._metrics_runner, self.config.server.metrics_listen)
+
+    async def _start_http(self, authenticator: Authenticator) -> None:
+        door = HttpDoor(self.scheduler, authenticator)
+        self._http_runner = door.runner(shutdown_timeout=1.0)  # runs after the drain: little is left by then
+        self.http_port = await self._listen(self._http_runner, self.config.server.http_listen)
+
+    async def _listen(self, runner: web.AppRunner, address: str) -> int:
+        """Serve `runner` on `address` (with the shared TLS settings); the port bound."""
+        await runner.setup()
+        host, port = _split(address)
         ssl_context = self._tls.ssl_context() if self._tls is not None else None
-        site = web.TCPSite(self._metrics_runner, host, port, ssl_context=ssl_context)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.metrics_port = sockets[0].getsockname()[1] if sockets else port
+        sockets = getattr(site._server, "sockets", None) or []
+        return int(sockets[0].getsockname()[1]) if sockets else port
 
     async def _set_health(self, *, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -151,6 +170,9 @@ class SchedulerServer:
             self._health_task = None
         await self.scheduler.drain(grace)
         await self._grpc.stop(grace=1.0)
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+            self._http_runner = None
         if self._scheduler_task is not None:
             self._scheduler_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -20,14 +20,14 @@ from google.protobuf import timestamp_pb2
 from backends.errors import BackendError
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
-from scheduler_svc.admission import GenerateRequest, build_request
+from scheduler_svc.admission import GenerateRequest, admit_call, count_rejection
 from scheduler_svc.auth import Authenticator
-from scheduler_svc.errors import InternalError, ModelNotFound, PermissionDenied, SchedulerError
+from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError
 from scheduler_svc.grpc_errors import to_grpc_status
 from scheduler_svc.introspection import queue_state, to_duration, user_limits
 from scheduler_svc.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun
 from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.text import UNKNOWN_LABEL, client_text
+from scheduler_svc.text import client_text
 from scheduler_svc.ticket import Ticket
 
 log = structlog.get_logger(__name__)
@@ -49,33 +49,19 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         self._auth = authenticator
 
     def _admit(self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Ticket:
-        """Identify the caller, validate and queue the request. A bug on the way (anything that is not a
-        SchedulerError) is counted and logged once, and the caller gets INTERNAL with its ErrorInfo, not a
-        bare UNKNOWN."""
-        try:
-            user = self._auth.identify(context.invocation_metadata(), context.auth_context)
-            request = build_request(
-                message,
-                user=user,
-                config=self._scheduler.config,
-                now=self._scheduler.clock.now(),
-                timeout=context.time_remaining(),
-            )
-            return self._scheduler.admit(request)
-        except SchedulerError:
-            raise
-        except Exception as exc:
-            self._scheduler.errors.report("admission", exc)
-            raise InternalError("the scheduler failed to admit the request") from exc
+        """Identify the caller, validate and queue the request (a bug on the way: INTERNAL with its
+        ErrorInfo, not a bare UNKNOWN)."""
+        return admit_call(
+            self._scheduler,
+            message,
+            identify=lambda: self._auth.identify(context.invocation_metadata(), context.auth_context),
+            timeout=context.time_remaining(),
+        )
 
     async def _reject(
         self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any], exc: SchedulerError
     ) -> NoReturn:
-        # The label is a configured model name or one fixed value, never the client's string: each distinct
-        # label value is a series held for the life of the process and repeated in every scrape.
-        model = message.model if message.model in self._scheduler.dispatchers else UNKNOWN_LABEL
-        self._scheduler.metrics.rejected.labels(model, exc.reason.lower()).inc()
-        log.info("request_rejected", model=client_text(message.model), reason=exc.reason, error=str(exc))
+        count_rejection(self._scheduler, message.model, exc)
         await _abort(context, exc)
 
     def _timings(self, ticket: Ticket) -> pb.Timings:

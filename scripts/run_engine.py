@@ -21,6 +21,7 @@ CONFIG = """
 [server]
 listen = "127.0.0.1:50051"
 metrics_listen = "127.0.0.1:9464"
+http_listen = "127.0.0.1:8080"
 
 [scheduling]
 default_class = "interactive"
@@ -90,7 +91,8 @@ def main() -> None:
     config = ROOT / ".cache" / f"run-{args.engine}.toml"
     config.write_text(config_text(args.engine, args.model, args.port))
     print(
-        f"\n  llm-scheduler on 127.0.0.1:50051 in front of real {args.engine} ({engine.url})\n"
+        f"\n  llm-scheduler on 127.0.0.1:50051 (gRPC) and http://127.0.0.1:8080/v1 (OpenAI-compatible HTTP)"
+        f" in front of real {args.engine} ({engine.url})\n"
         f"  .venv/bin/llmsched stream --model {args.model} --user alice --max-tokens 32 'Tell me a story'\n",
         flush=True,
     )

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make run [ENGINE=sim|vllm|llamacpp]`: start an engine on 127.0.0.1:8000 and the scheduler on :50051.
+# `make run [ENGINE=sim|vllm|llamacpp]`: start an engine on 127.0.0.1:8000 and the scheduler on :50051 (gRPC)
+# and :8080 (the OpenAI-compatible HTTP door, from configs/example.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 engine="${1:-sim}"
@@ -37,11 +38,13 @@ esac
 
 cat <<MSG
 
-  llm-scheduler on 127.0.0.1:50051 (engine: $engine on 127.0.0.1:8000, scheduler metrics on :9464/metrics)
+  llm-scheduler on 127.0.0.1:50051 (gRPC) and http://127.0.0.1:8080/v1 (OpenAI-compatible HTTP)
+  (engine: $engine on 127.0.0.1:8000, scheduler metrics on :9464/metrics)
   Try, in another shell:
     .venv/bin/llmsched stream --model sim-model --user alice "Tell me a story"
     .venv/bin/llmsched submit --model sim-model --user bob --max-tokens 32 "Hello"
     grpcurl -plaintext 127.0.0.1:50051 list
+    curl -N localhost:8080/v1/chat/completions -H 'x-user-id: carol' -H 'x-queue-updates: true' -d '{"model": "sim-model", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}'
   Ctrl-C stops both.
 
 MSG

@@ -26,51 +26,51 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bllmsched/v1/scheduler.proto\x12\x0bllmsched.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb7\x02\n\x10GenerationParams\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12*\n\x08messages\x18\x03 \x03(\x0b\x32\x18.llmsched.v1.ChatMessage\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x16\n\x0epriority_class\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\">\n\rSubmitRequest\x12-\n\x06params\x18\x01 \x01(\x0b\x32\x1d.llmsched.v1.GenerationParams\"\xbf\x01\n\x0eSubmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.llmsched.v1.FinishReason\x12!\n\x05usage\x18\x04 \x01(\x0b\x32\x12.llmsched.v1.Usage\x12%\n\x07timings\x18\x05 \x01(\x0b\x32\x14.llmsched.v1.Timings\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\">\n\rStreamRequest\x12-\n\x06params\x18\x01 \x01(\x0b\x32\x1d.llmsched.v1.GenerationParams\"\xbf\x01\n\x0eStreamResponse\x12%\n\x06queued\x18\x01 \x01(\x0b\x32\x13.llmsched.v1.QueuedH\x00\x12-\n\ndispatched\x18\x02 \x01(\x0b\x32\x17.llmsched.v1.DispatchedH\x00\x12#\n\x05\x64\x65lta\x18\x03 \x01(\x0b\x32\x12.llmsched.v1.DeltaH\x00\x12)\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x15.llmsched.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\xa2\x01\n\x06Queued\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1e\n\x16position_in_user_queue\x18\x02 \x01(\x05\x12\x19\n\x11model_queue_depth\x18\x03 \x01(\x05\x12\x16\n\x0epriority_class\x18\x04 \x01(\t\x12\x31\n\x0e\x65stimated_wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x7f\n\nDispatched\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x31\n\rdispatched_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\nqueue_wait\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"%\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\"\x86\x01\n\x08\x46inished\x12\x30\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x19.llmsched.v1.FinishReason\x12!\n\x05usage\x18\x02 \x01(\x0b\x32\x12.llmsched.v1.Usage\x12%\n\x07timings\x18\x03 \x01(\x0b\x32\x14.llmsched.v1.Timings\"P\n\x05Usage\x12\x1a\n\rprompt_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x42\x10\n\x0e_prompt_tokens\"\x9a\x01\n\x07Timings\x12-\n\nqueue_wait\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12(\n\x05total\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"Y\n\x14GetQueueStateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x16\n\tmax_users\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x0c\n\n_max_users\"E\n\x15GetQueueStateResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.llmsched.v1.ModelQueueState\"\xb6\x01\n\x0fModelQueueState\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x1d\n\x15\x64rain_rate_per_second\x18\x04 \x01(\x01\x12-\n\x07\x63lasses\x18\x05 \x03(\x0b\x32\x1c.llmsched.v1.ClassQueueState\x12%\n\x05gates\x18\x06 \x03(\x0b\x32\x16.llmsched.v1.GateState\"\x9b\x01\n\x0f\x43lassQueueState\x12\x16\n\x0epriority_class\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x12*\n\x05users\x18\x04 \x03(\x0b\x32\x1b.llmsched.v1.UserQueueState\x12\x13\n\x0busers_total\x18\x05 \x01(\x05\x12\x11\n\ttruncated\x18\x06 \x01(\x08\"f\n\x0eUserQueueState\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x1f\n\x12\x66\x61ir_share_counter\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x15\n\x13_fair_share_counter\"\xaa\x03\n\tGateState\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x16\n\x0epriority_class\x18\x02 \x01(\t\x12\x0c\n\x04open\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x15\n\rmetrics_fresh\x18\x05 \x01(\x08\x12.\n\x0breading_age\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1b\n\x0e\x65ngine_waiting\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0e\x65ngine_running\x18\x08 \x01(\x05H\x01\x88\x01\x01\x12.\n\x0b\x65ngine_tpot\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x15\x65ngine_kv_cache_usage\x18\n \x01(\x01H\x02\x88\x01\x01\x12\x11\n\tin_flight\x18\x0b \x01(\x05\x12\x13\n\x0bsent_unseen\x18\x0c \x01(\x05\x12\x19\n\x11\x65stimated_waiting\x18\r \x01(\x05\x42\x11\n\x0f_engine_waitingB\x11\n\x0f_engine_runningB\x18\n\x16_engine_kv_cache_usage*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xf2\x01\n\x10SchedulerService\x12\x41\n\x06Submit\x12\x1a.llmsched.v1.SubmitRequest\x1a\x1b.llmsched.v1.SubmitResponse\x12\x43\n\x06Stream\x12\x1a.llmsched.v1.StreamRequest\x1a\x1b.llmsched.v1.StreamResponse0\x01\x12V\n\rGetQueueState\x12!.llmsched.v1.GetQueueStateRequest\x1a\".llmsched.v1.GetQueueStateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bllmsched/v1/scheduler.proto\x12\x0bllmsched.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xbb\x03\n\x10GenerationParams\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12*\n\x08messages\x18\x03 \x03(\x0b\x32\x18.llmsched.v1.ChatMessage\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x16\n\x0epriority_class\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x1d\n\x10presence_penalty\x18\x0c \x01(\x02H\x04\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\r \x01(\x02H\x05\x88\x01\x01\x12\x18\n\x10prompt_cache_key\x18\x0e \x01(\tB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\">\n\rSubmitRequest\x12-\n\x06params\x18\x01 \x01(\x0b\x32\x1d.llmsched.v1.GenerationParams\"\xbf\x01\n\x0eSubmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.llmsched.v1.FinishReason\x12!\n\x05usage\x18\x04 \x01(\x0b\x32\x12.llmsched.v1.Usage\x12%\n\x07timings\x18\x05 \x01(\x0b\x32\x14.llmsched.v1.Timings\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\">\n\rStreamRequest\x12-\n\x06params\x18\x01 \x01(\x0b\x32\x1d.llmsched.v1.GenerationParams\"\xbf\x01\n\x0eStreamResponse\x12%\n\x06queued\x18\x01 \x01(\x0b\x32\x13.llmsched.v1.QueuedH\x00\x12-\n\ndispatched\x18\x02 \x01(\x0b\x32\x17.llmsched.v1.DispatchedH\x00\x12#\n\x05\x64\x65lta\x18\x03 \x01(\x0b\x32\x12.llmsched.v1.DeltaH\x00\x12)\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x15.llmsched.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\xa2\x01\n\x06Queued\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1e\n\x16position_in_user_queue\x18\x02 \x01(\x05\x12\x19\n\x11model_queue_depth\x18\x03 \x01(\x05\x12\x16\n\x0epriority_class\x18\x04 \x01(\t\x12\x31\n\x0e\x65stimated_wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x7f\n\nDispatched\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x31\n\rdispatched_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\nqueue_wait\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"%\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\"\x86\x01\n\x08\x46inished\x12\x30\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x19.llmsched.v1.FinishReason\x12!\n\x05usage\x18\x02 \x01(\x0b\x32\x12.llmsched.v1.Usage\x12%\n\x07timings\x18\x03 \x01(\x0b\x32\x14.llmsched.v1.Timings\"P\n\x05Usage\x12\x1a\n\rprompt_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x42\x10\n\x0e_prompt_tokens\"\x9a\x01\n\x07Timings\x12-\n\nqueue_wait\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12(\n\x05total\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"Y\n\x14GetQueueStateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x16\n\tmax_users\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x0c\n\n_max_users\"E\n\x15GetQueueStateResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.llmsched.v1.ModelQueueState\"\xb6\x01\n\x0fModelQueueState\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x1d\n\x15\x64rain_rate_per_second\x18\x04 \x01(\x01\x12-\n\x07\x63lasses\x18\x05 \x03(\x0b\x32\x1c.llmsched.v1.ClassQueueState\x12%\n\x05gates\x18\x06 \x03(\x0b\x32\x16.llmsched.v1.GateState\"\x9b\x01\n\x0f\x43lassQueueState\x12\x16\n\x0epriority_class\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x12*\n\x05users\x18\x04 \x03(\x0b\x32\x1b.llmsched.v1.UserQueueState\x12\x13\n\x0busers_total\x18\x05 \x01(\x05\x12\x11\n\ttruncated\x18\x06 \x01(\x08\"f\n\x0eUserQueueState\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x1f\n\x12\x66\x61ir_share_counter\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x15\n\x13_fair_share_counter\"\xaa\x03\n\tGateState\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x16\n\x0epriority_class\x18\x02 \x01(\t\x12\x0c\n\x04open\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x15\n\rmetrics_fresh\x18\x05 \x01(\x08\x12.\n\x0breading_age\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1b\n\x0e\x65ngine_waiting\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0e\x65ngine_running\x18\x08 \x01(\x05H\x01\x88\x01\x01\x12.\n\x0b\x65ngine_tpot\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x15\x65ngine_kv_cache_usage\x18\n \x01(\x01H\x02\x88\x01\x01\x12\x11\n\tin_flight\x18\x0b \x01(\x05\x12\x13\n\x0bsent_unseen\x18\x0c \x01(\x05\x12\x19\n\x11\x65stimated_waiting\x18\r \x01(\x05\x42\x11\n\x0f_engine_waitingB\x11\n\x0f_engine_runningB\x18\n\x16_engine_kv_cache_usage*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xf2\x01\n\x10SchedulerService\x12\x41\n\x06Submit\x12\x1a.llmsched.v1.SubmitRequest\x1a\x1b.llmsched.v1.SubmitResponse\x12\x43\n\x06Stream\x12\x1a.llmsched.v1.StreamRequest\x1a\x1b.llmsched.v1.StreamResponse0\x01\x12V\n\rGetQueueState\x12!.llmsched.v1.GetQueueStateRequest\x1a\".llmsched.v1.GetQueueStateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmsched.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2732
-  _globals['_FINISHREASON']._serialized_end=2827
+  _globals['_FINISHREASON']._serialized_start=2864
+  _globals['_FINISHREASON']._serialized_end=2959
   _globals['_CHATMESSAGE']._serialized_start=109
   _globals['_CHATMESSAGE']._serialized_end=153
   _globals['_GENERATIONPARAMS']._serialized_start=156
-  _globals['_GENERATIONPARAMS']._serialized_end=467
-  _globals['_SUBMITREQUEST']._serialized_start=469
-  _globals['_SUBMITREQUEST']._serialized_end=531
-  _globals['_SUBMITRESPONSE']._serialized_start=534
-  _globals['_SUBMITRESPONSE']._serialized_end=725
-  _globals['_STREAMREQUEST']._serialized_start=727
-  _globals['_STREAMREQUEST']._serialized_end=789
-  _globals['_STREAMRESPONSE']._serialized_start=792
-  _globals['_STREAMRESPONSE']._serialized_end=983
-  _globals['_QUEUED']._serialized_start=986
-  _globals['_QUEUED']._serialized_end=1148
-  _globals['_DISPATCHED']._serialized_start=1150
-  _globals['_DISPATCHED']._serialized_end=1277
-  _globals['_DELTA']._serialized_start=1279
-  _globals['_DELTA']._serialized_end=1316
-  _globals['_FINISHED']._serialized_start=1319
-  _globals['_FINISHED']._serialized_end=1453
-  _globals['_USAGE']._serialized_start=1455
-  _globals['_USAGE']._serialized_end=1535
-  _globals['_TIMINGS']._serialized_start=1538
-  _globals['_TIMINGS']._serialized_end=1692
-  _globals['_GETQUEUESTATEREQUEST']._serialized_start=1694
-  _globals['_GETQUEUESTATEREQUEST']._serialized_end=1783
-  _globals['_GETQUEUESTATERESPONSE']._serialized_start=1785
-  _globals['_GETQUEUESTATERESPONSE']._serialized_end=1854
-  _globals['_MODELQUEUESTATE']._serialized_start=1857
-  _globals['_MODELQUEUESTATE']._serialized_end=2039
-  _globals['_CLASSQUEUESTATE']._serialized_start=2042
-  _globals['_CLASSQUEUESTATE']._serialized_end=2197
-  _globals['_USERQUEUESTATE']._serialized_start=2199
-  _globals['_USERQUEUESTATE']._serialized_end=2301
-  _globals['_GATESTATE']._serialized_start=2304
-  _globals['_GATESTATE']._serialized_end=2730
-  _globals['_SCHEDULERSERVICE']._serialized_start=2830
-  _globals['_SCHEDULERSERVICE']._serialized_end=3072
+  _globals['_GENERATIONPARAMS']._serialized_end=599
+  _globals['_SUBMITREQUEST']._serialized_start=601
+  _globals['_SUBMITREQUEST']._serialized_end=663
+  _globals['_SUBMITRESPONSE']._serialized_start=666
+  _globals['_SUBMITRESPONSE']._serialized_end=857
+  _globals['_STREAMREQUEST']._serialized_start=859
+  _globals['_STREAMREQUEST']._serialized_end=921
+  _globals['_STREAMRESPONSE']._serialized_start=924
+  _globals['_STREAMRESPONSE']._serialized_end=1115
+  _globals['_QUEUED']._serialized_start=1118
+  _globals['_QUEUED']._serialized_end=1280
+  _globals['_DISPATCHED']._serialized_start=1282
+  _globals['_DISPATCHED']._serialized_end=1409
+  _globals['_DELTA']._serialized_start=1411
+  _globals['_DELTA']._serialized_end=1448
+  _globals['_FINISHED']._serialized_start=1451
+  _globals['_FINISHED']._serialized_end=1585
+  _globals['_USAGE']._serialized_start=1587
+  _globals['_USAGE']._serialized_end=1667
+  _globals['_TIMINGS']._serialized_start=1670
+  _globals['_TIMINGS']._serialized_end=1824
+  _globals['_GETQUEUESTATEREQUEST']._serialized_start=1826
+  _globals['_GETQUEUESTATEREQUEST']._serialized_end=1915
+  _globals['_GETQUEUESTATERESPONSE']._serialized_start=1917
+  _globals['_GETQUEUESTATERESPONSE']._serialized_end=1986
+  _globals['_MODELQUEUESTATE']._serialized_start=1989
+  _globals['_MODELQUEUESTATE']._serialized_end=2171
+  _globals['_CLASSQUEUESTATE']._serialized_start=2174
+  _globals['_CLASSQUEUESTATE']._serialized_end=2329
+  _globals['_USERQUEUESTATE']._serialized_start=2331
+  _globals['_USERQUEUESTATE']._serialized_end=2433
+  _globals['_GATESTATE']._serialized_start=2436
+  _globals['_GATESTATE']._serialized_end=2862
+  _globals['_SCHEDULERSERVICE']._serialized_start=2962
+  _globals['_SCHEDULERSERVICE']._serialized_end=3204
 # @@protoc_insertion_point(module_scope)

@@ -53,7 +53,7 @@ def _shipped(name: str) -> dict[str, Any]:
 
 
 def _placed(raw: dict[str, Any], engine_url: str) -> dict[str, Any]:
-    raw.setdefault("server", {}).update(listen="127.0.0.1:0", metrics_listen="", log_level="warning")
+    raw.setdefault("server", {}).update(listen="127.0.0.1:0", metrics_listen="", http_listen="", log_level="warning")
     backend = raw["models"][0]["backends"][0]
     backend.update(url=engine_url, max_num_seqs=SLOW_STEPPING["max_num_seqs"])
     return raw

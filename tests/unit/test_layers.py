@@ -95,6 +95,7 @@ EXPECTED_STATUS = [
     (errors.QueueFull("x", retry_after_seconds=1.0), grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL"),
     (errors.QueueBytesFull("x", retry_after_seconds=1.0), grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_BYTES_FULL"),
     (errors.QueueTimeout("x"), grpc.StatusCode.DEADLINE_EXCEEDED, "QUEUE_TIMEOUT"),
+    (errors.InvalidField("x", "y"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
     (errors.ShuttingDown("x"), grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN"),
     (backend_errors.BackendError("x"), grpc.StatusCode.INTERNAL, "BACKEND_ERROR"),
     (backend_errors.BackendUnavailable("x"), grpc.StatusCode.UNAVAILABLE, "BACKEND_UNAVAILABLE"),

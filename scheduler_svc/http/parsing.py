@@ -1,0 +1,246 @@
+"""An OpenAI request body to the `GenerationParams` message gRPC callers send, so both doors share one
+validation (`scheduler_svc.admission.build_request`) and one set of limits.
+
+This module only checks what JSON adds: the body is an object, each field is one the door supports and has
+the JSON type OpenAI gives it, and nothing is silently dropped (any other field is a 400 naming it). Ranges,
+roles, the prompt byte cap and the model are `build_request`'s job, as for gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from llmsched.v1 import scheduler_pb2 as pb
+from scheduler_svc.errors import InvalidField, MalformedRequest
+
+Kind = Literal["chat", "completion"]
+
+_COMMON = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "stream",
+        "stream_options",
+        "user",
+        "safety_identifier",
+        "metadata",
+        "prompt_cache_key",
+        "ignore_eos",  # vLLM's extension, for load tests and benchmarks
+    }
+)
+FIELDS: dict[Kind, frozenset[str]] = {
+    "chat": _COMMON | {"messages", "max_completion_tokens"},
+    "completion": _COMMON | {"prompt"},
+}
+"""The request fields each endpoint takes (README lists them)."""
+
+_INT32 = 2**31 - 1
+_INT64 = 2**63 - 1
+MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's own limits
+MAX_USER_CHARS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A parsed request: the generation (as gRPC would carry it) and how the answer is to be sent."""
+
+    kind: Kind
+    params: pb.GenerationParams
+    stream: bool
+    include_usage: bool
+    metadata_priority_class: str
+
+
+def decode_json(raw: bytes) -> Mapping[str, Any]:
+    """The body as a JSON object; anything else (bad UTF-8, NaN, not an object) is MALFORMED_REQUEST."""
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise MalformedRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise MalformedRequest("the request body must be a JSON object")
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_call(body: Mapping[str, Any], kind: Kind) -> Call:
+    """Check `body` against the fields of `kind` and build the call; raises InvalidField or MalformedRequest."""
+    for name in body:
+        if name not in FIELDS[kind]:
+            raise InvalidField(name, "this field is not supported by this server (see its README for the list)")
+    fields: dict[str, Any] = {"model": _string(body, "model") or ""}
+    if kind == "chat":
+        fields["messages"] = _messages(body.get("messages"))
+        if "messages" not in body:
+            raise InvalidField("messages", "required")
+    else:
+        fields["prompt"] = _prompt(body.get("prompt"))
+    max_tokens = _integer(body, "max_tokens", 1, _INT32)
+    if kind == "chat" and (completion := _integer(body, "max_completion_tokens", 1, _INT32)) is not None:
+        if max_tokens is not None and max_tokens != completion:
+            raise InvalidField("max_completion_tokens", "differs from max_tokens: set one of them")
+        max_tokens = completion
+    optional = {
+        "max_tokens": max_tokens,
+        "temperature": _number(body, "temperature"),
+        "top_p": _number(body, "top_p"),
+        "presence_penalty": _number(body, "presence_penalty"),
+        "frequency_penalty": _number(body, "frequency_penalty"),
+        "seed": _integer(body, "seed", -_INT64 - 1, _INT64),
+    }
+    fields.update({name: value for name, value in optional.items() if value is not None})
+    fields["stop"] = _stop(body.get("stop"))
+    fields["ignore_eos"] = _boolean(body, "ignore_eos") or False
+    fields["prompt_cache_key"] = _string(body, "prompt_cache_key") or ""
+    n = _integer(body, "n", 1, _INT32)
+    if n is not None and n != 1:
+        raise InvalidField("n", "only n = 1 is supported")
+    for name in ("user", "safety_identifier"):  # accepted, never identity (see the README)
+        if len(_string(body, name) or "") > MAX_USER_CHARS:
+            raise InvalidField(name, f"at most {MAX_USER_CHARS} characters")
+    stream = _boolean(body, "stream") or False
+    include_usage = _stream_options(body.get("stream_options"), stream)
+    priority_class = _metadata(body.get("metadata")).get("priority_class", "")
+    try:
+        params = pb.GenerationParams(**fields)
+    except ValueError as exc:  # a string protobuf cannot hold (a lone surrogate escaped in the JSON)
+        raise MalformedRequest(f"a string in the request is not valid Unicode: {exc}") from None
+    return Call(kind, params, stream, include_usage, priority_class)
+
+
+def _string(body: Mapping[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise InvalidField(name, "must be a string")
+    return value
+
+
+def _boolean(body: Mapping[str, Any], name: str) -> bool | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidField(name, "must be true or false")
+    return value
+
+
+def _integer(body: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidField(name, "must be an integer")
+    if not low <= value <= high:
+        raise InvalidField(name, f"must be between {low} and {high}")
+    return value
+
+
+def _number(body: Mapping[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidField(name, "must be a number")
+    return float(value)
+
+
+def _text(value: Any, param: str) -> str:
+    """Message content: a string, or a list of text parts (`{"type": "text", "text": ...}`) joined by newlines."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise InvalidField(param, "must be a string or a list of text parts")
+    texts: list[str] = []
+    for j, part in enumerate(value):
+        where = f"{param}[{j}]"
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise InvalidField(where, 'only text parts ({"type": "text", "text": "..."}) are supported')
+        if extra := set(part) - {"type", "text"}:
+            raise InvalidField(f"{where}.{sorted(extra)[0]}", "this field is not supported by this server")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _messages(value: Any) -> list[pb.ChatMessage]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidField("messages", "must be a list of messages")
+    messages: list[pb.ChatMessage] = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidField(where, "must be an object with role and content")
+        if extra := set(message) - {"role", "content"}:
+            raise InvalidField(f"{where}.{sorted(extra)[0]}", "this field is not supported by this server")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise InvalidField(f"{where}.role", "must be a string")
+        messages.append(
+            pb.ChatMessage(
+                role="system" if role == "developer" else role,
+                content=_text(message.get("content"), f"{where}.content"),
+            )
+        )
+    return messages
+
+
+def _prompt(value: Any) -> str:
+    if isinstance(value, list) and len(value) == 1:  # the SDKs type prompt as a string or a list of them
+        value = value[0]
+    if not isinstance(value, str):
+        raise InvalidField("prompt", "required: one string (a list of one string is taken too)")
+    return value
+
+
+def _stop(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise InvalidField("stop", "must be a string or a list of strings")
+    return value
+
+
+def _stream_options(value: Any, stream: bool) -> bool:
+    """Whether the stream ends with a usage chunk (`stream_options.include_usage`)."""
+    if value is None:
+        return False
+    if not stream:
+        raise InvalidField("stream_options", "only allowed when stream is true")
+    if not isinstance(value, dict):
+        raise InvalidField("stream_options", "must be an object")
+    if extra := set(value) - {"include_usage"}:
+        raise InvalidField(f"stream_options.{sorted(extra)[0]}", "this field is not supported by this server")
+    include = value.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise InvalidField("stream_options.include_usage", "must be true or false")
+    return include
+
+
+def _metadata(value: Any) -> dict[str, str]:
+    """OpenAI's metadata: up to 16 string pairs; `priority_class` is read, the rest only checked."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_METADATA_KEYS:
+        raise InvalidField("metadata", f"must be an object of at most {MAX_METADATA_KEYS} string pairs")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY_CHARS or not isinstance(item, str) or len(item) > MAX_METADATA_VALUE_CHARS:
+            raise InvalidField(
+                "metadata",
+                f"keys of at most {MAX_METADATA_KEY_CHARS} characters, string values of at most "
+                f"{MAX_METADATA_VALUE_CHARS}",
+            )
+    return value

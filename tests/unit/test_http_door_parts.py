@@ -1,0 +1,99 @@
+"""The HTTP door's pure parts: the error mapping follows the one table, headers, and the adapters' bodies
+carrying the new sampling fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends import errors as backend_errors
+from backends.base import GenerationRequest, SamplingParams
+from backends.openai_compat import openai_body
+from backends.tgi import tgi_body
+from llmsched.v1.errors import ERRORS
+from scheduler_svc import errors
+from scheduler_svc.http.errors import error_reply
+from scheduler_svc.http.headers import peer_info, timeout_seconds
+
+EXCEPTIONS: list[Exception] = [
+    errors.InvalidRequest("x"),
+    errors.InvalidField("logprobs", "unsupported"),
+    errors.MalformedRequest("x"),
+    errors.PromptTooLarge("x", limit=10),
+    errors.ModelNotFound("x"),
+    errors.Unauthenticated("x"),
+    errors.PermissionDenied("x"),
+    errors.AlreadyExists("x"),
+    errors.QueueFull("x", retry_after_seconds=2.2),
+    errors.QueueBytesFull("x", retry_after_seconds=0.25),
+    errors.QueueTimeout("x"),
+    errors.ShuttingDown("x"),
+    errors.InternalError("x"),
+    backend_errors.BackendError("x"),
+    backend_errors.BackendUnavailable("x"),
+    backend_errors.BackendOverloaded("x"),
+    backend_errors.BackendRejectedRequest("x"),
+    backend_errors.BackendProtocolError("x"),
+]
+
+
+def test_every_reason_of_the_table_is_exercised() -> None:
+    assert {exc.reason for exc in EXCEPTIONS} == set(ERRORS)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("exc", EXCEPTIONS, ids=lambda exc: type(exc).__name__)
+def test_errors_take_status_code_and_retry_from_the_table(exc: Exception) -> None:
+    reply = error_reply(exc)
+    spec = ERRORS[exc.reason]  # type: ignore[attr-defined]
+    assert reply.status == spec.http_status
+    assert reply.headers["x-should-retry"] == ("true" if spec.retryable else "false")
+    assert reply.body["error"]["code"] == exc.reason.lower()  # type: ignore[attr-defined]
+    assert reply.body["error"]["message"] == str(exc)
+
+
+def test_queue_caps_carry_retry_after_in_whole_seconds_and_milliseconds() -> None:
+    long = error_reply(errors.QueueFull("x", retry_after_seconds=2.2)).headers
+    assert (long["retry-after"], long["retry-after-ms"]) == ("3", "2200")
+    short = error_reply(errors.QueueBytesFull("x", retry_after_seconds=0.25)).headers
+    assert (short["retry-after"], short["retry-after-ms"]) == ("1", "250")
+    assert "retry-after" not in error_reply(backend_errors.BackendOverloaded("x")).headers  # no hint to give
+
+
+def test_types_params_and_unknown_exceptions() -> None:
+    assert error_reply(errors.InvalidField("messages[0].name", "no")).body["error"]["param"] == "messages[0].name"
+    assert error_reply(errors.Unauthenticated("x")).body["error"]["type"] == "authentication_error"
+    assert error_reply(errors.PermissionDenied("x")).body["error"]["type"] == "permission_error"
+    assert error_reply(errors.QueueFull("x", retry_after_seconds=1)).body["error"]["type"] == "rate_limit_error"
+    bug = error_reply(KeyError("secret detail"))
+    assert bug.status == 500 and "secret" not in bug.body["error"]["message"]
+
+
+def test_deadline_headers() -> None:
+    assert timeout_seconds({"x-request-timeout-ms": "1500"}) == 1.5
+    assert timeout_seconds({"x-stainless-timeout": "30"}) == 30.0
+    assert timeout_seconds({"x-stainless-read-timeout": "600.0", "x-request-timeout-ms": "100"}) == 0.1
+    assert timeout_seconds({"x-stainless-timeout": "soon"}) is None  # the SDK's header: ignored when odd
+    assert timeout_seconds({}) is None
+    for bad in ("0", "-5", "nan", "inf", "soon"):
+        with pytest.raises(errors.InvalidRequest):
+            timeout_seconds({"x-request-timeout-ms": bad})
+
+
+def test_a_peer_certificate_reads_like_grpc_auth_context() -> None:
+    certificate = {
+        "subject": ((("commonName", "cn-name"),),),
+        "subjectAltName": (("email", "a@b.c"), ("DNS", "svc.example"), ("URI", "spiffe://x/y")),
+    }
+    info = peer_info(certificate)
+    assert list(info["peer_dns"]) == [b"svc.example"] and list(info["peer_uri"]) == [b"spiffe://x/y"]
+    assert list(info["x509_subject_alternative_name"]) == [b"a@b.c", b"svc.example", b"spiffe://x/y"]
+    assert list(info["x509_common_name"]) == [b"cn-name"]
+
+
+def test_penalties_reach_the_engine_bodies() -> None:
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0)
+    _, body = openai_body(GenerationRequest("r", prompt="p", params=params), "model")
+    assert (body["presence_penalty"], body["frequency_penalty"]) == (0.5, -1.0)
+    parameters = tgi_body(GenerationRequest("r", prompt="p", params=params))["parameters"]
+    assert parameters["frequency_penalty"] == -1.0 and "presence_penalty" not in parameters  # TGI has none
+    _, plain = openai_body(GenerationRequest("r", prompt="p"), "model")
+    assert "presence_penalty" not in plain and "frequency_penalty" not in plain
