@@ -34,7 +34,8 @@ def scheduler_config(
     extra_scheduling: dict[str, Any] | None = None,
     max_num_seqs: int = 0,
 ) -> Toml:
-    """One model behind one vLLM-API engine; `{GRPC_PORT}` is filled in by `harness.scheduler`."""
+    """One model behind one vLLM-API engine; `{GRPC_PORT}` (and `{HTTP_PORT}` where a run opens the HTTP door,
+    `with_http_door`) is filled in by `harness.scheduler_process`."""
     scheduling: Toml = {"fairness": fairness}
     if weights:
         scheduling["weights"] = {"default": 1.0, "users": dict(weights)}
@@ -72,9 +73,14 @@ def scheduler_config(
     }
 
 
+def with_http_door(config: Toml) -> Toml:
+    """The same config with the OpenAI-compatible HTTP door open on a port the harness picks."""
+    return {**config, "server": {**config["server"], "http_listen": "127.0.0.1:{HTTP_PORT}"}}
+
+
 def validated_toml(config: Toml) -> str:
     """The config as TOML text, after the service's own validation; raises NotAvailable when it refuses."""
-    probe = json.loads(json.dumps(config).replace("{GRPC_PORT}", "0"))
+    probe = json.loads(json.dumps(config).replace("{GRPC_PORT}", "0").replace("{HTTP_PORT}", "0"))
     try:
         config_from_dict(probe)
     except (ConfigError, TypeError) as exc:

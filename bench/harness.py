@@ -100,10 +100,12 @@ async def simulator(*flags: str) -> AsyncIterator[str]:
 
 @dataclass
 class SchedulerProc:
-    """A running scheduler subprocess: its gRPC target and its process (for CPU accounting)."""
+    """A running scheduler subprocess: its gRPC target, its process (for CPU accounting) and, when its config
+    opens the OpenAI-compatible HTTP door, that door's base URL."""
 
     target: str
     proc: Proc
+    http_url: str = ""
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.proc.popen.pid)
@@ -111,15 +113,21 @@ class SchedulerProc:
 
 @asynccontextmanager
 async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> AsyncIterator[SchedulerProc]:
-    """A `llmsched serve` subprocess for the config (`{GRPC_PORT}` is filled in), optionally run under
-    `wrapper` (a profiler's command line ending where the module arguments start)."""
+    """A `llmsched serve` subprocess for the config (`{GRPC_PORT}` and `{HTTP_PORT}` are filled in), optionally
+    run under `wrapper` (a profiler's command line ending where the module arguments start). Ready once gRPC
+    answers and, with the HTTP door open, once the door's /readyz does too."""
     port = free_port()
     text = config_toml.replace("{GRPC_PORT}", str(port))
+    http_port = free_port() if "{HTTP_PORT}" in text else None
+    text = text.replace("{HTTP_PORT}", str(http_port))
     path = Path(tempfile.gettempdir()) / "llmsched-bench" / f"scheduler-{port}.toml"
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
     command = [*wrapper] if wrapper else [sys.executable]
     async with _grpc_process([*command, "-m", "scheduler_svc.cli", "serve", "--config", str(path)], port) as proc:
+        if http_port is not None:
+            proc.http_url = f"http://127.0.0.1:{http_port}"
+            await wait_http(proc.http_url + "/readyz", proc.proc)
         yield proc
 
 

@@ -1,8 +1,9 @@
 """One run of a scenario: an engine, optionally a scheduler in front of it, a client, a probe, a workload.
 
 A scenario is a handful of runs of the same workload that differ only in their `Mode` (straight to the
-engine's FIFO or priority queue, or through llm-scheduler with some config), so the modes' figures come
-from the same machine minutes apart and their ratios cancel its speed.
+engine's FIFO or priority queue, or through llm-scheduler with some config, by its gRPC door or its
+OpenAI-compatible HTTP door), so the modes' figures come from the same machine minutes apart and their
+ratios cancel its speed.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import aiohttp
 import grpc
 
 from bench import harness
-from bench.clients import Client, DirectClient, RunClock, ScheduledClient
-from bench.configs import Toml, validated_toml
+from bench.clients import Client, DirectClient, HttpSchedulerClient, RunClock, ScheduledClient
+from bench.configs import Toml, validated_toml, with_http_door
 from bench.engines import Engine, EngineProvider
 from bench.probe import EngineProbe
 from bench.records import RequestRecord
@@ -37,15 +38,22 @@ class Mode:
     engine_policy: str = "fcfs"
     config: ConfigBuilder | None = None  # None: straight to the engine (or to the echo)
     echo: bool = False  # a bare gRPC echo (bench.grpc_echo) instead of the scheduler, engine unused
+    http: bool = False  # the clients use the scheduler's OpenAI-compatible HTTP door instead of gRPC
 
     @property
     def scheduled(self) -> bool:
         return self.config is not None
 
+    def scheduler_toml(self, engine: Engine) -> str:
+        """The scheduler's validated config for this mode (raises NotAvailable when the service refuses it)."""
+        assert self.config is not None
+        config = self.config(engine)
+        return validated_toml(with_http_door(config) if self.http else config)
+
     def check_available(self) -> None:
         """Raise `NotAvailable` now if the scheduler would refuse this mode's config."""
         if self.config is not None:
-            validated_toml(self.config(Engine("http://127.0.0.1:1", "probe", self.engine_policy)))
+            self.scheduler_toml(Engine("http://127.0.0.1:1", "probe", self.engine_policy))
 
 
 @dataclass
@@ -157,13 +165,17 @@ async def open_run(
         server = (
             harness.grpc_echo()
             if mode.config is None
-            else harness.scheduler_process(validated_toml(mode.config(engine)), scheduler_wrapper)
+            else harness.scheduler_process(mode.scheduler_toml(engine), scheduler_wrapper)
         )
         async with (
             server as scheduler,
             grpc.aio.insecure_channel(scheduler.target) as channel,
         ):
-            client = ScheduledClient(pb_grpc.SchedulerServiceStub(channel), SCHEDULED_MODEL, clock, mode.label)
+            client: Client = (
+                HttpSchedulerClient(session, scheduler.http_url, SCHEDULED_MODEL, clock, mode.label)
+                if mode.http
+                else ScheduledClient(pb_grpc.SchedulerServiceStub(channel), SCHEDULED_MODEL, clock, mode.label)
+            )
             context = RunContext(mode, engine, client, probe, clock, scheduler)
             clock.reset()
             try:
