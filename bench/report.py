@@ -90,12 +90,17 @@ def compact_table(results: Sequence[ScenarioResult]) -> Table:
         for target in result.targets:
             figures.setdefault(target.figure, []).append(target)
         for figure, targets in figures.items():
-            measured = ", ".join(f"{t.run.removeprefix('scheduler, ')} {format_value(t)}" for t in targets)
+            measured = ", ".join(f"{_short(t.run)} {format_value(t)}" for t in targets)
             missed = sum(1 for t in targets if t.status != "met")
             status = "met" if not missed else f"**missed** ({missed} of {len(targets)})"
             wanted = targets[0].target.split(" = ")[0]  # a bound computed per run would differ between runs
             table.rows.append([name, figure, wanted, measured, status])
     return table
+
+
+def _short(run: str) -> str:
+    """A run's label without the "scheduler" every scheduled run starts with ("through HTTP, vtc", "vtc")."""
+    return run.removeprefix("scheduler, ").removeprefix("scheduler ")
 
 
 def summary_markdown(results: Sequence[ScenarioResult], meta: dict[str, Any], image: str | None) -> str:

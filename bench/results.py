@@ -43,13 +43,14 @@ class Target:
         return self.value < self.fail_at if self.higher_is_better else self.value > self.fail_at
 
     def format(self, value: float | None) -> str:
-        """A value in this target's unit: " s" (ms below a second), "x", "%" (a fraction), or plain."""
+        """A value in this target's unit: " s" (ms below a second), "x" (two decimals below 2x), "%" (a fraction),
+        or plain."""
         if value is None:
             return "-"
         if self.unit == " s":
             return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
-        if self.unit == "x":
-            return f"{value:.1f}x"
+        if self.unit == "x":  # two decimals near 1, where targets such as 1.1x are set
+            return f"{value:.2f}x" if abs(value) < 2 else f"{value:.1f}x"
         if self.unit == "%":
             return f"{value:.1%}"
         return f"{value:.3g}"

@@ -10,7 +10,9 @@ slot waits for the first slot to free, through the scheduler as with the engine'
 the S1 bound's "+ one request's decode time" is that wait.
 
 Runs: the engine alone (its FIFO; its priority policy with the latecomers sending `priority: -1`), then
-llm-scheduler in front of the FIFO engine with each fairness policy the service offers.
+llm-scheduler in front of the FIFO engine with each fairness policy the service offers. The headline setup
+(round_robin in front of the priority engine) runs twice in a row, by the gRPC door and by the
+OpenAI-compatible HTTP door, so the two doors' latecomer TTFTs compare within one run.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ POLICIES = ("round_robin", "weighted_round_robin", "vtc")
 GATE_TARGET = 3
 DIRECT_FIFO = "engine alone (FIFO)"
 DIRECT_PRIORITY = "engine alone (priority, latecomers -1)"
+HEADLINE = "scheduler, round_robin + engine priorities"
+HEADLINE_HTTP = "scheduler through HTTP, round_robin + engine priorities"
+HTTP_RATIO = 1.1  # issue 12: the HTTP door's latecomer median at most 1.1x the gRPC door's
 
 
 @dataclass(frozen=True)
@@ -88,10 +93,10 @@ def modes(policies: tuple[str, ...] = POLICIES) -> list[Mode]:
     # for the scheduled runs (and S6) afterwards.
     return [
         Mode(DIRECT_PRIORITY, engine_policy="priority"),
-        # the scheduler on the same priority-scheduled engine, sending its own priorities (no client help)
-        Mode(
-            "scheduler, round_robin + engine priorities", engine_policy="priority", config=config("round_robin", True)
-        ),
+        # the scheduler on the same priority-scheduled engine, sending its own priorities (no client help),
+        # by each door in turn
+        Mode(HEADLINE, engine_policy="priority", config=config("round_robin", True)),
+        Mode(HEADLINE_HTTP, engine_policy="priority", config=config("round_robin", True), http=True),
         Mode(DIRECT_FIFO),
         *(Mode(f"scheduler, {policy}", config=config(policy)) for policy in policies),
     ]
@@ -142,6 +147,12 @@ def _worst(run: dict[str, Any]) -> float | None:
     return None if any(v is None for v in values) else max(values)
 
 
+def latecomer_median(run: dict[str, Any]) -> float | None:
+    """The median latecomer TTFT of a run; None if a latecomer got no token (a median would hide that)."""
+    values = list(run["latecomer_ttft"].values())
+    return None if not values or any(v is None for v in values) else statistics.median(values)
+
+
 async def run(provider: EngineProvider, p: S1Params | None = None) -> list[ScenarioResult]:
     """Both S1 and S2 from the same runs."""
     p = p or (VLLM_PARAMS if provider.name == "vllm" else S1Params())
@@ -188,6 +199,7 @@ async def run(provider: EngineProvider, p: S1Params | None = None) -> list[Scena
         )
         if label.startswith("scheduler"):
             _targets(s1, s2, label, result, direct)
+    _door_target(s1, runs)
     s1.notes.append(
         "One request's decode time in the S1 bound is the median first-to-last-token time of the flood's "
         "requests in the engine-alone FIFO run (it serves most of the flood at a full batch)."
@@ -251,6 +263,32 @@ def _targets(s1: ScenarioResult, s2: ScenarioResult, label: str, run: dict[str, 
             fail_at=0.92,
             unit="%",
         )
+    )
+
+
+def _door_target(s1: ScenarioResult, runs: dict[str, dict[str, Any]]) -> None:
+    """The HTTP door against the gRPC door, same setup, same run: latecomer median TTFT ÷."""
+    grpc_run, http_run = runs.get(HEADLINE), runs.get(HEADLINE_HTTP)
+    if grpc_run is None or http_run is None:
+        return  # the run that is missing is named in the notes
+    grpc_median, http_median = latecomer_median(grpc_run), latecomer_median(http_run)
+    s1.targets.append(
+        Target(
+            "latecomer median TTFT, HTTP door ÷ gRPC door",
+            f"<= {HTTP_RATIO:g}x the gRPC door's (round_robin + engine priorities, same run)",
+            HEADLINE_HTTP,
+            divide(http_median, grpc_median),
+            threshold=HTTP_RATIO,
+            fail_at=1.25,
+            higher_is_better=False,
+            unit="x",
+        )
+    )
+    s1.notes.append(
+        f"HTTP door: the latecomers' median TTFT is {seconds(http_median)} through `POST /v1/completions` "
+        f"(SSE; TTFT = the first chunk with text) against {seconds(grpc_median)} through gRPC `Stream` (the first "
+        "delta), the same round_robin + engine-priorities setup run back to back; both doors feed the same "
+        "queues, so a difference is the door's own cost plus the run-to-run noise of when a slot frees."
     )
 
 

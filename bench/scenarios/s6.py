@@ -7,6 +7,11 @@ earlier ones finished) for the added-latency percentiles, then a closed loop of 
 for the ceiling. The scheduler's CPU time per request comes from /proc, so it does not depend on the load
 generator's speed. Against the real vLLM (`--engine vllm`) the same runs use rates a CPU engine can take.
 
+The scheduler runs twice per round, once with its clients on the gRPC door and once on the OpenAI-compatible
+HTTP door (`POST /v1/completions`, SSE): both subtract the same engine-alone run of the round, so each door's
+added latency is the scheduler's work plus what its hop costs over the direct HTTP request to the engine. The
+HTTP run skips the ceiling (the door's latency is what issue 12 asks about; the ceiling is the scheduler's).
+
 With `--profile`, one more scheduled run at the fixed rate runs the scheduler under pyinstrument and
 writes the call tree and a summary of own time by area and function (`bench.profile_summary`) next to the
 results.
@@ -37,6 +42,8 @@ TITLE = "overhead"
 DIRECT = "engine alone"
 ECHO = "bare gRPC echo"
 SCHEDULED = "scheduler, round_robin"
+HTTP = "scheduler through HTTP, round_robin"
+HTTP_RATIO = 1.5  # issue 12: added latency p50 through the HTTP door at most 1.5x the gRPC door's
 PROFILED = "scheduler under pyinstrument"
 
 
@@ -155,11 +162,14 @@ async def _body(run: RunContext, p: S6Params) -> dict[str, Any]:
     await run.wait_all(p.timeout)
     low = await _phase(run, p, p.low_rate, "low")
     target = await _phase(run, p, p.rate, "target")
-    if run.mode.echo:  # the echo is a yardstick for the latency phases only
-        return {"low": low, "target": target, "errors": []}
+    if run.mode.echo or run.mode.http:  # the echo and the HTTP door: the latency phases only
+        return {"low": low, "target": target, "errors": _errors(run)}
     ceiling = await _ceiling(run, p)
-    errors = sorted({r.error for r in run.records if r.error and r.error != "cancelled"})
-    return {"low": low, "target": target, "ceiling": ceiling, "errors": errors}
+    return {"low": low, "target": target, "ceiling": ceiling, "errors": _errors(run)}
+
+
+def _errors(run: RunContext) -> list[str]:
+    return sorted({r.error for r in run.records if r.error and r.error != "cancelled"})
 
 
 async def _profile(provider: EngineProvider, p: S6Params, out_dir: Path) -> list[str]:
@@ -193,9 +203,14 @@ async def run(
         f"{p.tokens}-token requests at a fixed {p.low_rate:g} and then {p.rate:g} requests/s, {p.duration:g} s "
         f"each (after {p.warmup:g} s of warm-up), then {p.ceiling_concurrency} clients back to back for "
         f"{p.ceiling_duration:g} s (the ceiling); {p.rounds} round(s), each running the engine alone, a bare gRPC "
-        "echo and the scheduler in turn"
+        "echo, the scheduler by gRPC and the scheduler by its HTTP door (no ceiling) in turn"
     )
-    modes = [Mode(DIRECT), Mode(ECHO, echo=True), Mode(SCHEDULED, config=_config)]
+    modes = [
+        Mode(DIRECT),
+        Mode(ECHO, echo=True),
+        Mode(SCHEDULED, config=_config),
+        Mode(HTTP, config=_config, http=True),
+    ]
     timeout = 3 * p.duration + 4 * p.timeout
     rounds: list[dict[str, dict[str, Any]]] = []
     skipped: dict[str, str] = {}
@@ -210,9 +225,12 @@ async def run(
     result = ScenarioResult("S6", TITLE, workload, engines.describe(), notes=not_run(skipped))
     result.table = Table(["run", "rate (sent / offered)", "latency p50", "latency p99", "TTFT p50", "TTFT p99"])
     figures = ("latency_p50", "latency_p99", "ttft_p50", "ttft_p99")
+    with_http = [r for r in rounds if HTTP in r]
     for phase in ("low", "target"):
-        for label in (DIRECT, ECHO, SCHEDULED):
-            xs = [r[label][phase] for r in rounds]
+        for label in (DIRECT, ECHO, SCHEDULED, HTTP):
+            xs = [r[label][phase] for r in rounds if label in r]
+            if not xs:
+                continue
             sent = _median([x["sent_rate"] for x in xs])
             result.table.rows.append(
                 [label, f"{number(sent)} / {xs[0]['offered_rate']:g} req/s", *(_spread(xs, f) for f in figures)]
@@ -222,6 +240,15 @@ async def run(
         result.table.rows.append(
             [f"**added by the scheduler** at {offered:g} req/s", "", *(_spread(added, f) for f in figures)]
         )
+        if with_http:
+            added_http = [{f: _minus(r[HTTP][phase][f], r[DIRECT][phase][f]) for f in figures} for r in with_http]
+            result.table.rows.append(
+                [
+                    f"**added through the HTTP door** at {offered:g} req/s",
+                    "",
+                    *(_spread(added_http, f) for f in figures),
+                ]
+            )
         echo = [{f: _times(2.0, r[ECHO][phase][f]) for f in figures} for r in rounds]
         result.table.rows.append(
             [f"2x the echo's round trip at {offered:g} req/s", "", *(_spread(echo, f) for f in figures)]
@@ -255,6 +282,8 @@ async def run(
         "(bench/grpc_echo.py) is a separate grpc.aio process that answers the same client with the same four "
         "messages at once: the cost of one gRPC streaming hop on this machine."
     )
+    if with_http:
+        _http_door(result, with_http, p)
     ceilings = [r[SCHEDULED]["ceiling"] for r in rounds]
     ceiling_rate = _median([c["rate"] for c in ceilings])
     cpu_share = _median([c["scheduler_cpu_share"] for c in ceilings])
@@ -284,6 +313,47 @@ async def run(
         )
     result.raw = {"rounds": [{label: jsonable(r) for label, r in runs.items()} for runs in rounds]}
     return [result]
+
+
+def added_ratio(rounds: list[dict[str, dict[str, Any]]], phase: str, door: str) -> tuple[float | None, ...]:
+    """(median added latency p50 through `door`, through gRPC, their ratio) over the rounds that ran both;
+    added = that door's p50 minus the engine alone's p50 of the same round. No ratio when gRPC's added
+    latency is not positive (noise would make any ratio meaningless)."""
+    both = [r for r in rounds if door in r and SCHEDULED in r and DIRECT in r]
+    door_added = _median([_minus(r[door][phase]["latency_p50"], r[DIRECT][phase]["latency_p50"]) for r in both])
+    grpc_added = _median([_minus(r[SCHEDULED][phase]["latency_p50"], r[DIRECT][phase]["latency_p50"]) for r in both])
+    ratio = divide(door_added, grpc_added) if grpc_added is not None and grpc_added > 0 else None
+    return door_added, grpc_added, ratio
+
+
+def _http_door(result: ScenarioResult, rounds: list[dict[str, dict[str, Any]]], p: S6Params) -> None:
+    """The HTTP door's target and notes: its added latency against the gRPC door's, same rounds."""
+    http_added, grpc_added, ratio = added_ratio(rounds, "target", HTTP)
+    low_http, low_grpc, low_ratio = added_ratio(rounds, "low", HTTP)
+    result.targets.append(
+        Target(
+            "added latency p50, HTTP door ÷ gRPC door",
+            f"<= {HTTP_RATIO:g}x the gRPC door's at {p.rate:g} requests/s (same rounds)",
+            HTTP,
+            ratio,
+            HTTP_RATIO,
+            2.0,
+            False,
+            "x",
+        )
+    )
+    http_cpu = _median([r[HTTP]["target"]["scheduler_cpu_per_request"] for r in rounds])
+    grpc_cpu = _median([r[SCHEDULED]["target"]["scheduler_cpu_per_request"] for r in rounds])
+    low_text = "-" if low_ratio is None else f"{low_ratio:.2f}x"
+    result.notes.append(
+        f"HTTP door ({len(rounds)} round(s)): added latency p50 {ms(http_added)} against gRPC's {ms(grpc_added)} "
+        f"at {p.rate:g} req/s, {ms(low_http)} against {ms(low_grpc)} ({low_text}) at {p.low_rate:g} req/s; each is "
+        "the door's latency p50 minus the engine alone's of the same round (the same method for both doors: the "
+        "engine-alone request is itself an HTTP/SSE request from the same aiohttp client, so the HTTP door's "
+        "figure is the scheduler's work plus one more HTTP hop, gRPC's the scheduler's work plus a gRPC hop in "
+        f"place of an HTTP one). Scheduler CPU per request at {p.rate:g} req/s: {ms(http_cpu)} by HTTP, "
+        f"{ms(grpc_cpu)} by gRPC."
+    )
 
 
 def _median(values: list[float | None]) -> float | None:
