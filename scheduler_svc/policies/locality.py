@@ -9,7 +9,10 @@ backend by how many leading blocks of the request it matches: the best guess of 
 Load bounds locality: a backend whose in-flight count exceeds the model's average x `max_load_factor` +
 `load_slack` is passed over for the next best (when every open backend is over, the least loaded of them
 goes). A request with a session key (`prompt_cache_key`) sticks to the backend its user's previous turn
-with that key went to, within the same load bound; else the longest match wins, ties to the least loaded.
+with that key went to, within the same load bound; else the longest match wins, then the backend that got
+that prefix last (so a user's turns converge on one engine), then the least loaded. A prefix known nowhere
+goes to the least loaded, and among equally loaded backends to the one remembering the fewest blocks
+(SGLang's router does the same), so new prompts spread over the caches instead of piling on the first.
 
 D-LPM (Cao et al., "Locality-aware Fair Scheduling in LLM Serving", 2025): when the model sets
 `locality.deficit_bound`, the fairness policy offers every user it allows now (`FairnessPolicy.offer`:
@@ -39,6 +42,7 @@ class PrefixLocality:
         self._indexes: dict[str, PrefixIndex] = {}  # backend name -> what was sent there (one per backend)
         self.sessions = SessionMap(self._settings.session_max_bytes)
         self._hashed: OrderedDict[str, list[int]] = OrderedDict()  # request id -> its chain (a small cache)
+        self._sends = 0  # dispatches heard so far: which backend got a prefix last
 
     def index(self, backend: str) -> PrefixIndex:
         """The backend's index of sent prefix blocks."""
@@ -71,7 +75,8 @@ class PrefixLocality:
         return best[1], best[2]
 
     def on_dispatched(self, request: QueuedRequest, backend: str) -> None:
-        self.index(backend).record(self.chain(request))
+        self._sends += 1
+        self.index(backend).record(self.chain(request), self._sends)
         self._hashed.pop(request.request_id, None)
         if request.cache_key:
             self.sessions.put(request.user, request.cache_key, backend)
@@ -81,19 +86,21 @@ class PrefixLocality:
     ) -> tuple[int, B]:
         """The backend for `request` and the blocks it matches there: its session's backend if open and
         within the load bound, else the longest match within the bound, ties to the least loaded."""
+        chain = self.chain(request)
         allowed = self._within_load_bound(backends, in_flight)
         if not allowed:  # every open backend is over the bound: load decides
             least = min(backends, key=load_order)
-            return self.index(least.name).match(self.chain(request)), least
-        chain = self.chain(request)
+            return self.index(least.name).match(chain)[0], least
         if request.cache_key:
             sticky = self.sessions.get(request.user, request.cache_key)
             for backend in allowed:
                 if backend.name == sticky:
-                    return self.index(backend.name).match(chain), backend
+                    return self.index(backend.name).match(chain)[0], backend
         scored = [(self.index(b.name).match(chain), b) for b in allowed]
-        longest = max(matched for matched, _ in scored)
-        return longest, min((b for matched, b in scored if matched == longest), key=load_order)
+        best = max(score for score, _ in scored)
+        if best[0] == 0:  # nothing known anywhere: load decides, then the backend remembering the least
+            return 0, min(allowed, key=lambda b: (load_order(b), len(self.index(b.name))))
+        return best[0], min((b for score, b in scored if score == best), key=load_order)
 
     def _within_load_bound(self, backends: Sequence[B], in_flight: Mapping[str, int]) -> list[B]:
         """The open backends not over the model's average in-flight count x factor + slack."""

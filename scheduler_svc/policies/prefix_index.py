@@ -8,7 +8,10 @@ matches (a hash chain, as vLLM's prefix cache keys its blocks). Only full blocks
 `PrefixIndex` holds one backend's recently sent blocks, least recently sent forgotten first, within a
 memory bound in bytes (`ENTRY_BYTES` per block, measured with tracemalloc, dictionary growth included).
 A chain is touched tail first, so its head is the most recent and outlives its tail: a remembered block's
-prefix is remembered too, and a match can stop at the first miss.
+prefix is remembered too, and a match can stop at the first miss. Each block also keeps when it was last
+sent (the caller's send number, one counter across the model's backends), so of two backends that both
+hold a prefix the one that got it last can be preferred: a user's turns then converge on one engine
+instead of alternating between two caches.
 
 `SessionMap` maps a (user, session key) to the backend its previous turns went to, within a bound in bytes.
 """
@@ -21,9 +24,9 @@ from collections.abc import Sequence
 
 from backends.base import ChatMessage
 
-# Bytes one remembered block costs: an OrderedDict entry with a 64-bit int key (110-150 bytes measured,
-# the peak while the table doubles included), rounded up.
-ENTRY_BYTES = 160
+# Bytes one remembered block costs: an OrderedDict entry with a 64-bit int key and an int value (140-180
+# bytes measured with tracemalloc, the peak while the table doubles included), rounded up.
+ENTRY_BYTES = 192
 # Bytes one session costs besides its key's characters: the entry, the key and value objects.
 SESSION_ENTRY_BYTES = 220
 
@@ -52,26 +55,29 @@ class PrefixIndex:
 
     def __init__(self, max_bytes: int) -> None:
         self.capacity = max_bytes // ENTRY_BYTES
-        self._blocks: OrderedDict[int, None] = OrderedDict()  # least recently sent first
+        self._blocks: OrderedDict[int, int] = OrderedDict()  # block -> send number; least recently sent first
 
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def match(self, chain: Sequence[int]) -> int:
-        """How many leading blocks of `chain` were sent here (and not forgotten since)."""
-        matched = 0
+    def match(self, chain: Sequence[int]) -> tuple[int, int]:
+        """How many leading blocks of `chain` were sent here (and not forgotten since), and the send number
+        of the last of them (0: none matched; higher: sent more recently)."""
+        matched, last = 0, 0
         for block in chain:
-            if block not in self._blocks:
+            sent = self._blocks.get(block)
+            if sent is None:
                 break
-            matched += 1
-        return matched
+            matched, last = matched + 1, sent
+        return matched, last
 
-    def record(self, chain: Sequence[int]) -> None:
-        """The chain was sent here: remember it (tail first, so the head is forgotten last)."""
+    def record(self, chain: Sequence[int], send: int) -> None:
+        """The chain was sent here as send number `send` (increasing across the model's backends): remember
+        it, tail first, so the head is forgotten last."""
         if self.capacity == 0:
             return
         for block in reversed(chain[: self.capacity]):
-            self._blocks[block] = None
+            self._blocks[block] = send
             self._blocks.move_to_end(block)
         while len(self._blocks) > self.capacity:
             self._blocks.popitem(last=False)

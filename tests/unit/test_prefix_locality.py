@@ -51,13 +51,13 @@ def test_index_matches_leading_blocks_and_forgets_least_recent_tails_first() -> 
     index = PrefixIndex(max_bytes=6 * ENTRY_BYTES)
     assert index.capacity == 6
     a, b = chain("a", 3), chain("b", 3)
-    index.record(a)
-    index.record(b)
-    assert index.match(a) == 3 and index.match(chain("a", 5)) == 3 and index.match(chain("c", 2)) == 0
-    index.record(a)  # a is the most recent again
-    index.record(chain("c", 2))  # two of b's blocks go, its tail first
+    index.record(a, 1)
+    index.record(b, 2)
+    assert index.match(a) == (3, 1) and index.match(chain("a", 5)) == (3, 1) and index.match(chain("c", 2)) == (0, 0)
+    index.record(a, 3)  # a is the most recent again
+    index.record(chain("c", 2), 4)  # two of b's blocks go, its tail first
     assert len(index) == 6
-    assert (index.match(a), index.match(b)) == (3, 1)
+    assert (index.match(a), index.match(b)) == ((3, 3), (1, 2))
 
 
 def test_index_memory_stays_within_its_bound_in_bytes() -> None:
@@ -66,7 +66,7 @@ def test_index_memory_stays_within_its_bound_in_bytes() -> None:
     try:
         index = PrefixIndex(max_bytes=bound)
         for i in range(400):
-            index.record(chain(f"u{i}", 20))  # 8,000 blocks offered, ~1,250 fit
+            index.record(chain(f"u{i}", 20), i + 1)  # 8,000 blocks offered, ~1,250 fit
         current, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -137,6 +137,15 @@ def test_a_request_goes_where_its_longest_prefix_went() -> None:
     # Nothing known anywhere: the least loaded, as least_loaded would choose.
     fresh = request(text("other", 8))
     assert p.choose(fresh, [b1, b0]) is LeastLoaded().choose(fresh, [b1, b0]) is b0
+    # Known nowhere, equal loads: the backend remembering fewer blocks, so new prompts spread over the caches
+    spread = policy()
+    spread.on_dispatched(request(text("first", 8)), "b0")
+    even0, even1 = opening("b0"), opening("b1")
+    assert spread.choose(request(text("second", 8)), [even0, even1]) is even1
+    # Known at both: the one that got it last (a user's turns converge on one engine), though busier.
+    p.on_dispatched(request(text("sys-a", 8) + "question 3"), "b0")
+    p.on_dispatched(request(text("sys-a", 8) + "question 4"), "b1")
+    assert p.choose(request(text("sys-a", 8) + "question 5"), [b0, b1]) is b1
 
 
 def test_a_backend_over_the_load_bound_is_passed_over_for_the_next_best() -> None:
