@@ -26,6 +26,7 @@ from scheduler_svc.config_schema import (
     Config,
     ConfigError,
     GateConfig,
+    LocalityConfig,
     ModelConfig,
     PriorityClassConfig,
     SchedulingConfig,
@@ -35,7 +36,7 @@ from scheduler_svc.config_schema import (
 )
 from scheduler_svc.identity import user_id_problem
 from scheduler_svc.keys import load_key_digests
-from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
+from scheduler_svc.policies import BACKEND_POLICIES, FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
 from scheduler_svc.policies.gate import ignored_limits
 from scheduler_svc.tls import ServerTls
 
@@ -55,6 +56,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "GateConfig",
+    "LocalityConfig",
     "ModelConfig",
     "PriorityClassConfig",
     "SchedulingConfig",
@@ -194,6 +196,7 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{where}: need 1 <= default_max_tokens <= max_tokens_limit")
         if not model.backends:
             raise ConfigError(f"{where}: configure at least one backend")
+        _validate_locality(model, where)
         backend_names = [b.name for b in model.backends]
         if len(set(backend_names)) != len(backend_names) or "" in backend_names:
             raise ConfigError(f"{where}.backends: names must be unique and non-empty: {backend_names}")
@@ -214,6 +217,23 @@ def _validate(config: Config) -> None:
                         f"scheduling.classes[{c.name}] sets {', '.join(blind)}, but {where}.backends"
                         f"[{backend.name}] ({backend.kind}) does not export that signal: the limit would never bind"
                     )
+
+
+def _validate_locality(model: ModelConfig, where: str) -> None:
+    """The backend policy is known, the locality bounds are in range, and D-LPM has a policy that uses it."""
+    BACKEND_POLICIES.check(model.backend_policy, f"{where}.backend_policy")
+    loc = model.locality
+    if loc.block_chars < 1 or loc.max_blocks_per_request < 1:
+        raise ConfigError(f"{where}.locality: block_chars and max_blocks_per_request must be >= 1")
+    if min(loc.index_max_bytes, loc.session_max_bytes, loc.load_slack, loc.deficit_bound) < 0:
+        raise ConfigError(f"{where}.locality: byte bounds, load_slack and deficit_bound must not be negative")
+    if loc.max_load_factor < 1:
+        raise ConfigError(f"{where}.locality.max_load_factor must be >= 1 (the model's average load)")
+    if loc.deficit_bound > 0 and model.backend_policy == "least_loaded":
+        raise ConfigError(
+            f"{where}.locality.deficit_bound needs a locality-aware backend_policy (least_loaded always sends "
+            "the fairness policy's own choice): set backend_policy or deficit_bound = 0"
+        )
 
 
 def _reject_plain_api_keys(raw: dict[str, Any]) -> None:

@@ -236,6 +236,44 @@ class BackendConfig:
 
 
 @dataclass(frozen=True)
+class LocalityConfig:
+    """Prefix-cache locality: how the `prefix_locality` backend policy remembers prompts and weighs load,
+    and how far the locality-aware order (D-LPM) may stray from the fairness policy's own choice."""
+
+    block_chars: int = _field(
+        64,
+        "Prompt characters per hashed block (64: 16 tokens at 4 characters a token, vLLM's block size); a "
+        "block matches only with its whole prefix (hash chain over the prompt, or the messages in order).",
+    )
+    max_blocks_per_request: int = _field(
+        256, "Leading blocks of a prompt that are hashed and remembered; longer prompts match as this long."
+    )
+    index_max_bytes: int = _field(
+        4 << 20,
+        "Memory per backend for the block hashes recently sent there (about 160 bytes a block: 4 MiB holds "
+        "26,000 blocks, 1.7 M prompt characters); the least recently sent are forgotten first.",
+    )
+    session_max_bytes: int = _field(
+        1 << 20,
+        "Memory for the session map (user and prompt_cache_key -> the backend its previous turns went "
+        "to; about 220 bytes plus the key's length an entry); the least recently used are forgotten first.",
+    )
+    max_load_factor: float = _field(
+        1.5,
+        "A backend whose in-flight count exceeds the model's average x this + load_slack is passed over "
+        "for the next best backend, whatever it holds (locality never piles everything on one engine).",
+    )
+    load_slack: int = _field(4, "In-flight requests a backend may be above max_load_factor x the average.")
+    deficit_bound: float = _field(
+        0.0,
+        "Locality-aware order (D-LPM): among the users whose fair-share counter is within this of the "
+        "smallest (counter units: vtc's prompt + 2 x generated tokens, or requests for weighted_round_robin, "
+        "divided by weight), send the request with the longest prefix match; 0: the fairness policy's own "
+        "choice. Needs a locality-aware backend_policy.",
+    )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A model clients can ask for, with the engines that serve it."""
 
@@ -275,6 +313,12 @@ class ModelConfig:
         "then its gate decides again (a dead engine fails the next one fast and cools down again).",
     )
     backends: list[BackendConfig] = _field([], "Engines serving the model (at least one).")
+    backend_policy: str = _field(
+        "least_loaded",
+        'Which open backend takes a request (see `llmsched policies`): "least_loaded", or "prefix_locality" '
+        "(the backend that most likely holds the prompt's prefix in its cache, within a load bound).",
+    )
+    locality: LocalityConfig = _field(LocalityConfig(), "Prefix-locality settings (backend_policy, D-LPM).")
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from scheduler_svc.errors import InternalError, QueueTimeout, ShuttingDown
 from scheduler_svc.failover import FailoverRule
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
-from scheduler_svc.openings import BackendChoice, BackendGates, BackendState, EnginePriorities
+from scheduler_svc.openings import BackendChoice, BackendGates, BackendState, EnginePriorities, Opening
 from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES
-from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, DEFAULT_BACKEND_POLICY
+from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, Candidate
 from scheduler_svc.policies.band import BAND_POLICIES, DEFAULT_BAND_POLICY
 from scheduler_svc.policies.weights import WeightResolver
 from scheduler_svc.positions import PositionNotifier
@@ -77,7 +77,8 @@ class ModelDispatcher:
         self.drain = RateMeter()
         self._activity = ClassActivity(scheduling.classes)
         self._bands = BAND_POLICIES.create(DEFAULT_BAND_POLICY)
-        self._backend_policy = BACKEND_POLICIES.create(DEFAULT_BACKEND_POLICY)
+        self._backend_policy = BACKEND_POLICIES.create(model.backend_policy, model.locality)
+        self._deficit_bound = model.locality.deficit_bound
         self.gates = BackendGates(
             self.backends,
             self._activity,
@@ -324,20 +325,31 @@ class ModelDispatcher:
         return sent
 
     def _dispatch_one(self, band: Band, backends: BackendChoice, now: float) -> int | None:
-        """Send the band's next request: fairness picks the user among those a backend can take now,
-        ordering picks the request, the backend policy one of the backends open to it. Returns how many
-        went (0: the user's queue held only expired requests), None when no backlogged user may go."""
+        """Send the band's next request: fairness picks the user among those a backend can take now (with
+        `locality.deficit_bound`, the users within that bound), ordering picks each one's request, the
+        backend policy the request and one of the backends open to it. Returns how many went (0: the
+        users' queues held only expired requests), None when no backlogged user may go."""
         fairness = self.fairness[band.priority_class.name]
-        user = fairness.select(band.flow_views, backends.eligible)
-        if user is None:
+        if self._deficit_bound > 0:
+            users = fairness.offer(band.flow_views, backends.eligible, self._deficit_bound)
+        else:
+            user = fairness.select(band.flow_views, backends.eligible)
+            users = [] if user is None else [user]
+        if not users:
             return None
-        openings = backends.for_user(user)
-        assert openings, "fairness chose a user no backend can take"
-        ticket = self._next_live(band, user, now)
-        if ticket is None:
-            return 0  # the user's queue held only expired requests
-        request = ticket.request
-        handle = self._backend_policy.choose(request, openings).handle
+        candidates: list[Candidate[Opening]] = []
+        for user in users:
+            openings = backends.for_user(user)
+            assert openings, "fairness chose a user no backend can take"
+            live = self._next_live(band, user, now)
+            if live is not None:
+                candidates.append(Candidate(live.request, openings))
+        if not candidates:
+            return 0  # the users' queues held only expired requests
+        in_flight = {h.name: h.estimator.in_flight for h in self.backends}
+        request, opening = self._backend_policy.choose_among(candidates, in_flight)
+        ticket = self._queued[request.request_id]
+        handle = opening.handle
         self.withdraw(ticket)
         try:
             fairness.on_dispatched(request)
@@ -348,6 +360,7 @@ class ModelDispatcher:
             raise
         handle.estimator.dispatched(request.request_id, priority, request.user)
         ticket.assign(handle, now, priority)
+        self._backend_policy.on_dispatched(request, handle.name)
         self._running[request.request_id] = ticket
         self._activity.started(request.priority_class, now)
         series = self._series[handle.name]

@@ -46,6 +46,11 @@ class SimConfig:
         262144, "KV-cache capacity in tokens; running requests beyond it are preempted and recomputed."
     )
     kv_block_size: int = _field(16, "Tokens per KV-cache block; usage is counted in whole blocks.")
+    prefix_cache_blocks: int = _field(
+        0,
+        "Prefix cache capacity in blocks of kv_block_size tokens (LRU, hash-chained as vLLM's): a cached "
+        "prompt prefix skips its prefill time and counts in vllm:prefix_cache_hits_total (0: off).",
+    )
     seed: int = _field(0, "Mixed into the output of requests that bring no seed of their own.")
     eos_probability: float = _field(
         0.0, "Chance that each generated token is EOS (0.0: every request runs to its max tokens)."
@@ -83,6 +88,8 @@ def _problems(config: SimConfig) -> list[str]:
     for name in ("max_num_seqs", "max_concurrent_requests", "max_model_len", "kv_block_size"):
         if getattr(config, name) < 1:
             out.append(f"{name} must be at least 1")
+    if config.prefix_cache_blocks < 0:
+        out.append("prefix_cache_blocks must not be negative (0: off)")
     for name in ("decode_base_ms", "decode_per_seq_ms", "prefill_per_token_ms"):
         if getattr(config, name) < 0:
             out.append(f"{name} must not be negative")

@@ -7,7 +7,8 @@ none. Each step:
    fcfs, the largest (priority, arrival) under priority) until it fits; a preempted request goes back to
    the waiting queue and recomputes its prompt and output when readmitted;
 2. admits waiting requests in queue order while there is a free slot (`max_num_seqs`) and KV room;
-3. sleeps `decode_base_ms + decode_per_seq_ms * batch + prefill_per_token_ms * tokens to prefill`;
+3. sleeps `decode_base_ms + decode_per_seq_ms * batch + prefill_per_token_ms * tokens to prefill`, less
+   the prompt tokens an admitted request found in the prefix cache (`prefix_cache.py`, when enabled);
 4. gives every running request one token and finishes those that hit EOS, a stop string or max tokens.
 
 The waiting queue is FIFO, or ordered by (priority, arrival) with the lower value first. Callers hold a
@@ -30,6 +31,7 @@ import structlog
 
 from backends.sim.config import SimConfig
 from backends.sim.journal import FAILED_REASONS, Journal, prompt_tag
+from backends.sim.prefix_cache import PrefixCache
 from backends.sim.tokens import Token, TokenSampler, find_stop
 
 log = structlog.get_logger(__name__)
@@ -109,6 +111,7 @@ class SimRequest:
 
     __slots__ = (
         "arrival_time",
+        "cached_tokens",
         "events",
         "finished_at",
         "first_token_at",
@@ -141,6 +144,7 @@ class SimRequest:
         self.num_generated = 0
         self.text = ""
         self.needs_prefill = True
+        self.cached_tokens = 0  # prompt tokens found in the prefix cache at its latest admission
 
     @property
     def held_tokens(self) -> int:
@@ -194,6 +198,8 @@ class EngineSnapshot:
     running: int
     kv_cache_usage: float
     batch_max_tokens: int
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache so far (vLLM's counter)
+    prefix_cache_hits: int = 0  # of those, tokens found cached
 
 
 class RequestHandle:
@@ -293,6 +299,7 @@ class SimEngine:
         self._sleep = sleep
         self._waiting = _WaitingQueue(by_priority=config.scheduling_policy == "priority")
         self._running: list[SimRequest] = []
+        self.prefix_cache = PrefixCache(config.prefix_cache_blocks, config.kv_block_size)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._seq = 0
@@ -396,6 +403,8 @@ class SimEngine:
             running=len(self._running),
             kv_cache_usage=used_blocks / self.config.kv_cache_blocks,
             batch_max_tokens=sum(r.params.prompt_tokens + r.params.max_tokens for r in self._running),
+            prefix_cache_queries=self.prefix_cache.queries,
+            prefix_cache_hits=self.prefix_cache.hits,
         )
 
     def stats(self) -> dict[str, Any]:
@@ -414,6 +423,8 @@ class SimEngine:
             "preemptions_total": self._preemptions_total,
             "generated_tokens_total": self._generated_total,
             "steps_total": self._steps_total,
+            "prefix_cache_queries_total": self.prefix_cache.queries,
+            "prefix_cache_hits_total": self.prefix_cache.hits,
             "max_waiting_seen": self._max_waiting_seen,
             "max_running_seen": self._max_running_seen,
             "served_order": list(self._served_order),
@@ -457,7 +468,7 @@ class SimEngine:
     async def _step(self) -> None:
         cfg = self.config
         batch = list(self._running)
-        prefill_tokens = sum(r.held_tokens for r in batch if r.needs_prefill)
+        prefill_tokens = sum(r.held_tokens - r.cached_tokens for r in batch if r.needs_prefill)
         decode_seconds = (cfg.decode_base_ms + cfg.decode_per_seq_ms * len(batch)) / 1000.0
         prefill_seconds = cfg.prefill_per_token_ms * prefill_tokens / 1000.0
         self._steps_total += 1
@@ -466,6 +477,8 @@ class SimEngine:
         self._observer.on_step(prefill_seconds if prefill_tokens else None, decode_seconds, len(batch))
         for request in batch:
             if request.state is RequestState.RUNNING:  # not aborted during the step
+                if request.needs_prefill:
+                    self.prefix_cache.insert(request.params.prompt, request.params.prompt_tokens)
                 request.needs_prefill = False
                 self._advance(request, now)
 
@@ -511,6 +524,7 @@ class SimEngine:
     def _admit(self, request: SimRequest, now: float) -> None:
         request.state = RequestState.RUNNING
         request.needs_prefill = True
+        request.cached_tokens = self.prefix_cache.lookup(request.params.prompt, request.params.prompt_tokens)
         self._running.append(request)
         self._max_running_seen = max(self._max_running_seen, len(self._running))
         if request.scheduled_at is None:

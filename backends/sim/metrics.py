@@ -64,6 +64,7 @@ class VllmMetrics:
 
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
+        self._prefix_counted = (0, 0)  # the engine's prefix-cache (queries, hits) already exported
         reg = self.registry
         names = ["model_name", "engine"]
         values = (model_name, "0")
@@ -82,6 +83,11 @@ class VllmMetrics:
         self._kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self._prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self._generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self._prefix_queries = counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self._prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self._preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         success = Counter(
             "vllm:request_success",
@@ -154,6 +160,10 @@ class VllmMetrics:
         self._running.set(snapshot.running)
         self._waiting.set(snapshot.waiting)
         self._kv_usage.set(snapshot.kv_cache_usage)
+        queries, hits = self._prefix_counted  # the cache counts; the counters catch up at each scrape
+        self._prefix_queries.inc(snapshot.prefix_cache_queries - queries)
+        self._prefix_hits.inc(snapshot.prefix_cache_hits - hits)
+        self._prefix_counted = (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits)
         return generate_latest(self.registry)
 
 

@@ -1,7 +1,7 @@
 """Pluggable scheduling policies: fairness (between users), ordering (within a user), gates (backpressure),
 band choice (between priority classes), backend choice (among open backends)."""
 
-from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, BackendPolicy, LeastLoaded
+from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, BackendPolicy, Candidate, LeastLoaded
 from scheduler_svc.policies.band import BAND_POLICIES, BandPolicy, BandTurn, StrictRankBands
 from scheduler_svc.policies.fairness import (
     FAIRNESS_POLICIES,
@@ -19,6 +19,7 @@ from scheduler_svc.policies.gate import (
     QueueDepthGate,
     SignalGate,
 )
+from scheduler_svc.policies.locality import PrefixLocality
 from scheduler_svc.policies.ordering import ORDERING_POLICIES, EdfOrdering, FcfsOrdering, OrderingPolicy
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.weights import WeightResolver
@@ -32,6 +33,7 @@ __all__ = [
     "BackendPolicy",
     "BandPolicy",
     "BandTurn",
+    "Candidate",
     "EdfOrdering",
     "FairnessPolicy",
     "FcfsOrdering",
@@ -41,6 +43,7 @@ __all__ = [
     "GateInputs",
     "LeastLoaded",
     "OrderingPolicy",
+    "PrefixLocality",
     "QueueDepthGate",
     "Registry",
     "RoundRobinFairness",

@@ -1,14 +1,18 @@
 """Backend choice: which of the backends whose gates are open takes the request.
 
-The policy sees the candidate request and every open backend with the gate inputs its gate decided on
-(read-only); the dispatcher has already left out closed gates and backends cooling down after a failover.
-A choice that needs more than load (a prefix cache's locality, say) is a new policy here, nothing else.
+The policy sees the candidate requests, each with every backend open to it and the gate inputs its gate
+decided on (read-only); the dispatcher has already left out closed gates and backends cooling down after a
+failover. The first candidate is the fairness policy's own choice; more come only when the model sets
+`locality.deficit_bound` (D-LPM, `locality.py`): then the policy picks the (request, backend) pair. A
+choice that needs more than load (a prefix cache's locality, `prefix_locality`) is a policy here, nothing
+else; `on_dispatched` tells it where each request went, so it can learn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from scheduler_svc.policies.gate import GateInputs
 from scheduler_svc.policies.registry import Registry
@@ -30,20 +34,57 @@ class OpenBackend(Protocol):
 B = TypeVar("B", bound=OpenBackend)
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate(Generic[B]):
+    """A request that may go now, with the backends whose gates admit it (never empty, config order)."""
+
+    request: QueuedRequest
+    backends: Sequence[B]
+
+
 class BackendPolicy(Protocol):
-    """Picks the backend a request goes to among the open ones (never empty)."""
+    """Picks the backend a request goes to among the open ones, or the (request, backend) pair among
+    several candidate requests; hears where each request went."""
 
     def choose(self, request: QueuedRequest, backends: Sequence[B]) -> B:
         """`request`: the request about to go; `backends`: those whose gates admit it, in config order."""
         ...
 
+    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[QueuedRequest, B]:
+        """The request to send and its backend. `candidates` (never empty): the fairness policy's choice
+        first, then other users' next requests that fairness allows now, in its order; `in_flight`: every
+        backend of the model (open or not) -> requests in flight there."""
+        ...
+
+    def on_dispatched(self, request: QueuedRequest, backend: str) -> None:
+        """`request` was sent to the backend named `backend`."""
+        ...
+
+
+def load_order(backend: OpenBackend) -> tuple[int, int, int]:
+    """Fewest requests the candidate would queue behind, then shortest estimated engine queue, then fewest
+    in flight: least loaded first."""
+    inputs = backend.inputs
+    return (inputs.waiting_ahead(), inputs.estimated_waiting(), inputs.in_flight)
+
 
 class LeastLoaded:
     """The backend with the fewest requests the candidate would queue behind, then the shortest estimated
-    engine queue, then the fewest in flight; ties go to the first configured."""
+    engine queue, then the fewest in flight; ties go to the first configured. Among several candidates it
+    always sends the fairness policy's choice (the first)."""
+
+    def __init__(self, settings: object = None) -> None:
+        """`settings` (the model's locality section) is not used: load is all this policy weighs."""
 
     def choose(self, request: QueuedRequest, backends: Sequence[B]) -> B:
-        return min(backends, key=lambda b: (b.inputs.waiting_ahead(), b.inputs.estimated_waiting(), b.inputs.in_flight))
+        return min(backends, key=load_order)
+
+    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[QueuedRequest, B]:
+        first = candidates[0]
+        return first.request, self.choose(first.request, first.backends)
+
+    def on_dispatched(self, request: QueuedRequest, backend: str) -> None:
+        return None
 
 
 DEFAULT_BACKEND_POLICY = "least_loaded"

@@ -38,6 +38,15 @@ class FairnessPolicy(Protocol):
         its place for when it can go."""
         ...
 
+    def offer(
+        self, flows: Mapping[str, FlowView], eligible: Callable[[str], bool] | None = None, bound: float = 0.0
+    ) -> list[str]:
+        """The users whose next request may go now without breaking the policy's fairness bound by more
+        than `bound` (D-LPM's candidates, `locality.py`): `select`'s choice first (and it counts as chosen,
+        as `select` does), then the other eligible users within `bound` of it, in `flows` order; empty when
+        none is eligible. A policy with no counters offers `select`'s choice alone."""
+        ...
+
     def on_dispatched(self, request: RequestView) -> None:
         """`request` left the queue for an engine."""
         ...
@@ -253,6 +262,13 @@ class RoundRobinFairness(_ServiceHooks):
             del self._ring[chosen]
         return chosen
 
+    def offer(
+        self, flows: Mapping[str, FlowView], eligible: Callable[[str], bool] | None = None, bound: float = 0.0
+    ) -> list[str]:
+        """Round robin keeps no deficit to trade for locality: its own choice alone."""
+        chosen = self.select(flows, eligible)
+        return [] if chosen is None else [chosen]
+
     def on_requeued(self, request: RequestView) -> None:
         """The user's turn was spent on a request the engine failed: give the turn back."""
         super().on_requeued(request)
@@ -368,6 +384,37 @@ class _VirtualCounterFairness(_ServiceHooks):
         for group, floor in member_floor.items():
             self._member_floor[group] = max(self._member_floor.get(group, 0.0), floor)
         return None if best_group is None else best_user[best_group[1]][1]
+
+    def offer(
+        self, flows: Mapping[str, FlowView], eligible: Callable[[str], bool] | None = None, bound: float = 0.0
+    ) -> list[str]:
+        """D-LPM's candidates: `select`'s choice, then every eligible user whose group's counter is within
+        `bound` of the smallest eligible group's and whose own counter is within `bound` of the smallest
+        eligible one of its group (counters as `select` compares them: settled + pending, + look-ahead).
+
+        Fairness bound: whatever the caller sends among these, every request goes to a user whose counters
+        are within `bound` of the least served eligible user's (at each level), so two users backlogged and
+        eligible throughout never drift apart by more than `bound` + the largest single charge (VTC's own
+        bound, `bound = 0`): the gap can grow only by a dispatch to the user ahead, which needs it to be at
+        most `bound` ahead. `tests/unit/test_locality_fairness.py` checks it under Hypothesis."""
+        chosen = self.select(flows, eligible)
+        if chosen is None or bound <= 0:
+            return [] if chosen is None else [chosen]
+        group_of = self._weights.group_of
+        allowed = [u for u in flows if eligible is None or eligible(u)]
+        group_floor = self._group_key(group_of(chosen))  # select took the least served group
+        user_floor: dict[str, float] = {}
+        for user in allowed:
+            group = group_of(user)
+            user_floor[group] = min(user_floor.get(group, float("inf")), self._user_key(user))
+        others = [
+            u
+            for u in allowed
+            if u != chosen
+            and self._group_key(group_of(u)) <= group_floor + bound
+            and self._user_key(u) <= user_floor[group_of(u)] + bound
+        ]
+        return [chosen, *others]
 
     def _dispatch_cost(self, request: RequestView) -> float:
         """What a dispatch costs before any token (pending until the first token)."""

@@ -35,7 +35,7 @@ class FakeBand:
 
 def test_the_registries_know_the_defaults_and_refuse_unknown_names() -> None:
     assert set(BAND_POLICIES.describe()) == {"strict_rank"}
-    assert set(BACKEND_POLICIES.describe()) == {"least_loaded"}
+    assert set(BACKEND_POLICIES.describe()) == {"least_loaded", "prefix_locality"}
     with pytest.raises(ConfigError, match="unknown band policy 'nope'"):
         BAND_POLICIES.create("nope")
 

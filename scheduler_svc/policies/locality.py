@@ -1,0 +1,118 @@
+"""Locality-aware backend choice (`prefix_locality`), and with several candidates the locality-aware order
+within fairness (deficit-based longest prefix match, D-LPM).
+
+An engine with a prefix cache (vLLM's automatic prefix caching, SGLang's radix cache) skips the prefill of
+a prompt prefix it still holds. The scheduler cannot see those caches, so it remembers, per backend, the
+prompt-prefix blocks it sent there recently (`prefix_index.PrefixIndex`, bounded in bytes) and scores a
+backend by how many leading blocks of the request it matches: the best guess of what the engine holds.
+
+Load bounds locality: a backend whose in-flight count exceeds the model's average x `max_load_factor` +
+`load_slack` is passed over for the next best (when every open backend is over, the least loaded of them
+goes). A request with a session key (`prompt_cache_key`) sticks to the backend its user's previous turn
+with that key went to, within the same load bound; else the longest match wins, then the backend that got
+that prefix last (so a user's turns converge on one engine), then the least loaded. A prefix known nowhere
+goes to the least loaded, and among equally loaded backends to the one remembering the fewest blocks
+(SGLang's router does the same), so new prompts spread over the caches instead of piling on the first.
+
+D-LPM (Cao et al., "Locality-aware Fair Scheduling in LLM Serving", 2025): when the model sets
+`locality.deficit_bound`, the fairness policy offers every user it allows now (`FairnessPolicy.offer`:
+counters within the bound of the smallest), and this policy sends, of their next requests, the one with
+the longest prefix match at its best backend; equal matches go in the fairness policy's order, so with no
+match anywhere the fairness policy's own choice goes. The fairness bound this keeps is stated on `offer`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+from scheduler_svc.config_schema import LocalityConfig
+from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, B, Candidate, load_order
+from scheduler_svc.policies.prefix_index import PrefixIndex, SessionMap, block_hashes, prompt_text
+from scheduler_svc.request import QueuedRequest
+
+_HASHED_REQUESTS = 128  # queued requests whose block hashes are kept between dispatch passes
+
+
+class PrefixLocality:
+    """Send a request where its prompt's prefix most likely is cached, within a load bound."""
+
+    def __init__(self, settings: LocalityConfig | None = None) -> None:
+        self._settings = settings or LocalityConfig()
+        self._indexes: dict[str, PrefixIndex] = {}  # backend name -> what was sent there (one per backend)
+        self.sessions = SessionMap(self._settings.session_max_bytes)
+        self._hashed: OrderedDict[str, list[int]] = OrderedDict()  # request id -> its chain (a small cache)
+        self._sends = 0  # dispatches heard so far: which backend got a prefix last
+
+    def index(self, backend: str) -> PrefixIndex:
+        """The backend's index of sent prefix blocks."""
+        if backend not in self._indexes:
+            self._indexes[backend] = PrefixIndex(self._settings.index_max_bytes)
+        return self._indexes[backend]
+
+    def chain(self, request: QueuedRequest) -> list[int]:
+        """The request's prefix block hashes (worked out once while it waits)."""
+        chain = self._hashed.get(request.request_id)
+        if chain is None:
+            text = prompt_text(request.prompt, request.messages)
+            chain = block_hashes(text, self._settings.block_chars, self._settings.max_blocks_per_request)
+            self._hashed[request.request_id] = chain
+            if len(self._hashed) > _HASHED_REQUESTS:
+                self._hashed.popitem(last=False)
+        return chain
+
+    def choose(self, request: QueuedRequest, backends: Sequence[B]) -> B:
+        in_flight = {b.name: b.inputs.in_flight for b in backends}
+        return self._best_backend(request, backends, in_flight)[1]
+
+    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[QueuedRequest, B]:
+        best: tuple[int, QueuedRequest, B] | None = None
+        for candidate in candidates:
+            matched, backend = self._best_backend(candidate.request, candidate.backends, in_flight)
+            if best is None or matched > best[0]:  # strict: equal matches keep the fairness order
+                best = (matched, candidate.request, backend)
+        assert best is not None, "choose_among needs at least one candidate"
+        return best[1], best[2]
+
+    def on_dispatched(self, request: QueuedRequest, backend: str) -> None:
+        self._sends += 1
+        self.index(backend).record(self.chain(request), self._sends)
+        self._hashed.pop(request.request_id, None)
+        if request.cache_key:
+            self.sessions.put(request.user, request.cache_key, backend)
+
+    def _best_backend(
+        self, request: QueuedRequest, backends: Sequence[B], in_flight: Mapping[str, int]
+    ) -> tuple[int, B]:
+        """The backend for `request` and the blocks it matches there: its session's backend if open and
+        within the load bound, else the longest match within the bound, ties to the least loaded."""
+        chain = self.chain(request)
+        allowed = self._within_load_bound(backends, in_flight)
+        if not allowed:  # every open backend is over the bound: load decides
+            least = min(backends, key=load_order)
+            return self.index(least.name).match(chain)[0], least
+        if request.cache_key:
+            sticky = self.sessions.get(request.user, request.cache_key)
+            for backend in allowed:
+                if backend.name == sticky:
+                    return self.index(backend.name).match(chain)[0], backend
+        scored = [(self.index(b.name).match(chain), b) for b in allowed]
+        best = max(score for score, _ in scored)
+        if best[0] == 0:  # nothing known anywhere: load decides, then the backend remembering the least
+            return 0, min(allowed, key=lambda b: (load_order(b), len(self.index(b.name))))
+        return best[0], min((b for score, b in scored if score == best), key=load_order)
+
+    def _within_load_bound(self, backends: Sequence[B], in_flight: Mapping[str, int]) -> list[B]:
+        """The open backends not over the model's average in-flight count x factor + slack."""
+        counts = {b.name: in_flight.get(b.name, b.inputs.in_flight) for b in backends}
+        loads = list(in_flight.values()) or list(counts.values())
+        limit = self._settings.max_load_factor * sum(loads) / len(loads) + self._settings.load_slack
+        return [b for b in backends if counts[b.name] <= limit]
+
+
+BACKEND_POLICIES.register(
+    "prefix_locality",
+    PrefixLocality,
+    "the open backend most recently sent the request's longest prompt prefix (or its session), within a "
+    "load bound; with locality.deficit_bound, the longest match among users within that fairness bound (D-LPM)",
+)

@@ -1,0 +1,124 @@
+"""Conformance of `FairnessPolicy.offer` (D-LPM's candidates) for every registered fairness policy.
+
+The bound stated on `_VirtualCounterFairness.offer`: whichever offered user the backend policy sends, two
+users backlogged throughout never drift apart by more than `deficit_bound` + the largest single charge.
+Hypothesis plays the adversary: it picks which offered user goes at every step.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.base import SamplingParams
+from scheduler_svc.config import PriorityClassConfig
+from scheduler_svc.policies import FAIRNESS_POLICIES, FairnessPolicy
+from scheduler_svc.queues import ModelQueues
+from scheduler_svc.request import QueuedRequest
+
+POLICIES = sorted(FAIRNESS_POLICIES.describe())
+COUNTER_POLICIES = [name for name in POLICIES if name != "round_robin"]  # round robin keeps no counters
+# The largest single charge in the workloads below, in each policy's counter units.
+MAX_PROMPT_CHARS, MAX_TOKENS = 400, 40
+
+
+def max_charge(policy: str) -> float:
+    return 1.0 if policy == "weighted_round_robin" else MAX_PROMPT_CHARS / 4 + 2 * MAX_TOKENS
+
+
+class Band:
+    """One band driven the way the dispatcher drives it with `locality.deficit_bound` set."""
+
+    def __init__(self, policy: FairnessPolicy) -> None:
+        self.policy = policy
+        self.queues = ModelQueues([PriorityClassConfig()])
+        self.band = self.queues.band("interactive")
+        self._n = 0
+
+    def add(self, user: str, prompt_chars: int = 40, max_tokens: int = 8) -> None:
+        self._n += 1
+        request = QueuedRequest(
+            f"{user}-{self._n}",
+            "m",
+            user,
+            "interactive",
+            "x" * prompt_chars,
+            None,
+            SamplingParams(max_tokens=max_tokens),
+            float(self._n),
+        )
+        _, newly = self.queues.push(request)
+        if newly:
+            self.policy.on_backlogged(user, self.band.flow_views)
+
+    def serve(self, user: str) -> QueuedRequest:
+        request = self.band.flows[user].head()
+        self.queues.remove(request.request_id)
+        self.policy.on_dispatched(request)
+        self.policy.on_generated(request, request.max_tokens)
+        self.policy.on_finished(request, request.max_tokens)
+        return request
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_offer_with_no_bound_is_select(name: str) -> None:
+    """Without a deficit bound the dispatcher's choices are today's, whichever method it calls."""
+    selecting, offering = Band(FAIRNESS_POLICIES.create(name)), Band(FAIRNESS_POLICIES.create(name))
+    for band in (selecting, offering):
+        for i in range(30):
+            band.add("abc"[i % 3], prompt_chars=40 * (1 + i % 3), max_tokens=1 + 7 * (i % 3))
+    for _ in range(30):
+        chosen = selecting.policy.select(selecting.band.flow_views)
+        offered = offering.policy.offer(offering.band.flow_views, None, 0.0)
+        assert chosen is not None and offered == [chosen]
+        selecting.serve(chosen)
+        offering.serve(chosen)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@settings(max_examples=30, deadline=None)
+@given(eligible=st.lists(st.sets(st.sampled_from("abcd")), min_size=5, max_size=20))
+def test_offer_puts_selects_choice_first_and_offers_only_eligible_users(name: str, eligible: list[set[str]]) -> None:
+    twin, band = Band(FAIRNESS_POLICIES.create(name)), Band(FAIRNESS_POLICIES.create(name))
+    for b in (twin, band):
+        for i in range(40):
+            b.add("abcd"[i % 4], prompt_chars=40 + 10 * (i % 4))
+    for allowed in eligible:
+        chosen = twin.policy.select(twin.band.flow_views, allowed.__contains__)
+        offered = band.policy.offer(band.band.flow_views, allowed.__contains__, 1e9)
+        if chosen is None:
+            assert offered == []
+            continue
+        assert offered[0] == chosen and set(offered) <= allowed and len(set(offered)) == len(offered)
+        if name != "round_robin":
+            assert set(offered) == allowed & set(band.band.flows)  # an unbounded deficit offers everyone
+        twin.serve(chosen)
+        band.serve(chosen)
+
+
+@pytest.mark.parametrize("name", COUNTER_POLICIES)
+@settings(max_examples=40, deadline=None)
+@given(
+    bound=st.sampled_from([0.0, 1.0, 50.0, 300.0]),
+    sizes=st.lists(st.tuples(st.integers(1, MAX_PROMPT_CHARS), st.integers(1, MAX_TOKENS)), min_size=4, max_size=4),
+    picks=st.lists(st.integers(0, 3), min_size=40, max_size=120),
+)
+def test_any_choice_among_the_offered_keeps_counters_within_the_bound(
+    name: str, bound: float, sizes: list[tuple[int, int]], picks: list[int]
+) -> None:
+    band = Band(FAIRNESS_POLICIES.create(name))
+    users = "abcd"
+    for user, (chars, tokens) in zip(users, sizes, strict=True):
+        for _ in range(3):
+            band.add(user, chars, tokens)
+    limit = bound + max_charge(name)
+    for pick in picks:
+        offered = band.policy.offer(band.band.flow_views, None, bound)
+        user = offered[pick % len(offered)]  # the adversary: any offered user may be sent
+        request = band.serve(user)
+        band.add(user, len(request.prompt or ""), request.max_tokens)  # everyone stays backlogged
+        counters = band.policy.counters()
+        keys = [counters.get(u, 0.0) for u in users]  # a user never charged has no entry yet
+        spread = max(keys) - min(keys)
+        assert spread <= limit + 1e-9, f"{name}: spread {spread} over bound {bound} + one charge"
