@@ -29,6 +29,7 @@ def scheduler_config(
     classes: list[dict[str, Any]] | None = None,
     default_class: str | None = None,
     waiting_target: int = 3,
+    priority_waiting_target: int = 0,
     priority_scheduling: bool = False,
     scrape_interval: float = 0.1,
     extra_scheduling: dict[str, Any] | None = None,
@@ -56,7 +57,7 @@ def scheduler_config(
                 "name": model,
                 "max_tokens_limit": 4096,
                 "max_queued_per_user": 10000,
-                "gate": {"waiting_target": waiting_target},
+                "gate": {"waiting_target": waiting_target, "priority_waiting_target": priority_waiting_target},
                 "backends": [
                     {
                         "name": "engine-0",

@@ -196,6 +196,14 @@ class GateConfig:
         "Dispatch only while the engine's waiting queue (last reading, corrected for what was sent and "
         "started since) stays below this.",
     )
+    priority_waiting_target: int = _field(
+        0,
+        "At an engine that takes priorities (`priority_scheduling`), the target for what a request would "
+        "queue behind there: only what the engine serves before it counts, so a latecomer whose priority "
+        "beats the queued work jumps it whatever its depth. A deeper queue than `waiting_target` there keeps "
+        "the engine's slots full when its HTTP front end hands requests in late (a busy API server), at no "
+        "cost to those who jump it. 0: `waiting_target`. A class's own `waiting_target` wins over both.",
+    )
     stale_after_seconds: float = _field(
         1.0, "A metrics reading older than this (or a failed scrape) no longer opens the gate."
     )

@@ -41,6 +41,10 @@ require_idle_engine = true
 name = "{model}"
 max_tokens_limit = 900
 
+[models.gate]
+waiting_target = 3
+priority_waiting_target = 6         # at vLLM's priority queue (latecomers jump it): keeps its slots full
+
 [[models.backends]]
 name = "{kind}-0"
 kind = "{kind}"

@@ -57,6 +57,7 @@ from engines.layout import Layout
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = 4
 GATE_TARGET = 3
+PRIORITY_GATE_TARGET = 6  # as configs/example.toml ships it: the queue a latecomer jumps at a priority engine
 SCRAPE_INTERVAL = 0.1
 
 METRIC_NAMES = {
@@ -277,6 +278,7 @@ def _config(engine: RealEngine, setup: Setup) -> str:
         max_num_seqs=SLOTS,
         classes=STANDARD_CLASS,
         waiting_target=GATE_TARGET,
+        priority_waiting_target=PRIORITY_GATE_TARGET,
         priority_scheduling=setup.engine_priorities,
         scrape_interval=SCRAPE_INTERVAL,
     )

@@ -168,6 +168,14 @@ def _fallback(inputs: GateInputs, config: GateConfig, cls: PriorityClassConfig) 
 GateCheck = Callable[[GateInputs, PriorityClassConfig, GateConfig], "str | None"]
 
 
+def waiting_target(inputs: GateInputs, config: GateConfig) -> int:
+    """The gate's waiting target for this candidate: `priority_waiting_target` at a priority engine when
+    set, else `waiting_target`."""
+    if inputs.candidate_priority is not None and config.priority_waiting_target:
+        return config.priority_waiting_target
+    return config.waiting_target
+
+
 def check_waiting(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
     """What the request would queue behind at the engine must stay below the class's target (batch: the
     engine queue must be empty).
@@ -176,12 +184,14 @@ def check_waiting(inputs: GateInputs, cls: PriorityClassConfig, config: GateConf
     would serve first (`GateInputs.waiting_ahead`): a latecomer whose priority beats the flood's queued
     requests goes at once and takes the next free slot, as if it had marked itself urgent, instead of
     waiting in our queue for the engine's queue to drain below the target. The queue stays bounded: a
-    request goes only while fewer than the target are ahead of it.
+    request goes only while fewer than the target are ahead of it. There the target is the gate's
+    `priority_waiting_target` when set: deeper, so that a front end that hands requests in late never
+    leaves a slot empty, and harmless to whoever jumps the queue.
     """
     if cls.require_idle_engine:
         waiting = inputs.estimated_waiting()
         return None if waiting == 0 else f"waiting {waiting} > 0 and {cls.name} needs an idle engine queue"
-    target = cls.waiting_target or config.waiting_target
+    target = cls.waiting_target or waiting_target(inputs, config)
     ahead = inputs.waiting_ahead()
     if ahead < target:
         return None

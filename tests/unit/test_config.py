@@ -51,6 +51,10 @@ def test_minimal_config_gets_documented_defaults() -> None:
         ({"models": [{"name": "m", "backends": []}]}, "at least one backend"),
         ({"models": [{"name": "m", "backends": [{"name": "b", "kind": "ollama"}]}]}, "known kinds"),
         ({"models": [{"name": "m", "gate": {"waiting_target": "3"}, "backends": [{"name": "b"}]}]}, "expected int"),
+        (
+            {"models": [{"name": "m", "gate": {"priority_waiting_target": -1}, "backends": [{"name": "b"}]}]},
+            "priority_waiting_target must be >= 0",
+        ),
         ({"models": []}, "at least one"),
     ],
 )

@@ -60,6 +60,21 @@ def test_the_gate_opens_for_a_better_priority_only_and_never_for_batch() -> None
     assert not gate.decide(latecomer, batch).open  # batch still needs an empty engine queue
 
 
+def test_a_priority_engine_takes_its_own_deeper_target_and_a_fifo_engine_keeps_the_plain_one() -> None:
+    """`priority_waiting_target` lets the flood's own next request queue deeper at a priority engine (two
+    wait, target 3), while the same reading at a FIFO engine (no candidate priority) holds at 2; a class's
+    own target still wins over both."""
+    gate = SignalGate(GateConfig(waiting_target=2, priority_waiting_target=3))
+    base = _fields(_ledger_with_a_flood().gate_inputs(100.1))
+    flood_next = type(_ledger_with_a_flood().gate_inputs(100.1))(**{**base, "candidate_priority": 6})
+    at_fifo_engine = type(flood_next)(**{**base, "candidate_priority": None})
+    assert flood_next.waiting_ahead() == at_fifo_engine.waiting_ahead() == 2
+    assert gate.decide(flood_next, CLS).open
+    assert not gate.decide(at_fifo_engine, CLS).open
+    assert not gate.decide(flood_next, PriorityClassConfig(waiting_target=2)).open
+    assert not SignalGate(GateConfig(waiting_target=2)).decide(flood_next, CLS).open  # 0: waiting_target
+
+
 def _fields(inputs: object) -> dict[str, object]:
     return {name: getattr(inputs, name) for name in inputs.__slots__}  # type: ignore[attr-defined]
 
