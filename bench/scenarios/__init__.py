@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult
-from bench.scenarios import s1, s3, s4, s5, s6, s7
+from bench.scenarios import s1, s3, s4, s5, s6, s7, s8
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], Runner]] = {
     "S5": (("S5",), lambda provider, options: s5.run(provider)),
     "S6": (("S6",), lambda provider, options: s6.run(provider, profile=options.profile, out_dir=options.out_dir)),
     "S7": (("S7",), lambda provider, options: s7.run(provider)),
+    "S8": (("S8",), lambda provider, options: s8.run(provider)),
 }
 
 TITLES = {
@@ -39,10 +40,11 @@ TITLES = {
     "S5": "priority classes",
     "S6": "overhead",
     "S7": "faults",
+    "S8": "locality across replicas",
 }
 
 # R1 (S1/S2 on a real engine in three core layouts: bench/scenarios/real_s1.py) runs outside this table.
-DEFAULT = {"sim": ("S1", "S3", "S4", "S5", "S6", "S7"), "vllm": ("R1", "S6"), "llamacpp": ("R1",)}
+DEFAULT = {"sim": ("S1", "S3", "S4", "S5", "S6", "S7", "S8"), "vllm": ("R1", "S6", "S8"), "llamacpp": ("R1",)}
 
 
 def entries_for(ids: list[str]) -> list[str]:
