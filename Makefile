@@ -100,7 +100,7 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m bench.s1_demo
 
-# S1-S7 side by side on the simulator (refreshes README's Results); ENGINE=vllm: R1 (S1/S2 on the real CPU
+# S1-S8 side by side on the simulator (refreshes README's Results); ENGINE=vllm: R1 (S1/S2 on the real CPU
 # vLLM laid out like a GPU host, plus the "front end starved" and "all shared" layouts) and S6;
 # ENGINE=llamacpp: R1 on the real llama.cpp server. Pass BENCH_ARGS="--layouts gpu_host --rounds 3" to narrow.
 bench: $(STAMP)
