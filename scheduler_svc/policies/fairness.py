@@ -498,6 +498,8 @@ class _VirtualCounterFairness(_ServiceHooks):
     def _safe_to_forget(self, user: str) -> bool:
         if self._users.shared:  # its spend counts in the class's other bands: only the idle TTL drops it
             return False
+        if user in self._ended_at and self._clock.now() < self._ended_at[user] + self._grace:
+            return False  # a choice may still wait for it
         group = self._weights.group_of(user)
         if self._weights.is_shared(group):
             if self._users.value(user) > self._member_floor.get(group, 0.0):
