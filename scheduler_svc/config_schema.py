@@ -306,7 +306,7 @@ class SchedulingConfig:
     classes: list[PriorityClassConfig] = _field(DEFAULT_CLASSES, "The priority classes; names unique.")
     weights: WeightsConfig = _field(WeightsConfig(), "Per-user and per-group fair-share weights.")
     vtc_lookahead_tokens: float = _field(
-        128.0,
+        256.0,
         "vtc: how many of each running request's expected remaining tokens count against its user when "
         "choosing. 0 behaves like vtc_basic (a user with long answers can grab several slots before their "
         "cost shows); very large counts whole answers at dispatch (the paper's prediction), which makes "

@@ -563,7 +563,7 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
 
     Counters are charged exactly as in `vtc_basic` (prompt at dispatch, tokens as they stream), but the
     choice also counts the tokens each user's running requests are still expected to generate, up to
-    `scheduling.vtc_lookahead_tokens` (default 128) per request: expected length = min(max_tokens, the
+    `scheduling.vtc_lookahead_tokens` (default 256) per request: expected length = min(max_tokens, the
     user's recent mean answer length). So a user whose 1000-token answers already hold engine slots is not
     handed another slot just because their counter has not caught up (vtc_basic's overshoot).
 
@@ -571,8 +571,12 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
     answer's entire lifetime, so after the user's running answers end together (e.g. they all started on
     an idle engine) the user gets a slot back only for every ~1000 tokens served to others, is under-served
     for a whole lifetime, then over-served: an oscillation with the period of the longest answer, 0.3x to
-    1.4x in 500-step windows on the fake-clock harness. Counting the next 128 tokens keeps the brake on
-    grabbing slots and settles within about 10% in those windows (1000 vs 50 tokens, 8 or 32 slots).
+    1.4x in 500-step windows on the fake-clock harness. Counting the next 128 tokens kept the brake on
+    grabbing slots and settled within about 10% in those windows (1000 vs 50 tokens, 8 or 32 slots); 256
+    (issue 13) keeps that and, on 8 slots behind a waiting queue of 3 with 8 closed-loop streams each, holds
+    every 60 s window within 2% where 128 let one reach 15% (priced 0.5/3) and 64 gave 1.2-1.6 throughout:
+    with the engine's queue in front of the slots, a dispatch is committed several slot-frees ahead, and
+    the key must see that far into a long answer.
     Trade-off: a prediction that is too high delays a user only while their requests run.
 
     Returning users (what made long/short 1.28 in every window on 8 slots with 8 closed-loop streams
@@ -582,11 +586,10 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
     the engine's queue went to the user ahead, for a whole 1,000-token lifetime; now a choice waits up to
     `scheduling.vtc_return_grace_seconds` (0.2 s) for a user whose request just ended and who is behind
     the one it would pick (`wake_at` tells the dispatcher when to choose again; each ending makes choices
-    wait at most the grace, and only while its user is behind). (2) Its return then counted as becoming backlogged and
-    lifted it to the floor, wiping out what it was owed; now a user with requests running keeps up to two
-    look-aheads of tokens per running request below the floor (idle users are lifted as before). Together:
-    |long/short - 1| 0.005-0.016 cumulatively and 0.09-0.21 in the worst 60 s window on the simulator
-    (S4), against 0.28 (issue) and 1.9 (this machine, loaded) before.
+    wait at most the grace, and only while its user is behind). (2) Its return then counted as becoming
+    backlogged and lifted it to the floor, wiping out what it was owed; now a user with requests running
+    keeps up to two look-aheads of tokens per running request below the floor (idle users are lifted as
+    before). S4's figures, before and after: README.md (Results) and bench/scenarios/s4.py.
 
     Pruning: counters by the base class's rules. The mean answer length shapes the user's next
     reservation, so forgetting it could change a decision whatever the counters say: it goes by the idle
