@@ -33,6 +33,7 @@ def scheduler_config(
     scrape_interval: float = 0.1,
     extra_scheduling: dict[str, Any] | None = None,
     max_num_seqs: int = 0,
+    model_extra: dict[str, Any] | None = None,
 ) -> Toml:
     """One model behind one vLLM-API engine; `{GRPC_PORT}` is filled in by `harness.scheduler`."""
     scheduling: Toml = {"fairness": fairness}
@@ -56,6 +57,7 @@ def scheduler_config(
                 "max_tokens_limit": 4096,
                 "max_queued_per_user": 10000,
                 "gate": {"waiting_target": waiting_target},
+                **(model_extra or {}),
                 "backends": [
                     {
                         "name": "engine-0",
