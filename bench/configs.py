@@ -34,6 +34,7 @@ def scheduler_config(
     scrape_interval: float = 0.1,
     extra_scheduling: dict[str, Any] | None = None,
     max_num_seqs: int = 0,
+    model_extra: dict[str, Any] | None = None,
 ) -> Toml:
     """One model behind one vLLM-API engine; `{GRPC_PORT}` (and `{HTTP_PORT}` where a run opens the HTTP door,
     `with_http_door`) is filled in by `harness.scheduler_process`."""
@@ -58,6 +59,7 @@ def scheduler_config(
                 "max_tokens_limit": 4096,
                 "max_queued_per_user": 10000,
                 "gate": {"waiting_target": waiting_target, "priority_waiting_target": priority_waiting_target},
+                **(model_extra or {}),
                 "backends": [
                     {
                         "name": "engine-0",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import tomllib
 import types
@@ -165,6 +166,18 @@ def _validate(config: Config) -> None:
         raise ConfigError("scheduling.idle_user_ttl_seconds must not be negative")
     if config.scheduling.vtc_lookahead_tokens < 0:
         raise ConfigError("scheduling.vtc_lookahead_tokens must not be negative")
+    if config.scheduling.vtc_return_grace_seconds < 0 or config.scheduling.vtc_return_grace_seconds > 1:
+        raise ConfigError("scheduling.vtc_return_grace_seconds must be between 0 and 1")
+    if config.scheduling.fairness_scope not in ("model", "global"):
+        raise ConfigError(
+            f"scheduling.fairness_scope must be 'model' or 'global', not {config.scheduling.fairness_scope!r}"
+        )
+    for pattern, label in config.scheduling.cost_accounts.items():
+        if not pattern or pattern == "*" or "*" in pattern[:-1] or not label or len(label) > 64:
+            raise ConfigError(
+                f"scheduling.cost_accounts: {pattern!r} = {label!r}: a user id or a prefix ending in '*', "
+                "to a non-empty label of at most 64 characters"
+            )
     weights = config.scheduling.weights
     if weights.default <= 0 or any(w <= 0 for w in [*weights.users.values(), *weights.groups.values()]):
         raise ConfigError("scheduling.weights: weights must be > 0")
@@ -186,6 +199,9 @@ def _validate(config: Config) -> None:
                     f"scheduling.classes[{c.name}] sets {', '.join(ignored)}, which gate policy "
                     f'{model.gate.policy!r} of {where} ignores: use gate.policy = "signals" or remove them'
                 )
+        for price in (model.input_token_cost, model.output_token_cost):
+            if not math.isfinite(price) or price < 0 or price > 1e6:
+                raise ConfigError(f"{where}: input_token_cost and output_token_cost must be between 0 and 1e6")
         if model.max_queued < 1 or model.max_queued_per_user < 1:
             raise ConfigError(f"{where}: max_queued and max_queued_per_user must be >= 1")
         if min(model.max_prompt_bytes, model.max_queued_bytes, model.max_queued_bytes_per_user) < 1:

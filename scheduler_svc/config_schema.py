@@ -320,6 +320,17 @@ class ModelConfig:
         "After a backend fails a request before its first token, no request is sent to it for this long; "
         "then its gate decides again (a dead engine fails the next one fast and cools down again).",
     )
+    input_token_cost: float = _field(
+        1.0,
+        "Price of one prompt token of this model. The token-cost fairness policies (vtc, vtc_basic) multiply "
+        "their own prompt weight (1) by it, so shares are counted in cost; with fairness_scope = global a "
+        "token of a model priced 10 weighs ten times one priced 1. Also what llmsched_user_cost_total adds.",
+    )
+    output_token_cost: float = _field(
+        1.0,
+        "Price of one generated token of this model; multiplies the token-cost policies' generated-token "
+        "weight (2), as input_token_cost does the prompt's. The defaults (1, 1) leave the shares as before.",
+    )
     backends: list[BackendConfig] = _field([], "Engines serving the model (at least one).")
     backend_policy: str = _field(
         "least_loaded",
@@ -347,11 +358,29 @@ class SchedulingConfig:
     classes: list[PriorityClassConfig] = _field(DEFAULT_CLASSES, "The priority classes; names unique.")
     weights: WeightsConfig = _field(WeightsConfig(), "Per-user and per-group fair-share weights.")
     vtc_lookahead_tokens: float = _field(
-        128.0,
+        256.0,
         "vtc: how many of each running request's expected remaining tokens count against its user when "
         "choosing. 0 behaves like vtc_basic (a user with long answers can grab several slots before their "
         "cost shows); very large counts whole answers at dispatch (the paper's prediction), which makes "
         "shares swing with the period of the longest answer after long answers end together.",
+    )
+    fairness_scope: str = _field(
+        "model",
+        "Where a user's fair-share counter lives: model (one per model and priority class) or global (its "
+        "spend is shared by every model's band of the same priority class, so heavy use of an expensive "
+        "model is repaid on a cheap one; each band still lifts a returning user only as far as its own "
+        "backlogged users' smallest counter, so switching model sheds no debt and joining one adds none).",
+    )
+    cost_accounts: dict[str, str] = _field(
+        {},
+        "Which users' cost llmsched_user_cost_total exports, and under which label: pattern -> label, the "
+        "pattern an exact user id or a prefix ending in '*' (longest wins). Everyone else counts as 'other'.",
+    )
+    vtc_return_grace_seconds: float = _field(
+        0.2,
+        "vtc: how long a choice may wait for a user whose request just ended and who is behind the user "
+        "it would pick (a closed-loop client sends its next request right after an answer; without the "
+        "wait, the dispatch the ending triggers hands the slot to whoever is ahead). 0: never wait.",
     )
     idle_user_ttl_seconds: float = _field(
         600.0,

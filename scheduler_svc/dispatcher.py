@@ -33,6 +33,7 @@ from scheduler_svc.openings import BackendChoice, BackendGates, BackendState, En
 from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES
 from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, Candidate
 from scheduler_svc.policies.band import BAND_POLICIES, DEFAULT_BAND_POLICY
+from scheduler_svc.policies.cost import CostAccounts, CounterScope, Prices
 from scheduler_svc.policies.weights import WeightResolver
 from scheduler_svc.positions import PositionNotifier
 from scheduler_svc.queues import Band, Flow, ModelQueues
@@ -57,6 +58,7 @@ class ModelDispatcher:
         errors: InternalErrors | None = None,
         health: LoopHealth | None = None,
         on_done: Callable[[Ticket], None] | None = None,
+        counter_scope: CounterScope | None = None,
     ) -> None:
         self.model = model
         self.clock = clock
@@ -69,6 +71,11 @@ class ModelDispatcher:
             c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, scheduling, clock)
             for c in scheduling.classes
         }
+        self.prices = Prices.of(model)
+        scope = counter_scope or CounterScope(scheduling.fairness_scope)  # one per scheduler: shared by models
+        for name, policy in self.fairness.items():
+            policy.use_costing(self.prices, scope.counters(name, "user"), scope.counters(name, "group"))
+        self._accounts = CostAccounts(scheduling.cost_accounts)
         self._queued: dict[str, Ticket] = {}
         self._running: dict[str, Ticket] = {}
         self._metrics = metrics
@@ -86,6 +93,7 @@ class ModelDispatcher:
             self._series,
         )
         self._wake = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
         self._settled = asyncio.Event()  # set whenever a request reaches its outcome
         self.positions = PositionNotifier(self._queued)
         self.capacity = Capacity(model, self.queues)
@@ -157,6 +165,7 @@ class ModelDispatcher:
     # -- events from running requests ---------------------------------------------------------------
     def on_first_token(self, ticket: Ticket) -> None:
         assert ticket.backend is not None and ticket.first_token_at is not None
+        self._cost(ticket, self.prices.cost(ticket.request.prompt_tokens_estimate, 0))
         ticket.backend.estimator.started(ticket.request.request_id, ticket.first_token_at)
         self._class_series[ticket.request.priority_class].ttft.observe(
             ticket.first_token_at - ticket.request.admitted_at
@@ -165,8 +174,14 @@ class ModelDispatcher:
 
     def on_generated(self, ticket: Ticket, tokens: int) -> None:
         self.fairness[ticket.request.priority_class].on_generated(ticket.request, tokens)
+        self._cost(ticket, self.prices.cost(0, tokens))
         assert ticket.backend is not None
         self._series[ticket.backend.name].generated_tokens.inc(tokens)
+
+    def _cost(self, ticket: Ticket, cost: float) -> None:
+        """Export the cost served (the prompt at the first token, as a failover before it costs nothing)."""
+        if cost:
+            self._metrics.user_cost.labels(self.model.name, self._accounts.label(ticket.request.user)).inc(cost)
 
     def on_finished(self, ticket: Ticket) -> None:
         self._release(ticket)
@@ -272,9 +287,21 @@ class ModelDispatcher:
             self._wake.clear()
             try:
                 self.dispatch_ready()
+                self._wake_for_waiting_choice()
             except Exception as exc:  # a policy bug must not stop the model: count it, retry on the next event
                 self.errors.report("dispatch", exc, model=self.model.name)
                 self.health.pass_done(ok=False)
+
+    def _wake_for_waiting_choice(self) -> None:
+        """A fairness policy may wait briefly for a user about to return (`FairnessPolicy.wake_at`): wake
+        the loop when that wait ends, so the choice is made again even if no other event comes."""
+        due = [t for t in (f.wake_at() for f in self.fairness.values()) if t is not None]
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if due:
+            delay = max(0.0, min(due) - self.clock.now())
+            self._timer = asyncio.get_running_loop().call_later(delay, self.wake)
 
     def watchdog_look(self) -> None:
         """Tell the loop's health whether work that could go now has been waiting without any dispatch."""

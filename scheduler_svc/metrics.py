@@ -64,6 +64,13 @@ class SchedulerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.user_cost = Counter(
+            "llmsched_user_cost",
+            "Cost served per account (model prices x prompt and generated tokens); accounts are the "
+            "configured scheduling.cost_accounts labels, everyone else 'other'.",
+            ["model", "account"],
+            registry=r,
+        )
         self.generated_tokens = Counter(
             "llmsched_generated_tokens",
             "Tokens streamed back from engines.",

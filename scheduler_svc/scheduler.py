@@ -23,6 +23,7 @@ from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.load import LoadEstimator, scrape
 from scheduler_svc.metrics import SchedulerMetrics, engine_series
 from scheduler_svc.policies import GATE_POLICIES
+from scheduler_svc.policies.cost import CounterScope
 from scheduler_svc.request import QueuedRequest
 from scheduler_svc.text import client_text
 from scheduler_svc.ticket import Ticket
@@ -69,6 +70,7 @@ class Scheduler:
         self.dispatchers: dict[str, ModelDispatcher] = {}
         # (user, client request_id) -> its live ticket: a client's id is unique among its own live requests
         self._live_ids: dict[tuple[str, str], Ticket] = {}
+        counter_scope = CounterScope(config.scheduling.fairness_scope)  # global: shared by every model
         for model in config.models:
             handles = [
                 BackendHandle(
@@ -85,6 +87,7 @@ class Scheduler:
                 handles,
                 self.clock,
                 self.metrics,
+                counter_scope=counter_scope,
                 errors=self.errors,
                 health=LoopHealth(
                     f"dispatch:{model.name}",

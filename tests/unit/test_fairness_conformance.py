@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backends.base import SamplingParams
 from scheduler_svc.clock import FakeClock
 from scheduler_svc.config import PriorityClassConfig, SchedulingConfig, WeightsConfig
 from scheduler_svc.policies import FAIRNESS_POLICIES, FairnessPolicy, WeightResolver
+from scheduler_svc.policies.cost import LocalCounters, Prices
 from scheduler_svc.queues import ModelQueues
 from scheduler_svc.request import QueuedRequest
 
@@ -20,8 +24,9 @@ POLICIES = sorted(FAIRNESS_POLICIES.describe())
 class Harness:
     """A single band driven the way the dispatcher drives it."""
 
-    def __init__(self, policy: FairnessPolicy) -> None:
+    def __init__(self, policy: FairnessPolicy, clock: FakeClock | None = None) -> None:
         self.policy = policy
+        self.clock = clock
         self.queues = ModelQueues([PriorityClassConfig()])
         self.band = self.queues.band("interactive")
         self._n = 0
@@ -45,6 +50,13 @@ class Harness:
 
     def serve(self) -> QueuedRequest:
         user = self.policy.select(self.band.flow_views)
+        waits = 0
+        while user is None and self.clock is not None and waits < 100:  # it waits for users about to return...
+            wake = self.policy.wake_at()
+            assert wake is not None, "select() returned None with backlogged flows and no time to choose again"
+            self.clock.advance(max(0.0, wake - self.clock.now()))  # ...each no longer than it said
+            user = self.policy.select(self.band.flow_views)
+            waits += 1
         assert user in self.band.flows, f"selected {user!r}, which has nothing queued"
         request = self.band.flows[user].head()
         self.queues.remove(request.request_id)
@@ -56,7 +68,8 @@ class Harness:
 
 @pytest.fixture(params=POLICIES)
 def harness(request: pytest.FixtureRequest) -> Harness:
-    return Harness(FAIRNESS_POLICIES.create(request.param))
+    clock = FakeClock()
+    return Harness(FAIRNESS_POLICIES.create(request.param, WeightResolver(), SchedulingConfig(), clock), clock)
 
 
 def test_only_selects_backlogged_users_and_is_work_conserving(harness: Harness) -> None:
@@ -123,7 +136,7 @@ def test_a_requeued_request_costs_its_user_nothing(harness: Harness) -> None:
 def _one_off_users(policy: str, users: int, ttl: float, pruning: bool = True) -> tuple[Harness, FakeClock]:
     clock = FakeClock()
     settings = SchedulingConfig(idle_user_ttl_seconds=ttl)
-    h = Harness(FAIRNESS_POLICIES.create(policy, WeightResolver(), settings, clock))
+    h = Harness(FAIRNESS_POLICIES.create(policy, WeightResolver(), settings, clock), clock)
     h.policy.pruning = pruning  # type: ignore[attr-defined]
     h.add("steady", 2 * users)  # one user stays backlogged throughout
     for i in range(users):
@@ -151,7 +164,7 @@ def test_pruning_changes_no_decision(policy: str) -> None:
         rng = random.Random(7)
         clock = FakeClock()
         h = Harness(
-            FAIRNESS_POLICIES.create(policy, WeightResolver(), SchedulingConfig(idle_user_ttl_seconds=0), clock)
+            FAIRNESS_POLICIES.create(policy, WeightResolver(), SchedulingConfig(idle_user_ttl_seconds=0), clock), clock
         )
         h.policy.pruning = pruning  # type: ignore[attr-defined]
         h.policy.sweep_per_event = 50  # type: ignore[attr-defined]
@@ -179,7 +192,7 @@ def test_a_heavy_user_pausing_for_less_than_the_ttl_keeps_its_debt(policy: str, 
     does not reset its debt; after the TTL it is forgotten."""
     clock = FakeClock()
     weights = WeightResolver(WeightsConfig(users={"light": 20.0}))
-    h = Harness(FAIRNESS_POLICIES.create(policy, weights, SchedulingConfig(idle_user_ttl_seconds=60), clock))
+    h = Harness(FAIRNESS_POLICIES.create(policy, weights, SchedulingConfig(idle_user_ttl_seconds=60), clock), clock)
     h.add("light", 300, max_tokens=5)
     h.add("heavy", 1, max_tokens=500)
     while "heavy" in h.band.flows:
@@ -195,3 +208,74 @@ def test_a_heavy_user_pausing_for_less_than_the_ttl_keeps_its_debt(policy: str, 
         assert [h.serve().user for _ in range(5)] == ["light"] * 5
     else:
         assert "heavy" not in h.policy.counters()
+
+
+BOUNDED = [name for name in POLICIES if hasattr(FAIRNESS_POLICIES.create(name), "service_difference_bound")]
+
+
+@pytest.mark.parametrize("policy", BOUNDED)
+@settings(max_examples=40, deadline=None)
+@given(
+    slots=st.integers(1, 12),
+    lengths=st.tuples(
+        st.lists(st.integers(1, 400), min_size=1, max_size=6), st.lists(st.integers(1, 400), min_size=1, max_size=6)
+    ),
+    prices=st.tuples(st.sampled_from([0.5, 1.0, 3.0]), st.sampled_from([0.5, 1.0, 10.0])),
+)
+def test_the_stated_service_bound_holds_on_a_multi_slot_engine(
+    policy: str, slots: int, lengths: tuple[list[int], list[int]], prices: tuple[float, float]
+) -> None:
+    """The policy's `service_difference_bound`, on an engine with `slots` slots that each generate one token
+    per step: two users always backlogged, each cycling through its own answer lengths; at every step the
+    cost served to each differs by no more than the bound."""
+    clock = FakeClock()
+    p = FAIRNESS_POLICIES.create(policy, WeightResolver(), SchedulingConfig(), clock)
+    p.use_costing(Prices(*prices), LocalCounters(), LocalCounters())
+    h = Harness(p)
+    cycle = {"a": itertools.cycle(lengths[0]), "b": itertools.cycle(lengths[1])}
+    bound = p.service_difference_bound(slots, max(max(lengths[0]), max(lengths[1])), 1)  # type: ignore[attr-defined]
+    served = {"a": 0.0, "b": 0.0}
+    running: dict[str, tuple[QueuedRequest, int]] = {}
+    for _ in range(1500):
+        for user in ("a", "b"):
+            while user not in h.band.flows or len(h.band.flows[user]) < 2:
+                h.add(user, 1, max_tokens=next(cycle[user]))
+        while len(running) < slots:
+            for user in ("a", "b"):
+                if user not in h.band.flows:
+                    h.add(user, 1, max_tokens=next(cycle[user]))
+            user = p.select(h.band.flow_views)
+            assert user is not None
+            request = h.band.flows[user].head()
+            h.queues.remove(request.request_id)
+            p.on_dispatched(request)
+            served[user] += prices[0] * request.prompt_tokens_estimate
+            running[request.request_id] = (request, 0)
+        clock.advance(0.02)
+        for rid, (request, done) in list(running.items()):
+            p.on_generated(request, 1)
+            served[request.user] += 2 * prices[1]  # VTC's generated-token weight x the price
+            if done + 1 >= request.max_tokens:
+                del running[rid]
+                p.on_finished(request, done + 1)
+            else:
+                running[rid] = (request, done + 1)
+        assert abs(served["a"] - served["b"]) <= bound, (served, bound)
+
+
+def test_vtc_waits_for_a_user_about_to_return_at_most_the_grace() -> None:
+    """A user whose request just ended and who is behind is waited for (a closed-loop client sends its next
+    request at once), so the dispatch its ending triggers does not hand the slot to the user ahead; the
+    wait ends at the grace (`wake_at`), and then the user ahead goes."""
+    clock = FakeClock()
+    p = FAIRNESS_POLICIES.create("vtc", WeightResolver(), SchedulingConfig(vtc_return_grace_seconds=0.05), clock)
+    h = Harness(p)
+    h.add("ahead", 3, max_tokens=100)
+    h.add("behind", 1, max_tokens=10)
+    while "behind" in h.band.flows:
+        h.serve()
+    assert p.select(h.band.flow_views) is None, "did not wait for the user that is behind"
+    assert p.wake_at() == pytest.approx(clock.now() + 0.05)
+    clock.advance(0.05)
+    assert p.select(h.band.flow_views) == "ahead"
+    h.add("behind", 1, max_tokens=10)  # back within the grace: it goes first
