@@ -68,12 +68,19 @@ def test_offer_with_no_bound_is_select(name: str) -> None:
     for band in (selecting, offering):
         for i in range(30):
             band.add("abc"[i % 3], prompt_chars=40 * (1 + i % 3), max_tokens=1 + 7 * (i % 3))
+    served = 0
     for _ in range(30):
         chosen = selecting.policy.select(selecting.band.flow_views)
         offered = offering.policy.offer(offering.band.flow_views, None, 0.0)
-        assert chosen is not None and offered == [chosen]
+        # vtc may hold a choice for a user whose queue just emptied (its return grace): both say so alike
+        assert offered == ([] if chosen is None else [chosen])
+        if chosen is None:
+            assert len(selecting.band.flows) < 3  # the grace holds a choice only once a user's queue ran dry
+            break
         selecting.serve(chosen)
         offering.serve(chosen)
+        served += 1
+    assert served >= 10
 
 
 @pytest.mark.parametrize("name", POLICIES)
