@@ -48,8 +48,8 @@ class Client(Protocol):
         ...
 
 
-class DirectClient:
-    """Talks to a vLLM-API engine over HTTP: its own FIFO, or its priority policy via `priority`."""
+class _CompletionsClient:
+    """Streams from an OpenAI-compatible `POST /v1/completions` at `url` (an engine, or the HTTP door)."""
 
     def __init__(self, session: aiohttp.ClientSession, url: str, model: str, clock: RunClock, label: str) -> None:
         self._session = session
@@ -57,6 +57,10 @@ class DirectClient:
         self._model = model
         self.clock = clock
         self.label = label
+
+
+class DirectClient(_CompletionsClient):
+    """Talks to a vLLM-API engine over HTTP: its own FIFO, or its priority policy via `priority`."""
 
     async def run(
         self, record: RequestRecord, prompt: str, *, priority_class: str = "", engine_priority: int | None = None
@@ -81,20 +85,13 @@ class DirectClient:
                         continue
                     choices = json.loads(line[6:]).get("choices")
                     if choices:  # one chunk per generated token; the usage chunk has none
-                        self._token(record, 1)
+                        record.received(self.clock.now(), 1)
             record.finished = self.clock.now()
         except asyncio.CancelledError:
             record.error = "cancelled"
             raise
         except (aiohttp.ClientError, ValueError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
-
-    def _token(self, record: RequestRecord, n: int) -> None:
-        now = self.clock.now()
-        if record.first_token is None:
-            record.first_token = now
-        record.tokens += n
-        record.token_times.append((now, n))
 
 
 class ScheduledClient:
@@ -126,12 +123,7 @@ class ScheduledClient:
         try:
             async for event in call:
                 if event.HasField("delta"):
-                    now = self.clock.now()
-                    if record.first_token is None:
-                        record.first_token = now
-                    n = event.delta.tokens or 1
-                    record.tokens += n
-                    record.token_times.append((now, n))
+                    record.received(self.clock.now(), event.delta.tokens or 1)
             record.finished = self.clock.now()
         except asyncio.CancelledError:
             record.error = "cancelled"
@@ -175,20 +167,13 @@ def parse_sse_line(line: bytes) -> SseChunk | None:
     return SseChunk(text=text, completion_tokens=tokens if isinstance(tokens, int) else None)
 
 
-class HttpSchedulerClient:
+class HttpSchedulerClient(_CompletionsClient):
     """Talks to llm-scheduler's OpenAI-compatible HTTP door (`POST /v1/completions`, SSE), identified by
     the trusted `x-user-id` header, with its class in `x-priority-class`: the request a gRPC client sends.
 
     Every chunk with text counts as one token as it arrives (the door sends one chunk per engine chunk);
     the usage chunk at the end gives the request's exact count.
     """
-
-    def __init__(self, session: aiohttp.ClientSession, url: str, model: str, clock: RunClock, label: str) -> None:
-        self._session = session
-        self._url = url + "/v1/completions"
-        self._model = model
-        self.clock = clock
-        self.label = label
 
     async def run(
         self, record: RequestRecord, prompt: str, *, priority_class: str = "", engine_priority: int | None = None
@@ -235,11 +220,7 @@ class HttpSchedulerClient:
                 return False
             done |= chunk.done
             if chunk.text:
-                now = self.clock.now()
-                if record.first_token is None:
-                    record.first_token = now
-                record.tokens += 1
-                record.token_times.append((now, 1))
+                record.received(self.clock.now(), 1)
             if chunk.completion_tokens is not None:
                 record.tokens = chunk.completion_tokens
         return done

@@ -26,6 +26,13 @@ class RequestRecord:
     error: str | None = None
     token_times: list[tuple[float, int]] = field(default_factory=list)  # (when, tokens) per delta
 
+    def received(self, now: float, tokens: int) -> None:
+        """A chunk of `tokens` tokens arrived at `now` (the first one is the request's first token)."""
+        if self.first_token is None:
+            self.first_token = now
+        self.tokens += tokens
+        self.token_times.append((now, tokens))
+
     @property
     def ttft(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.sent
