@@ -1,5 +1,5 @@
-"""What the sync and asyncio clients share before any I/O: identity metadata, TLS credentials, and the
-request messages."""
+"""What the sync and asyncio clients share before any I/O: identity metadata, TLS credentials, the asyncio
+channel, and the request messages."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ def channel_credentials(
     if tls or root_certificates is not None or certificate_chain is not None:
         return grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
     return None
+
+
+def aio_channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+    """An asyncio channel to `target`, over TLS when `credentials` are given."""
+    return grpc.aio.secure_channel(target, credentials) if credentials else grpc.aio.insecure_channel(target)
 
 
 def generation_params(

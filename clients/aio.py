@@ -10,10 +10,10 @@ from typing import Any
 
 import grpc
 
-from clients._connection import channel_credentials, generation_params, identity_metadata
+from clients._connection import aio_channel, channel_credentials, generation_params, identity_metadata
 from clients.errors import from_rpc_error
 from clients.events import Completion, Delta, Event, completion_from_pb, event_from_pb
-from clients.retry import Deadline, Retrier, RetryAttempt, RetryPolicy
+from clients.retry import CallDefaults, Retrier, RetryAttempt, RetryPolicy
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -42,14 +42,10 @@ class AsyncClient:
         private_key: bytes | None = None,
     ) -> None:
         credentials = channel_credentials(tls, root_certificates, certificate_chain, private_key)
-        self._channel = (
-            grpc.aio.secure_channel(target, credentials) if credentials else grpc.aio.insecure_channel(target)
-        )
+        self._channel = aio_channel(target, credentials)
         self._stub = pb_grpc.SchedulerServiceStub(self._channel)
         self._metadata = identity_metadata(user, api_key)
-        self._timeout = timeout
-        self._retry = retry or RetryPolicy()
-        self._on_retry = on_retry
+        self._calls = CallDefaults(timeout, retry or RetryPolicy(), on_retry)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -61,11 +57,6 @@ class AsyncClient:
 
     async def close(self) -> None:
         await self._channel.close(None)
-
-    def _retrier(self, timeout: float | None, deadline: float | None) -> Retrier:
-        if timeout is None and deadline is None:
-            timeout = self._timeout
-        return Retrier(self._retry, Deadline(timeout, deadline), self._on_retry)
 
     async def submit(
         self,
@@ -80,7 +71,7 @@ class AsyncClient:
         """Run one generation and return it whole. `timeout` (seconds) or `deadline` (a `time.monotonic()`
         value): the call's overall deadline. `fields`: any GenerationParams field. Raises SchedulerError."""
         request = pb.SubmitRequest(params=generation_params(model, prompt, messages, fields))
-        retrier = self._retrier(timeout, deadline)
+        retrier = self._calls.retrier(timeout, deadline)
         while True:
             try:
                 response: pb.SubmitResponse = await self._stub.Submit(
@@ -107,7 +98,7 @@ class AsyncClient:
         """Start a streamed generation: iterate the result for typed events (see `clients.events` for their
         order), `cancel()` it (or leave the loop) to abort. Raises SchedulerError while iterating."""
         request = pb.StreamRequest(params=generation_params(model, prompt, messages, fields))
-        retrier = self._retrier(timeout, deadline)
+        retrier = self._calls.retrier(timeout, deadline)
 
         def start(remaining: float | None) -> grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]:
             return self._stub.Stream(request, metadata=self._metadata, timeout=remaining)
@@ -129,7 +120,7 @@ class AsyncClient:
             response: pb.GetQueueStateResponse = await self._stub.GetQueueState(
                 pb.GetQueueStateRequest(model=model, user=user, max_users=max_users),
                 metadata=self._metadata,
-                timeout=timeout if timeout is not None else self._timeout,
+                timeout=timeout if timeout is not None else self._calls.timeout,
             )
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from exc

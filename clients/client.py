@@ -12,7 +12,7 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from clients._connection import channel_credentials, generation_params, identity_metadata
+from clients._connection import aio_channel, channel_credentials, generation_params, identity_metadata
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from llmsched.v1.errors import ERROR_DOMAIN
@@ -39,9 +39,7 @@ class SchedulerClient:
         private_key: bytes | None = None,
     ) -> None:
         credentials = channel_credentials(tls, root_certificates, certificate_chain, private_key)
-        self._channel = (
-            grpc.aio.secure_channel(target, credentials) if credentials else grpc.aio.insecure_channel(target)
-        )
+        self._channel = aio_channel(target, credentials)
         self._stub = pb_grpc.SchedulerServiceStub(self._channel)
         self._metadata = identity_metadata(user, api_key)
 

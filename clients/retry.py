@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -113,3 +113,19 @@ class Retrier:
         if self._on_retry is not None:
             self._on_retry(RetryAttempt(self.attempt, delay, error))
         return delay
+
+
+@dataclass(frozen=True, slots=True)
+class CallDefaults:
+    """What a client applies to each of its calls (the sync and asyncio clients alike): its overall timeout
+    when the call names no deadline of its own, and its retry policy."""
+
+    timeout: float | None = None
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    on_retry: Callable[[RetryAttempt], None] | None = None
+
+    def retrier(self, timeout: float | None, deadline: float | None) -> Retrier:
+        """One call's retry bookkeeping, under the call's own `timeout` or `deadline`, else the client's."""
+        if timeout is None and deadline is None:
+            timeout = self.timeout
+        return Retrier(self.policy, Deadline(timeout, deadline), self.on_retry)

@@ -13,7 +13,7 @@ import grpc
 from clients._connection import channel_credentials, generation_params, identity_metadata
 from clients.errors import from_rpc_error
 from clients.events import Completion, Delta, Event, completion_from_pb, event_from_pb
-from clients.retry import Deadline, Retrier, RetryAttempt, RetryPolicy
+from clients.retry import CallDefaults, Retrier, RetryAttempt, RetryPolicy
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -41,9 +41,7 @@ class Client:
         self._channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
         self._stub = pb_grpc.SchedulerServiceStub(self._channel)
         self._metadata = identity_metadata(user, api_key)
-        self._timeout = timeout
-        self._retry = retry or RetryPolicy()
-        self._on_retry = on_retry
+        self._calls = CallDefaults(timeout, retry or RetryPolicy(), on_retry)
 
     def __enter__(self) -> Client:
         return self
@@ -55,11 +53,6 @@ class Client:
 
     def close(self) -> None:
         self._channel.close()
-
-    def _retrier(self, timeout: float | None, deadline: float | None) -> Retrier:
-        if timeout is None and deadline is None:
-            timeout = self._timeout
-        return Retrier(self._retry, Deadline(timeout, deadline), self._on_retry)
 
     def submit(
         self,
@@ -73,7 +66,7 @@ class Client:
     ) -> Completion:
         """Run one generation and return it whole (see `AsyncClient.submit`)."""
         request = pb.SubmitRequest(params=generation_params(model, prompt, messages, fields))
-        retrier = self._retrier(timeout, deadline)
+        retrier = self._calls.retrier(timeout, deadline)
         while True:
             try:
                 response: pb.SubmitResponse = self._stub.Submit(
@@ -100,7 +93,7 @@ class Client:
         """Start a streamed generation: iterate the result for typed events, `cancel()` it (from any thread)
         or `close()` it to abort (see `AsyncClient.stream`)."""
         request = pb.StreamRequest(params=generation_params(model, prompt, messages, fields))
-        retrier = self._retrier(timeout, deadline)
+        retrier = self._calls.retrier(timeout, deadline)
 
         def start(remaining: float | None) -> _StreamCall:
             return self._stub.Stream(request, metadata=self._metadata, timeout=remaining)
@@ -122,7 +115,7 @@ class Client:
             response: pb.GetQueueStateResponse = self._stub.GetQueueState(
                 pb.GetQueueStateRequest(model=model, user=user, max_users=max_users),
                 metadata=self._metadata,
-                timeout=timeout if timeout is not None else self._timeout,
+                timeout=timeout if timeout is not None else self._calls.timeout,
             )
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from exc

@@ -111,22 +111,28 @@ def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client-key", metavar="PEM", help="private key of --client-cert")
 
 
-def _client(args: argparse.Namespace) -> SchedulerClient:
-    from clients import SchedulerClient
+def _connection_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The client keyword arguments the connection flags give (identity, TLS with its PEM files read);
+    raises OSError for a file that cannot be read."""
 
     def read(path: str | None) -> bytes | None:
         return Path(path).read_bytes() if path else None
 
+    return {
+        "user": args.user,
+        "api_key": args.api_key,
+        "tls": args.tls,
+        "root_certificates": read(args.ca_cert),
+        "certificate_chain": read(args.client_cert),
+        "private_key": read(args.client_key),
+    }
+
+
+def _client(args: argparse.Namespace) -> SchedulerClient:
+    from clients import SchedulerClient
+
     try:
-        return SchedulerClient(
-            args.target,
-            user=args.user,
-            api_key=args.api_key,
-            tls=args.tls,
-            root_certificates=read(args.ca_cert),
-            certificate_chain=read(args.client_cert),
-            private_key=read(args.client_key),
-        )
+        return SchedulerClient(args.target, **_connection_options(args))
     except (OSError, ValueError) as exc:
         sys.exit(f"error: {exc}")
 
@@ -224,19 +230,8 @@ async def _call(args: argparse.Namespace) -> int:
         print("--message must be ROLE:TEXT", file=sys.stderr)
         return 2
 
-    def read(path: str | None) -> bytes | None:
-        return Path(path).read_bytes() if path else None
-
     try:
-        client = AsyncClient(
-            args.target,
-            user=args.user,
-            api_key=args.api_key,
-            tls=args.tls,
-            root_certificates=read(args.ca_cert),
-            certificate_chain=read(args.client_cert),
-            private_key=read(args.client_key),
-        )
+        client = AsyncClient(args.target, **_connection_options(args))
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
