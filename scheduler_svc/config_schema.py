@@ -401,6 +401,58 @@ class SchedulingConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """Several scheduler replicas acting as one (issue 14): one leader decides for everyone, each replica
+    serves, streams and cancels the calls it received. `store = "memory"` is one process on its own."""
+
+    store: str = _field(
+        "memory",
+        'Where replicas meet: "memory" (this process alone, nothing shared) or "redis" (one leader, elected '
+        "on a Redis lease, queues and gates every replica's requests; see the README's cluster section).",
+    )
+    redis_url: str = _field(
+        "redis://127.0.0.1:6379/0",
+        "Redis to meet on (redis:// or rediss://); without a password: that comes from redis_password_file "
+        "or redis_password_env, never from this file.",
+    )
+    redis_password_file: str = _field("", "File whose first line is the Redis password (AUTH); empty: none.")
+    redis_password_env: str = _field("", "Environment variable holding the Redis password; empty: none.")
+    redis_username: str = _field("", "Redis ACL user name (with a password); empty: the default user.")
+    key_prefix: str = _field(
+        "llmsched", "Prefix of every Redis key and stream, so several clusters can share one Redis."
+    )
+    replica_name: str = _field(
+        "",
+        "This replica's name, unique in the cluster: a second live replica with the same name is refused at "
+        "start. Empty: the host name and the gRPC port.",
+    )
+    heartbeat_interval_seconds: float = _field(
+        0.5, "How often a replica renews its membership (and the leader its lease) and looks at the others."
+    )
+    heartbeat_timeout_seconds: float = _field(
+        2.0,
+        "A replica (or the leader) silent this long is dead: its membership and lease expire, its queued "
+        "requests are dropped, its engine budget released, and another replica takes the lead.",
+    )
+    admission_wait_seconds: float = _field(
+        1.0,
+        "How long a replica waits for the leader's verdict on a new request (caps, duplicate ids) before "
+        "queueing it provisionally (no leader reachable): the verdict, when it comes, still applies.",
+    )
+    report_interval_seconds: float = _field(
+        0.05,
+        "Generated-token counts go to the leader (fairness counters) at most this often per request; the "
+        "first token, acceptance, failures and the end go at once.",
+    )
+    degraded_in_flight_cap: int = _field(
+        0,
+        "Without Redis, each replica gates its own requests alone, capped at this many in flight per "
+        "backend divided by the last known number of replicas (at least 1); 0: the model's "
+        "gate.fallback_max_in_flight.",
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole service configuration."""
 
@@ -408,6 +460,7 @@ class Config:
     auth: AuthConfig = _field(AuthConfig(), "Caller identification.")
     scheduling: SchedulingConfig = _field(SchedulingConfig(), "Fairness, ordering and priority classes.")
     models: list[ModelConfig] = _field([], "Served models (at least one).")
+    cluster: ClusterConfig = _field(ClusterConfig(), "Replicas acting as one scheduler (default: one process).")
 
     def model(self, name: str) -> ModelConfig | None:
         """The model called `name`, if configured."""

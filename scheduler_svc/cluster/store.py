@@ -1,0 +1,85 @@
+"""The port to the shared store replicas meet on: membership, the leader lease, and per-replica inboxes.
+
+Everything the cluster shares goes through this Protocol; `redis_store.RedisStore` implements it on Redis,
+and the unit tests use an in-memory fake with the same semantics (`tests/cluster/fake_store.py`), checked
+by one conformance suite run against both.
+
+Semantics every implementation keeps:
+- Membership: `join` claims a replica name for `ttl` seconds with a token only this process knows; a name
+  held by another live token is refused (`DuplicateReplica`). `renew` extends it and answers False when the
+  name is no longer ours (expired, or the store restarted empty): the caller joins again. A name not
+  renewed within its ttl disappears; `members` lists the live ones.
+- Lease: one leader at a time. `acquire_lease` takes it when free (and answers whether we hold it now),
+  `renew_lease` extends it only while we hold it, `release_lease` frees it only if we hold it (a handover
+  on SIGTERM). `lease_holder` reads who holds it. The holder string is opaque ("name/token").
+- Inboxes: `send` appends messages to a replica's inbox, in order; `receive` returns the messages that
+  arrived after the last ones it returned, waiting up to `timeout` for the first. Inboxes are bounded
+  (oldest dropped) and die with the store; a message to a dead replica is simply never read.
+- Any failure to reach the store raises `StoreUnavailable`; the caller degrades and retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class StoreError(Exception):
+    """Base of the store's errors."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (connection refused or lost, timeout): degrade, and try again later."""
+
+
+class DuplicateReplica(StoreError):
+    """Another live replica already holds this name."""
+
+
+class ClusterStore(Protocol):
+    """Membership, the leader lease and inboxes, shared by every replica (see the module docstring)."""
+
+    async def join(self, name: str, token: str, ttl: float) -> None:
+        """Claim `name` for `ttl` seconds; DuplicateReplica when another live token holds it."""
+        ...
+
+    async def renew(self, name: str, token: str, ttl: float) -> bool:
+        """Extend our claim on `name`; False when it is not ours any more (expired, store restarted)."""
+        ...
+
+    async def leave(self, name: str, token: str) -> None:
+        """Give the name up (clean shutdown); nothing when it is not ours."""
+        ...
+
+    async def members(self) -> list[str]:
+        """Names of the live replicas, sorted."""
+        ...
+
+    async def acquire_lease(self, holder: str, ttl: float) -> bool:
+        """Take the leader lease for `ttl` seconds if it is free; True when `holder` holds it now."""
+        ...
+
+    async def renew_lease(self, holder: str, ttl: float) -> bool:
+        """Extend the lease if `holder` holds it; False otherwise (it expired or another took it)."""
+        ...
+
+    async def release_lease(self, holder: str) -> None:
+        """Free the lease if `holder` holds it (atomic compare-and-delete)."""
+        ...
+
+    async def lease_holder(self) -> str | None:
+        """Who holds the lease now, None when nobody does."""
+        ...
+
+    async def send(self, to: str, messages: Sequence[bytes]) -> None:
+        """Append `messages` to replica `to`'s inbox, in order (one round trip for all of them)."""
+        ...
+
+    async def receive(self, me: str, timeout: float) -> list[bytes]:
+        """Messages that reached our inbox since the last call, oldest first; waits up to `timeout` seconds
+        for the first (an empty list when none came)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close connections."""
+        ...

@@ -1,0 +1,152 @@
+"""An in-memory `ClusterStore` for unit tests: the semantics of `scheduler_svc.cluster.store`, in one process.
+
+Several replicas in one test share one `FakeStoreBackend` through their own `FakeStore` handles. `down()`
+makes every handle raise StoreUnavailable (Redis stopped); `restart_empty()` brings it back with nothing in
+it (Redis restarted without persistence). Expiry follows `clock` (monotonic seconds), so a test can move
+time instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from scheduler_svc.cluster.store import DuplicateReplica, StoreUnavailable
+
+INBOX_LIMIT = 100_000
+
+
+@dataclass
+class FakeStoreBackend:
+    """The shared state: what one Redis would hold."""
+
+    clock: Callable[[], float] = time.monotonic
+    up: bool = True
+    names: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (token, expires at)
+    lease: tuple[str, float] | None = None  # (holder, expires at)
+    inboxes: dict[str, list[bytes]] = field(default_factory=dict)
+    read_upto: dict[str, int] = field(default_factory=dict)  # per reader: how many it has read
+    arrived: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def down(self) -> None:
+        self.up = False
+        for event in self.arrived.values():
+            event.set()  # blocked readers notice at once, as a dropped connection would tell them
+
+    def restart_empty(self) -> None:
+        self.up = True
+        self.names.clear()
+        self.lease = None
+        self.inboxes.clear()
+        self.read_upto.clear()
+
+    def check(self) -> None:
+        if not self.up:
+            raise StoreUnavailable("fake store is down")
+
+    def live(self, name: str) -> tuple[str, float] | None:
+        entry = self.names.get(name)
+        if entry is not None and entry[1] <= self.clock():
+            del self.names[name]
+            return None
+        return entry
+
+    def lease_now(self) -> tuple[str, float] | None:
+        if self.lease is not None and self.lease[1] <= self.clock():
+            self.lease = None
+        return self.lease
+
+
+class FakeStore:
+    """One replica's handle on a `FakeStoreBackend`."""
+
+    def __init__(self, backend: FakeStoreBackend) -> None:
+        self.b = backend
+        self.ops = 0  # round trips made, for cost assertions
+
+    def _op(self) -> None:
+        self.b.check()
+        self.ops += 1
+
+    async def join(self, name: str, token: str, ttl: float) -> None:
+        self._op()
+        entry = self.b.live(name)
+        if entry is not None and entry[0] != token:
+            raise DuplicateReplica(f"replica name {name} is held by another live replica")
+        self.b.names[name] = (token, self.b.clock() + ttl)
+
+    async def renew(self, name: str, token: str, ttl: float) -> bool:
+        self._op()
+        entry = self.b.live(name)
+        if entry is None or entry[0] != token:
+            return False
+        self.b.names[name] = (token, self.b.clock() + ttl)
+        return True
+
+    async def leave(self, name: str, token: str) -> None:
+        self._op()
+        entry = self.b.live(name)
+        if entry is not None and entry[0] == token:
+            del self.b.names[name]
+
+    async def members(self) -> list[str]:
+        self._op()
+        return sorted(n for n in list(self.b.names) if self.b.live(n) is not None)
+
+    async def acquire_lease(self, holder: str, ttl: float) -> bool:
+        self._op()
+        lease = self.b.lease_now()
+        if lease is None:
+            self.b.lease = (holder, self.b.clock() + ttl)
+            return True
+        return lease[0] == holder
+
+    async def renew_lease(self, holder: str, ttl: float) -> bool:
+        self._op()
+        lease = self.b.lease_now()
+        if lease is None or lease[0] != holder:
+            return False
+        self.b.lease = (holder, self.b.clock() + ttl)
+        return True
+
+    async def release_lease(self, holder: str) -> None:
+        self._op()
+        lease = self.b.lease_now()
+        if lease is not None and lease[0] == holder:
+            self.b.lease = None
+
+    async def lease_holder(self) -> str | None:
+        self._op()
+        lease = self.b.lease_now()
+        return None if lease is None else lease[0]
+
+    async def send(self, to: str, messages: Sequence[bytes]) -> None:
+        self._op()
+        inbox = self.b.inboxes.setdefault(to, [])
+        inbox.extend(messages)
+        if len(inbox) > INBOX_LIMIT:
+            dropped = len(inbox) - INBOX_LIMIT
+            del inbox[:dropped]
+            self.b.read_upto[to] = max(0, self.b.read_upto.get(to, 0) - dropped)
+        self.b.arrived.setdefault(to, asyncio.Event()).set()
+
+    async def receive(self, me: str, timeout: float) -> list[bytes]:
+        self._op()
+        event = self.b.arrived.setdefault(me, asyncio.Event())
+        if len(self.b.inboxes.get(me, [])) <= self.b.read_upto.get(me, 0):
+            event.clear()
+            try:
+                async with asyncio.timeout(timeout):
+                    await event.wait()
+            except TimeoutError:
+                return []
+            self.b.check()
+        inbox = self.b.inboxes.get(me, [])
+        start = min(self.b.read_upto.get(me, 0), len(inbox))
+        self.b.read_upto[me] = len(inbox)
+        return inbox[start:]
+
+    async def aclose(self) -> None:
+        return None
