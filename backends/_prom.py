@@ -42,6 +42,10 @@ class MetricSamples:
         ]
         return sum(matched) if matched else None
 
+    def labels(self, name: str) -> list[dict[str, str]]:
+        """The label sets of the samples called `name` (info gauges carry their facts as labels)."""
+        return [sample_labels for sample_labels, _ in self.by_name.get(name, [])]
+
     def has(self, name: str) -> bool:
         """Whether the scrape contains a sample called `name`."""
         return name in self.by_name

@@ -92,6 +92,7 @@ class BackendLoad:
     tpot_seconds: float | None = None
     kv_cache_usage: float | None = None
     error: str | None = None
+    cache_tokens: int | None = None  # tokens the engine's KV cache holds (None: not exported)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ RUNNING = "vllm:num_requests_running"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the second before vLLM 0.10
 # time per output token: the inter-token histogram, or its older name before vLLM 0.11
 TPOT_HISTOGRAMS = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+CACHE_CONFIG = "vllm:cache_config_info"  # an info gauge: num_gpu_blocks and block_size are labels
 
 
 class VllmBackend(HttpAdapter):
@@ -21,7 +22,7 @@ class VllmBackend(HttpAdapter):
     `--scheduling-policy priority`) each request carries `priority` (lower is served first)."""
 
     CAPABILITIES = BackendCapabilities(supports_priority=True, has_tpot=True, has_kv_usage=True)
-    METRICS = (WAITING, RUNNING, *KV_USAGE, *TPOT_HISTOGRAMS)
+    METRICS = (WAITING, RUNNING, *KV_USAGE, *TPOT_HISTOGRAMS, CACHE_CONFIG)
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         path, body = openai_body(request, self._engine_model)
@@ -47,4 +48,19 @@ class VllmBackend(HttpAdapter):
             running=int(running),
             tpot_seconds=tpot,
             kv_cache_usage=kv,
+            cache_tokens=cache_tokens(samples),
         )
+
+
+def cache_tokens(samples: MetricSamples) -> int | None:
+    """Tokens the engine's KV cache holds, from `vllm:cache_config_info` (num_gpu_blocks x block_size, the
+    smallest over its engines when several report); None when not exported or not yet known."""
+    sizes = []
+    for labels in samples.labels(CACHE_CONFIG):
+        try:
+            blocks, block_size = int(labels.get("num_gpu_blocks", "")), int(labels.get("block_size", ""))
+        except ValueError:  # "None" until the engine has profiled its memory
+            continue
+        if blocks > 0 and block_size > 0:
+            sizes.append(blocks * block_size)
+    return min(sizes) if sizes else None

@@ -257,9 +257,12 @@ class LocalityConfig:
         256, "Leading blocks of a prompt that are hashed and remembered; longer prompts match as this long."
     )
     index_max_bytes: int = _field(
-        4 << 20,
-        "Memory per backend for the block hashes recently sent there (about 160 bytes a block: 4 MiB holds "
-        "26,000 blocks, 1.7 M prompt characters); the least recently sent are forgotten first.",
+        0,
+        "Memory per backend for the block hashes recently sent there (192 bytes a block); the least recently "
+        "sent are forgotten first. 0: as many blocks as the engine's KV cache holds, read from its metrics "
+        "(vLLM's cache_config_info: num_gpu_blocks x block_size tokens, 4 characters a token), and 4 MiB "
+        "(26,000 blocks) while the engine does not say; an index larger than the engine's cache points at "
+        "prefixes it has evicted.",
     )
     session_max_bytes: int = _field(
         1 << 20,

@@ -39,7 +39,13 @@ def create_app(config: SimConfig | None = None) -> web.Application:
     journal = Journal(config.journal)  # opened here (a boot line) so a bad path fails at start-up
     metrics: MetricsExporter
     if config.flavor == "vllm":
-        metrics = VllmMetrics(config.model_name)
+        metrics = VllmMetrics(
+            config.model_name,
+            # the blocks a prefix can stay cached in: the prefix cache when modelled, else the KV cache
+            cache_blocks=config.prefix_cache_blocks or config.kv_cache_blocks,
+            block_size=config.kv_block_size,
+            prefix_caching=config.prefix_cache_blocks > 0,
+        )
         engine = SimEngine(config, metrics, journal=journal)
         VllmApi(config, engine, faults).add_routes(app)
     else:

@@ -62,7 +62,9 @@ class MetricsExporter(EngineObserver, Protocol):
 class VllmMetrics:
     """vLLM's metric names; every series is labelled `model_name` and `engine="0"`."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(
+        self, model_name: str, *, cache_blocks: int = 0, block_size: int = 16, prefix_caching: bool = False
+    ) -> None:
         self.registry = CollectorRegistry()
         self._prefix_counted = (0, 0)  # the engine's prefix-cache (queries, hits) already exported
         reg = self.registry
@@ -89,6 +91,12 @@ class VllmMetrics:
         )
         self._prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self._preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        # vLLM's info gauge for its CacheConfig (always 1; the facts are labels): a prefix stays cached in
+        # the KV cache's blocks, so `num_gpu_blocks` is what a router can expect the engine to remember.
+        info = ["block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"]
+        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", info, registry=reg).labels(
+            str(block_size), str(cache_blocks), str(prefix_caching), "0"
+        ).set(1)
         success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",

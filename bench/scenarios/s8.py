@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import math
 import random
 import statistics
 import sys
@@ -50,7 +49,6 @@ from bench.runner import SCHEDULED_MODEL
 from bench.scenarios._common import divide, jsonable, number, ratio, seconds, share
 from bench.scenarios.s8_engines import Replica, ReplicaPair, SimReplicas, VllmReplicas, vllm_specs
 from clients import pb_grpc
-from scheduler_svc.policies.prefix_index import ENTRY_BYTES
 
 TITLE = "locality across replicas"
 GATE_TARGET = 3
@@ -98,14 +96,6 @@ class S8Params:
     seed: int = 8
 
     @property
-    def index_max_bytes(self) -> int:
-        """The scheduler's memory of what it sent each backend, sized to what the engine's cache holds (half of
-        the system prompts, in the index's 64-character blocks): a larger index keeps believing in prompts the
-        engine has evicted, and then a user's turns converge on a backend that no longer holds them."""
-        chars = self.users / 2 * len(system_prompt("u0", self))
-        return math.ceil(chars / 64) * ENTRY_BYTES
-
-    @property
     def deficit_bound(self) -> float:
         """D-LPM's bound: one request's VTC charge in this workload (prompt + 2 x answer tokens)."""
         return float(self.system_tokens + self.question_tokens + 2 * self.answer_tokens)
@@ -133,8 +123,8 @@ DLPM = "prefix_locality + vtc + deficit_bound (D-LPM)"
 def setups(p: S8Params) -> list[Setup]:
     return [
         Setup(TODAY, "least_loaded"),
-        Setup(LOCALITY, "prefix_locality", index_max_bytes=p.index_max_bytes),
-        Setup(DLPM, "prefix_locality", p.deficit_bound, p.index_max_bytes),
+        Setup(LOCALITY, "prefix_locality"),
+        Setup(DLPM, "prefix_locality", p.deficit_bound),
     ]
 
 
@@ -440,10 +430,12 @@ def build_result(
         "about one charge of each other, so this bound offers D-LPM nearly every backlogged user at each "
         "opening (enough choice to find one whose prompt the opening engine holds) while a user falls at most "
         "one more request behind than under VTC alone.",
-        f"Both locality setups set `locality.index_max_bytes` = {p.index_max_bytes:,} "
-        f"({p.index_max_bytes // ENTRY_BYTES} blocks of 64 characters, what one engine's cache holds): with the "
-        "default (4 MiB, 26,000 blocks) the scheduler remembers every prompt it ever sent each backend, so every "
-        "user matches on both and its turns follow a belief the engine's LRU has already evicted.",
+        "Both locality setups leave `locality.index_max_bytes` at its default: each backend's index holds as many "
+        "64-character blocks as its engine's cache, read from the engine's `vllm:cache_config_info` "
+        f"(here {p.prefix_cache_blocks} blocks of 16 tokens, {p.prefix_cache_blocks * 16 * 4 // 64} index blocks). "
+        "A fixed index larger than the cache (the old 4 MiB default, 26,000 blocks) remembers every prompt it ever "
+        "sent each backend, so every user matches on both and its turns follow a belief the engine's LRU has "
+        "already evicted.",
         f"Latecomers: {len(p.latecomer_offsets)} new users at {', '.join(f'{o:g}' for o in p.latecomer_offsets)} s "
         "into the window, one request each with its own system prompt (cached nowhere).",
     ]

@@ -27,8 +27,15 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from scheduler_svc.config_schema import LocalityConfig
-from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, B, Candidate, load_order
-from scheduler_svc.policies.prefix_index import PrefixIndex, SessionMap, block_hashes, prompt_text
+from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, B, Candidate, OpenBackend, load_order
+from scheduler_svc.policies.prefix_index import (
+    FALLBACK_INDEX_BYTES,
+    PrefixIndex,
+    SessionMap,
+    block_hashes,
+    blocks_cached,
+    prompt_text,
+)
 from scheduler_svc.request import QueuedRequest
 
 _HASHED_REQUESTS = 128  # queued requests whose block hashes are kept between dispatch passes
@@ -47,8 +54,20 @@ class PrefixLocality:
     def index(self, backend: str) -> PrefixIndex:
         """The backend's index of sent prefix blocks."""
         if backend not in self._indexes:
-            self._indexes[backend] = PrefixIndex(self._settings.index_max_bytes)
+            self._indexes[backend] = PrefixIndex(self._settings.index_max_bytes or FALLBACK_INDEX_BYTES)
         return self._indexes[backend]
+
+    def _sized_index(self, backend: OpenBackend) -> PrefixIndex:
+        """The backend's index, holding as many blocks as its engine's cache (`index_max_bytes = 0`, when the
+        engine exports its cache size): an index that remembers more than the engine keeps points at
+        prefixes the engine has already evicted, and one that remembers less forgets what it still holds."""
+        index = self.index(backend.name)
+        reading = backend.inputs.reading
+        if self._settings.index_max_bytes == 0 and reading is not None and reading.cache_tokens:
+            blocks = blocks_cached(reading.cache_tokens, self._settings.block_chars)
+            if blocks != index.capacity:
+                index.resize(blocks)
+        return index
 
     def chain(self, request: QueuedRequest) -> list[int]:
         """The request's prefix block hashes (worked out once while it waits)."""
@@ -90,13 +109,13 @@ class PrefixLocality:
         allowed = self._within_load_bound(backends, in_flight)
         if not allowed:  # every open backend is over the bound: load decides
             least = min(backends, key=load_order)
-            return self.index(least.name).match(chain)[0], least
+            return self._sized_index(least).match(chain)[0], least
         if request.cache_key:
             sticky = self.sessions.get(request.user, request.cache_key)
             for backend in allowed:
                 if backend.name == sticky:
-                    return self.index(backend.name).match(chain)[0], backend
-        scored = [(self.index(b.name).match(chain), b) for b in allowed]
+                    return self._sized_index(backend).match(chain)[0], backend
+        scored = [(self._sized_index(b).match(chain), b) for b in allowed]
         best = max(score for score, _ in scored)
         if best[0] == 0:  # nothing known anywhere: load decides, then the backend remembering the least
             return 0, min(allowed, key=lambda b: (load_order(b), len(self.index(b.name))))

@@ -29,6 +29,16 @@ from backends.base import ChatMessage
 ENTRY_BYTES = 192
 # Bytes one session costs besides its key's characters: the entry, the key and value objects.
 SESSION_ENTRY_BYTES = 220
+# Prompt characters per token, the estimate admission uses too: turns an engine's cache size in tokens
+# into blocks of prompt characters.
+CHARS_PER_TOKEN = 4
+# Memory per backend while its engine has not said how large its cache is (26,000 blocks, 1.7 M characters).
+FALLBACK_INDEX_BYTES = 4 << 20
+
+
+def blocks_cached(cache_tokens: int, block_chars: int) -> int:
+    """How many blocks of `block_chars` prompt characters an engine cache of `cache_tokens` tokens holds."""
+    return cache_tokens * CHARS_PER_TOKEN // block_chars
 
 
 def prompt_text(prompt: str | None, messages: Sequence[ChatMessage] | None) -> str:
@@ -59,6 +69,12 @@ class PrefixIndex:
 
     def __len__(self) -> int:
         return len(self._blocks)
+
+    def resize(self, capacity: int) -> None:
+        """Hold at most `capacity` blocks from now on (the least recently sent go first when it shrinks)."""
+        self.capacity = capacity
+        while len(self._blocks) > capacity:
+            self._blocks.popitem(last=False)
 
     def match(self, chain: Sequence[int]) -> tuple[int, int]:
         """How many leading blocks of `chain` were sent here (and not forgotten since), and the send number

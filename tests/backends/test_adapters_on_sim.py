@@ -109,6 +109,7 @@ async def test_vllm_load_reads_waiting_running_and_tpot_under_load() -> None:
             await backend.aclose()
     assert first.ok and (first.waiting, first.running) == (4, 2)
     assert second.tpot_seconds is not None and 0.001 < second.tpot_seconds < 0.5
+    assert first.cache_tokens == config.kv_cache_blocks * config.kv_block_size  # no prefix cache: the KV cache
 
 
 async def test_closing_the_stream_aborts_the_request_in_the_engine() -> None:

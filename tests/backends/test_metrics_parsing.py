@@ -8,9 +8,10 @@ import pytest
 
 from backends._prom import MetricSamples
 from backends.llamacpp import LlamaCppBackend
-from backends.vllm import VllmBackend
+from backends.vllm import VllmBackend, cache_tokens
 
 DATA = Path(__file__).resolve().parents[1] / "engines" / "data"
+RECORDED_BLOCKS = 4096  # num_gpu_blocks in the recording (blocks of 128 tokens)
 
 
 @pytest.mark.parametrize(
@@ -31,3 +32,21 @@ def test_adapters_read_recorded_engine_metrics_and_the_filtered_parse_agrees(
     for name, samples in filtered.by_name.items():
         assert full.by_name[name] == samples
     assert len(filtered.by_name) < len(full.by_name)
+
+
+def test_vllm_cache_size_comes_from_its_cache_config_info_labels() -> None:
+    """num_gpu_blocks x block_size of the recorded engine; an engine still profiling ("None") or without the
+    info gauge says nothing; of several engines, the smallest cache counts."""
+    recorded = MetricSamples.parse((DATA / "vllm_metrics.txt").read_text(), VllmBackend.METRICS)
+    assert cache_tokens(recorded) == RECORDED_BLOCKS * 128
+
+    def info(*engines: tuple[str, str]) -> MetricSamples:
+        lines = [
+            f'vllm:cache_config_info{{block_size="{size}",engine="{i}",num_gpu_blocks="{blocks}"}} 1.0'
+            for i, (blocks, size) in enumerate(engines)
+        ]
+        return MetricSamples.parse("\n".join(lines) + "\n")
+
+    assert cache_tokens(info(("None", "16"))) is None
+    assert cache_tokens(MetricSamples.parse("vllm:num_requests_waiting 0\n")) is None
+    assert cache_tokens(info(("100", "16"), ("50", "32"))) == 1600

@@ -5,10 +5,12 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
+from backends._prom import MetricSamples
 from backends.sim import SimConfig, running_simulator
 from backends.sim.engine import GenerateParams, NullObserver, SimEngine
 from backends.sim.prefix_cache import PrefixCache, block_hashes
 from backends.sim.tokens import count_tokens
+from backends.vllm import cache_tokens
 from tests.sim.support import fast_config, scrape, value
 
 BLOCK_CHARS = 64  # 16 tokens of 4 characters
@@ -110,5 +112,10 @@ async def test_metrics_carry_vllms_names(session: aiohttp.ClientSession) -> None
             async with session.post(sim.url + "/v1/completions", json=body) as response:
                 assert response.status == 200
         after = await scrape(session, sim.url)
+        async with session.get(sim.url + "/metrics") as response:
+            info = MetricSamples.parse(await response.text())
     assert value(after, "vllm:prefix_cache_queries_total") == 2 * count_tokens(prompt)
     assert value(after, "vllm:prefix_cache_hits_total") == 5 * 16
+    # what a router reads to size its picture of the cache: the prefix cache's blocks, as vLLM's info gauge
+    assert cache_tokens(info) == 32 * 16
+    assert info.labels("vllm:cache_config_info")[0]["enable_prefix_caching"] == "True"

@@ -13,7 +13,9 @@ from scheduler_svc.config import LocalityConfig, config_from_dict
 from scheduler_svc.config_schema import ConfigError
 from scheduler_svc.policies import BACKEND_POLICIES, Candidate, GateInputs, LeastLoaded, PrefixLocality
 from scheduler_svc.policies.prefix_index import (
+    CHARS_PER_TOKEN,
     ENTRY_BYTES,
+    FALLBACK_INDEX_BYTES,
     PrefixIndex,
     SessionMap,
     block_hashes,
@@ -97,8 +99,8 @@ class Open:
     inputs: GateInputs
 
 
-def opening(name: str, in_flight: int = 0, waiting: int = 0) -> Open:
-    reading = BackendLoad(ok=True, read_at=10.0, waiting=waiting)
+def opening(name: str, in_flight: int = 0, waiting: int = 0, cache_tokens: int | None = None) -> Open:
+    reading = BackendLoad(ok=True, read_at=10.0, waiting=waiting, cache_tokens=cache_tokens)
     return Open(
         name,
         GateInputs(
@@ -206,3 +208,23 @@ def test_config_selects_and_validates_the_backend_policy() -> None:
         config_from_dict(model(backend_policy="prefix_locality", locality={"max_load_factor": 0.5}))
     with pytest.raises(ConfigError, match="must not be negative"):
         config_from_dict(model(locality={"index_max_bytes": -1}))
+
+
+def test_the_index_holds_as_many_blocks_as_the_engines_cache_when_the_engine_says() -> None:
+    """index_max_bytes = 0 (the default): each backend's index is sized to its engine's cache (tokens x 4
+    characters / block_chars), shrinking the remembered tail when the cache is smaller; until the engine says,
+    the 4 MiB fallback; an explicit size is kept whatever the engine reports."""
+    auto = policy()
+    silent, unsized, small = opening("silent"), opening("small"), opening("small", cache_tokens=16 * 16)
+    auto.choose(request(text("a", 2)), [silent, unsized])
+    assert auto.index("silent").capacity == auto.index("small").capacity == FALLBACK_INDEX_BYTES // ENTRY_BYTES
+    for seed in "abcdefgh":  # 8 prompts of 4 blocks sent to "small" before its engine said its size
+        auto.on_dispatched(request(text(seed, 4)), "small")
+    assert len(auto.index("small")) == 32
+    auto.choose(request(text("z", 1)), [silent, small])  # now it says: 16 blocks of 16 tokens
+    assert auto.index("small").capacity == 16 * 16 * CHARS_PER_TOKEN // BLOCK == 16 == len(auto.index("small"))
+    assert auto.index("small").match(chain("h", 4))[0] == 4 and auto.index("small").match(chain("a", 4))[0] == 0
+    assert auto.index("silent").capacity == FALLBACK_INDEX_BYTES // ENTRY_BYTES
+    fixed = policy(index_max_bytes=100 * ENTRY_BYTES)
+    fixed.choose(request(text("a", 2)), [small])
+    assert fixed.index("small").capacity == 100
