@@ -38,7 +38,13 @@ from scheduler_svc.config_schema import (
 )
 from scheduler_svc.identity import user_id_problem
 from scheduler_svc.keys import load_key_digests
-from scheduler_svc.policies import BACKEND_POLICIES, FAIRNESS_POLICIES, GATE_POLICIES, ORDERING_POLICIES
+from scheduler_svc.policies import (
+    BACKEND_POLICIES,
+    BAND_POLICIES,
+    FAIRNESS_POLICIES,
+    GATE_POLICIES,
+    ORDERING_POLICIES,
+)
 from scheduler_svc.policies.gate import ignored_limits
 from scheduler_svc.tls import ServerTls
 
@@ -143,6 +149,7 @@ def _validate(config: Config) -> None:
         raise ConfigError("server.http_user_header: 1-64 lower-case letters, digits and dashes")
     FAIRNESS_POLICIES.check(config.scheduling.fairness, "scheduling.fairness")
     ORDERING_POLICIES.check(config.scheduling.ordering, "scheduling.ordering")
+    BAND_POLICIES.check(config.scheduling.band_policy, "scheduling.band_policy")
     class_names = [c.name for c in config.scheduling.classes]
     if not class_names or len(set(class_names)) != len(class_names) or "" in class_names:
         raise ConfigError(f"scheduling.classes: need at least one, with unique non-empty names: {class_names}")

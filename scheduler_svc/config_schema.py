@@ -358,6 +358,11 @@ class SchedulingConfig:
         "starvation age is its oldest queued request's wait whatever the order.",
     )
     default_class: str = _field("interactive", "Class used when a request leaves `priority_class` empty.")
+    band_policy: str = _field(
+        "strict_rank",
+        "Band policy: which backlogged priority class sends next and under whose gate (see `llmsched "
+        "policies`; strict_rank: best rank first, with each class's starvation_after_seconds guard).",
+    )
     classes: list[PriorityClassConfig] = _field(DEFAULT_CLASSES, "The priority classes; names unique.")
     weights: WeightsConfig = _field(WeightsConfig(), "Per-user and per-group fair-share weights.")
     vtc_lookahead_tokens: float = _field(

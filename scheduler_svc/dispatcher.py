@@ -32,7 +32,7 @@ from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
 from scheduler_svc.openings import BackendChoice, BackendGates, BackendState, EnginePriorities, Opening
 from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES
 from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, Candidate
-from scheduler_svc.policies.band import BAND_POLICIES, DEFAULT_BAND_POLICY
+from scheduler_svc.policies.band import BAND_POLICIES
 from scheduler_svc.policies.cost import CostAccounts, CounterScope, Prices
 from scheduler_svc.policies.weights import WeightResolver
 from scheduler_svc.positions import PositionNotifier
@@ -83,7 +83,7 @@ class ModelDispatcher:
         self._class_series = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
         self.drain = RateMeter()
         self._activity = ClassActivity(scheduling.classes)
-        self._bands = BAND_POLICIES.create(DEFAULT_BAND_POLICY)
+        self._bands = BAND_POLICIES.create(scheduling.band_policy)
         self._backend_policy = BACKEND_POLICIES.create(model.backend_policy, model.locality)
         self._deficit_bound = model.locality.deficit_bound
         self.gates = BackendGates(

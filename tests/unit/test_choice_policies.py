@@ -15,9 +15,16 @@ from scheduler_svc.config_schema import ConfigError
 from scheduler_svc.load import LoadEstimator
 from scheduler_svc.metrics import SchedulerMetrics, backend_series
 from scheduler_svc.openings import BackendChoice, BackendGates, EnginePriorities, Opening
-from scheduler_svc.policies import BACKEND_POLICIES, BAND_POLICIES, GateInputs, LeastLoaded, StrictRankBands
+from scheduler_svc.policies import (
+    BACKEND_POLICIES,
+    BAND_POLICIES,
+    BandTurn,
+    GateInputs,
+    LeastLoaded,
+    StrictRankBands,
+)
 from scheduler_svc.request import QueuedRequest
-from tests.unit.dispatch_harness import CapGate
+from tests.unit.dispatch_harness import CapGate, Harness
 
 TOP = PriorityClassConfig(name="interactive", rank=0)
 LOW = PriorityClassConfig(name="batch", rank=1, starvation_after_seconds=10.0)
@@ -166,3 +173,27 @@ def test_a_choice_works_out_each_distinct_answer_once_per_dispatch() -> None:
     assert calls == ["a"]  # b has the same in-flight counts as a: the same answer
     g.backends[0].estimator.dispatched("r", user="c")
     assert choice.eligible("c") and calls == ["a", "c"]
+
+
+class WorstRankFirst:
+    """A band policy for the test: the worst-ranked backlogged band first (the opposite of strict_rank)."""
+
+    def choose(self, backlogged, now, gate_open):  # type: ignore[no-untyped-def]
+        return BandTurn(len(backlogged) - 1, backlogged[-1].priority_class)
+
+
+def test_the_configured_band_policy_is_the_one_the_dispatcher_asks() -> None:
+    """scheduling.band_policy picks the registered band policy: with one that serves the worst band first, a
+    batch request goes before an interactive one queued earlier; the default serves interactive first."""
+    BAND_POLICIES.register("test_worst_rank_first", WorstRankFirst, "the worst-ranked band first (a test)")
+    try:
+        orders = {}
+        for name in ("strict_rank", "test_worst_rank_first"):
+            harness = Harness(scheduling={"band_policy": name}, cap=1)
+            harness.submit("alice", priority_class="interactive")
+            harness.submit("bob", priority_class="batch")
+            orders[name] = [t.request.priority_class for t in harness.dispatch()]
+    finally:
+        BAND_POLICIES._factories.pop("test_worst_rank_first")
+        BAND_POLICIES._docs.pop("test_worst_rank_first")
+    assert orders == {"strict_rank": ["interactive"], "test_worst_rank_first": ["batch"]}

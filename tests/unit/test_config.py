@@ -48,6 +48,7 @@ def test_minimal_config_gets_documented_defaults() -> None:
             "unknown fairness policy 'lottery'; known: ['round_robin', 'vtc', 'vtc_basic', 'weighted_round_robin']",
         ),
         ({"scheduling": {"default_class": "vip"}}, "default_class 'vip'"),
+        ({"scheduling": {"band_policy": "lottery"}}, "unknown band policy 'lottery'; known: ['strict_rank']"),
         ({"models": [{"name": "m", "backends": []}]}, "at least one backend"),
         ({"models": [{"name": "m", "backends": [{"name": "b", "kind": "ollama"}]}]}, "known kinds"),
         ({"models": [{"name": "m", "gate": {"waiting_target": "3"}, "backends": [{"name": "b"}]}]}, "expected int"),
