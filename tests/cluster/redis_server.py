@@ -15,6 +15,8 @@ skips, unless LLMSCHED_REQUIRE_REDIS=1 (set by `make test`, after `make redis` i
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -28,6 +30,13 @@ from pathlib import Path
 import pytest
 
 READY_SECONDS = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: a test process killed without cleanup takes its servers with it (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 
 def free_port() -> int:
@@ -76,7 +85,7 @@ class RedisServer:
         log = (self.root / f"redis-{self.starts}.log").open("wb")
         argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data)]
         argv += ["--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no"]
-        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         log.close()
         self._wait_ready()
 
