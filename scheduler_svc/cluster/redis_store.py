@@ -29,8 +29,8 @@ is older than the cursor, was lost with the store (stream ids restart from the s
 starts over from its beginning, so later messages are neither lost nor waited for forever.
 
 Failures: every connection error, socket timeout, read-only replica or `op_timeout` overrun raises
-`StoreUnavailable`; the socket timeouts are short (one heartbeat interval, see `from_config`) so a dead or
-hung Redis is noticed within one heartbeat. Scripts and GET (idempotent) are retried once at once on a
+`StoreUnavailable`; the timeouts are short (at most one heartbeat interval, see `from_config`) so a dead
+or hung Redis is noticed within one heartbeat. Scripts and GET (idempotent) are retried once at once on a
 connection error, which is how a pooled connection closed by a restarted server is replaced; XADDs never
 (a retry after a lost reply could deliver a message twice), nor blocking reads: the first `send` and
 `receive` after a restart may raise StoreUnavailable once.
@@ -206,8 +206,10 @@ class RedisStore:
     @classmethod
     def from_config(cls, cluster: ClusterConfig) -> RedisStore:
         """The store `[cluster]` describes: password from redis_password_file (first line) or the variable
-        named by redis_password_env; socket timeouts of one heartbeat interval, so a dead Redis is noticed
-        before the heartbeat timeout ends anyone's membership or lease."""
+        named by redis_password_env. Every call is bounded by min(heartbeat interval, heartbeat timeout / 4):
+        a dead or hung Redis is noticed within one heartbeat, and a leader whose renewals stop getting through
+        knows it by interval + timeout/4 <= 3/4 of its lease after the last renewal, before the lease can pass
+        to another replica."""
         password: str | None = None
         if cluster.redis_password_file:
             try:
@@ -226,7 +228,7 @@ class RedisStore:
             key_prefix=cluster.key_prefix,
             username=cluster.redis_username or None,
             password=password,
-            op_timeout=cluster.heartbeat_interval_seconds,
+            op_timeout=min(cluster.heartbeat_interval_seconds, cluster.heartbeat_timeout_seconds / 4),
         )
 
     def _key(self, *parts: str) -> str:

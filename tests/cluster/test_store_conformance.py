@@ -151,7 +151,7 @@ async def test_members_are_the_live_names_sorted(harness: Harness) -> None:
 
 
 async def test_renew_extends_only_our_own_claim(harness: Harness) -> None:
-    ttl = 1.0
+    ttl = 1.5  # long enough that a loaded machine's late wake-ups (< 0.4 ttl) do not outlive it
     a = await harness.store()
     await a.join("r1", "mine", ttl)
     assert not await a.renew("r1", "not-mine", ttl)
@@ -204,14 +204,14 @@ async def test_one_lease_holder_at_a_time(harness: Harness) -> None:
 
 
 async def test_an_unrenewed_lease_expires_and_a_renewed_one_does_not(harness: Harness) -> None:
-    ttl = 1.0
+    ttl = 1.5
     a, b = await harness.store(), await harness.store()
     assert await a.acquire_lease("r1/a", ttl)
     await harness.advance(0.6 * ttl)
     assert await a.renew_lease("r1/a", ttl)
-    await harness.advance(0.6 * ttl)
+    await harness.advance(0.6 * ttl)  # 1.2 ttl after taking it: held only because it was renewed
     assert await b.lease_holder() == "r1/a"
-    await harness.advance(1.5 * ttl)
+    await harness.advance(0.5 * ttl)  # 1.1 ttl after the renewal
     assert await b.lease_holder() is None
     assert not await a.renew_lease("r1/a", ttl)
     assert await b.acquire_lease("r2/b", ttl)
