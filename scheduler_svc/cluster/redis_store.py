@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
@@ -139,6 +141,26 @@ return 0
 """
 
 
+class StoreMetrics:
+    """The store's round trips on the service's registry: how long they take, and how often Redis was out of
+    reach (the call name is the label: a fixed set)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.seconds = Histogram(
+            "llmsched_cluster_store_seconds",
+            "Round trips to the cluster store (Redis) by call, blocking inbox reads excepted.",
+            ["call"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=registry,
+        )
+        self.unavailable = Counter(
+            "llmsched_cluster_store_unavailable",
+            "Calls to the cluster store (Redis) that could not reach it, by call.",
+            ["call"],
+            registry=registry,
+        )
+
+
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
@@ -166,8 +188,10 @@ class RedisStore:
         op_timeout: float = 0.5,
         inbox_limit: int = INBOX_LIMIT,
         read_batch: int = READ_BATCH,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self._prefix = key_prefix
+        self._metrics = StoreMetrics(registry) if registry is not None else None
         self._op_timeout = op_timeout
         self._inbox_limit = inbox_limit
         self._read_batch = read_batch
@@ -204,12 +228,12 @@ class RedisStore:
         self._release = self._redis.register_script(_RELEASE)
 
     @classmethod
-    def from_config(cls, cluster: ClusterConfig) -> RedisStore:
+    def from_config(cls, cluster: ClusterConfig, registry: CollectorRegistry | None = None) -> RedisStore:
         """The store `[cluster]` describes: password from redis_password_file (first line) or the variable
-        named by redis_password_env. Every call is bounded by min(heartbeat interval, heartbeat timeout / 4):
-        a dead or hung Redis is noticed within one heartbeat, and a leader whose renewals stop getting through
-        knows it by interval + timeout/4 <= 3/4 of its lease after the last renewal, before the lease can pass
-        to another replica."""
+        named by redis_password_env; metrics on `registry` when given. Every call is bounded by
+        min(heartbeat interval, heartbeat timeout / 4): a dead or hung Redis is noticed within one heartbeat,
+        and a leader whose renewals stop getting through knows it by interval + timeout/4 <= 3/4 of its lease
+        after the last renewal, before the lease can pass to another replica."""
         password: str | None = None
         if cluster.redis_password_file:
             try:
@@ -229,6 +253,7 @@ class RedisStore:
             username=cluster.redis_username or None,
             password=password,
             op_timeout=min(cluster.heartbeat_interval_seconds, cluster.heartbeat_timeout_seconds / 4),
+            registry=registry,
         )
 
     def _key(self, *parts: str) -> str:
@@ -239,17 +264,22 @@ class RedisStore:
         self._reader_epoch += 1
 
     @asynccontextmanager
-    async def _reach(self, seconds: float) -> AsyncIterator[None]:
-        """Bound one round trip and turn every way of not reaching Redis into StoreUnavailable."""
+    async def _reach(self, call: str, seconds: float) -> AsyncIterator[None]:
+        """Bound one round trip, time it, and turn every way of not reaching Redis into StoreUnavailable."""
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(seconds):
                 yield
         except _UNREACHABLE as exc:
-            raise StoreUnavailable(f"redis unreachable: {type(exc).__name__}: {exc}") from exc
+            if self._metrics is not None:
+                self._metrics.unavailable.labels(call).inc()
+            raise StoreUnavailable(f"redis unreachable ({call}): {type(exc).__name__}: {exc}") from exc
+        if self._metrics is not None and call != "receive":  # a receive's time is mostly its wait
+            self._metrics.seconds.labels(call).observe(time.perf_counter() - started)
 
     async def join(self, name: str, token: str, ttl: float) -> None:
         member = self._key("member", name)
-        async with self._reach(self._op_timeout):
+        async with self._reach("join", self._op_timeout):
             newest = await self._join(
                 keys=[member, self._key("members"), self._key("inbox", name)], args=[name, token, _ms(ttl)]
             )
@@ -258,37 +288,37 @@ class RedisStore:
         self._cursor.setdefault(name, _text(newest).encode())
 
     async def renew(self, name: str, token: str, ttl: float) -> bool:
-        async with self._reach(self._op_timeout):
+        async with self._reach("renew", self._op_timeout):
             renewed = await self._renew(
                 keys=[self._key("member", name), self._key("members")], args=[name, token, _ms(ttl)]
             )
         return bool(renewed)
 
     async def leave(self, name: str, token: str) -> None:
-        async with self._reach(self._op_timeout):
+        async with self._reach("leave", self._op_timeout):
             await self._leave(keys=[self._key("member", name), self._key("members")], args=[name, token])
 
     async def members(self) -> list[str]:
-        async with self._reach(self._op_timeout):
+        async with self._reach("members", self._op_timeout):
             names = await self._members(keys=[self._key("members")])
         return sorted(_text(n) for n in names)
 
     async def acquire_lease(self, holder: str, ttl: float) -> bool:
-        async with self._reach(self._op_timeout):
+        async with self._reach("acquire_lease", self._op_timeout):
             held = await self._acquire(keys=[self._key("leader")], args=[holder, _ms(ttl)])
         return bool(held)
 
     async def renew_lease(self, holder: str, ttl: float) -> bool:
-        async with self._reach(self._op_timeout):
+        async with self._reach("renew_lease", self._op_timeout):
             renewed = await self._renew_lease(keys=[self._key("leader")], args=[holder, _ms(ttl)])
         return bool(renewed)
 
     async def release_lease(self, holder: str) -> None:
-        async with self._reach(self._op_timeout):
+        async with self._reach("release_lease", self._op_timeout):
             await self._release(keys=[self._key("leader")], args=[holder])
 
     async def lease_holder(self) -> str | None:
-        async with self._reach(self._op_timeout):
+        async with self._reach("lease_holder", self._op_timeout):
             holder = await self._redis.get(self._key("leader"))
         return None if holder is None else _text(holder)
 
@@ -296,7 +326,7 @@ class RedisStore:
         if not messages:
             return
         inbox = self._key("inbox", to)
-        async with self._reach(self._op_timeout):
+        async with self._reach("send", self._op_timeout):
             pipe = self._sender.pipeline(transaction=False)
             for message in messages:
                 pipe.xadd(inbox, {b"m": message}, maxlen=self._inbox_limit, approximate=True)
@@ -306,7 +336,7 @@ class RedisStore:
     async def receive(self, me: str, timeout: float) -> list[bytes]:
         inbox = self._key("inbox", me)
         block = _ms(timeout) if timeout > 0 else None  # BLOCK 0 would wait forever
-        async with self._reach(max(timeout, 0.0) + self._op_timeout):
+        async with self._reach("receive", max(timeout, 0.0) + self._op_timeout):
             await self._reader.initialize()
             if self._reader.connection is not None:  # reconnect now, so a new connection's check comes first
                 await self._reader.connection.connect()  # type: ignore[no-untyped-call]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
@@ -433,3 +434,21 @@ async def test_a_password_protected_redis(redis_server: RedisServer, tmp_path: A
         assert await store.members() == ["r1"]
     finally:
         await store.aclose()
+
+
+async def test_round_trips_and_unreachable_calls_are_measured(redis_server: RedisServer) -> None:
+    registry = CollectorRegistry()
+    store = RedisStore(redis_server.url, key_prefix="t", op_timeout=OP_TIMEOUT, registry=registry)
+    try:
+        await store.join("r1", "t", LONG)
+        await store.send("r1", [b"x"])
+        assert await store.receive("r1", 1.0) == [b"x"]
+        redis_server.kill()
+        with pytest.raises(StoreUnavailable):
+            await store.renew("r1", "t", LONG)
+    finally:
+        await store.aclose()
+    for call in ("join", "send"):
+        assert registry.get_sample_value("llmsched_cluster_store_seconds_count", {"call": call}) == 1
+    assert registry.get_sample_value("llmsched_cluster_store_seconds_count", {"call": "receive"}) is None
+    assert registry.get_sample_value("llmsched_cluster_store_unavailable_total", {"call": "renew"}) == 1
