@@ -16,7 +16,7 @@ Redis operations per call (each call is ONE round trip, bounded by `op_timeout`)
   `leave`: EVALSHA (GET, DEL, ZREM); `members`: EVALSHA (TIME, ZREMRANGEBYSCORE, ZRANGE).
 - `acquire_lease`: EVALSHA (GET, SET PX when free); `renew_lease`: EVALSHA (GET, PEXPIRE);
   `release_lease`: EVALSHA (GET, DEL); `lease_holder`: GET.
-- `send(to, k messages)`: one pipeline of k `XADD MAXLEN ~` + one PEXPIRE.
+- `send(to, k messages)`: one pipeline of k `XADD MAXLEN ~` + one EXPIRE.
 - `receive`: one `XREAD COUNT read_batch BLOCK timeout` on the store's own connection (blocking reads never
   hold up the others); after that connection (re)connects, one `XREVRANGE COUNT 1` first (see below).
 A script the server does not know (first use, or after a restart) costs one SCRIPT LOAD more, once.
@@ -200,6 +200,7 @@ class RedisStore:
             "password": password or None,
             "socket_connect_timeout": op_timeout,
             "client_name": "llmsched",
+            "protocol": 2,  # RESP2: every Redis since 5 speaks it, and the stream replies below are parsed in its shape
         }
         # Scripts and GET are idempotent: one immediate retry on a fresh connection when a pooled one turns out
         # closed (a restarted server). XADDs are not: a retry after a lost reply could deliver a message twice.
@@ -349,7 +350,7 @@ class RedisStore:
         entries: list[tuple[bytes, dict[bytes, bytes]]] = reply[0][1]
         if entries:
             self._cursor[me] = entries[-1][0]
-        return [fields[b"m"] for _, fields in entries]
+        return [fields[b"m"] for _, fields in entries if b"m" in fields]  # an entry not ours: skipped
 
     async def _check_cursor(self, me: str, inbox: str) -> None:
         """After the reading connection (re)connects: start the inbox over when the stream no longer holds
