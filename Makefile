@@ -10,6 +10,7 @@ export PYTHONUNBUFFERED := 1
 
 help:
 	@echo "make run [ENGINE=sim|vllm|llamacpp]  start an engine and the scheduler on 127.0.0.1:50051"
+	@echo "make run-cluster                       Redis, the simulator and three scheduler replicas (:50051-50053)"
 	@echo "make test                              the whole suite, real engines included (installs them once)"
 	@echo "make check                             fast inner loop: lint, types, import layers, generated code, tests without real engines"
 	@echo "make demo                              scenario S1: a flood and two latecomers, direct vs scheduled"
@@ -69,17 +70,22 @@ imports: $(STAMP)
 #   protos/, GOPATH build; under `make test` its live test fails rather than skips without Go.
 # http-node: the pinned `openai` npm package for tests/http/test_node_sdk.py (the HTTP door through the official
 #   Node SDK); under `make test` that test fails instead of skipping when the package is missing.
-.PHONY: node-client go-client http-node
+# redis: Debian's redis-server when missing (scripts/redis_setup.sh); the cluster tests start their own on free
+#   ports, and under `make test` fail rather than skip without it.
+.PHONY: node-client go-client http-node redis run-cluster
 node-client:
 	bash clients/node/bootstrap.sh
 go-client:
 	bash clients/go/bootstrap.sh
 http-node:
 	bash scripts/http_node_setup.sh
+redis:
+	bash scripts/redis_setup.sh
 test: export LLMSCHED_REQUIRE_GO = 1
 test: export LLMSCHED_REQUIRE_NODE_SDK = 1
+test: export LLMSCHED_REQUIRE_REDIS = 1
 
-check: lint typecheck imports buf node-client http-node
+check: lint typecheck imports buf node-client http-node redis
 	$(BIN)/python scripts/gen_protos.py --check
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
 
@@ -87,7 +93,7 @@ engines: $(STAMP)
 	bash engines/scripts/install_vllm.sh
 	bash engines/scripts/install_llamacpp.sh
 
-test: lint typecheck imports buf engines node-client go-client http-node
+test: lint typecheck imports buf engines node-client go-client http-node redis
 	$(BIN)/python scripts/gen_protos.py --check
 	$(BIN)/pytest -q
 
@@ -96,6 +102,10 @@ test-fast: $(STAMP)
 
 run: $(STAMP)
 	bash scripts/run_local.sh $(ENGINE)
+
+# Redis, the simulator and three scheduler replicas on one Redis store (gRPC :50051-50053, HTTP :8081-8083).
+run-cluster: $(STAMP) redis
+	bash scripts/run_cluster.sh
 
 demo: $(STAMP)
 	$(BIN)/python -m bench.s1_demo

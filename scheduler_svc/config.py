@@ -18,6 +18,7 @@ import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 from backends.registry import BACKEND_KINDS, capabilities
 from scheduler_svc.config_schema import (
@@ -139,6 +140,7 @@ def observable_limits(kind: str) -> frozenset[str]:
 
 def _validate(config: Config) -> None:
     _validate_identity(config)
+    _validate_cluster(config.cluster)
     if not config.models:
         raise ConfigError("models: configure at least one [[models]] entry")
     if config.server.unhealthy_after_failed_passes < 1 or config.server.unhealthy_after_stalled_seconds < 0:
@@ -244,6 +246,59 @@ def _validate(config: Config) -> None:
                         f"scheduling.classes[{c.name}] sets {', '.join(blind)}, but {where}.backends"
                         f"[{backend.name}] ({backend.kind}) does not export that signal: the limit would never bind"
                     )
+
+
+_CLUSTER_STORES = ("memory", "redis")
+_REPLICA_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_KEY_PREFIX = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def _validate_cluster(cluster: ClusterConfig) -> None:
+    """Checked whatever the store, so a file that switches to Redis later is already sound (and never holds a
+    password)."""
+    if cluster.store not in _CLUSTER_STORES:
+        raise ConfigError(f"cluster.store {cluster.store!r}: one of {list(_CLUSTER_STORES)}")
+    _validate_redis_url(cluster.redis_url)
+    if cluster.redis_password_file and cluster.redis_password_env:
+        raise ConfigError("cluster: set redis_password_file or redis_password_env, not both")
+    if cluster.redis_username and not (cluster.redis_password_file or cluster.redis_password_env):
+        raise ConfigError("cluster.redis_username needs a password: redis_password_file or redis_password_env")
+    if cluster.replica_name and not _REPLICA_NAME.fullmatch(cluster.replica_name):
+        raise ConfigError("cluster.replica_name: 1-64 letters, digits, '.', '_' or '-' (empty: host name and port)")
+    if not _KEY_PREFIX.fullmatch(cluster.key_prefix):
+        raise ConfigError("cluster.key_prefix: 1-64 letters, digits, '.', '_', ':' or '-'")
+    interval, timeout = cluster.heartbeat_interval_seconds, cluster.heartbeat_timeout_seconds
+    if not (math.isfinite(timeout) and interval > 0 and 2 * interval <= timeout):
+        raise ConfigError(
+            "cluster: need 0 < heartbeat_interval_seconds and heartbeat_timeout_seconds >= 2 x the interval "
+            f"(a replica must miss at least two heartbeats before it is dead), got {interval} and {timeout}"
+        )
+    for name in ("admission_wait_seconds", "report_interval_seconds"):
+        value = getattr(cluster, name)
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"cluster.{name} must be > 0, got {value}")
+    if cluster.degraded_in_flight_cap < 0:
+        raise ConfigError("cluster.degraded_in_flight_cap must be >= 0 (0: the model's gate.fallback_max_in_flight)")
+
+
+def _validate_redis_url(url: str) -> None:
+    """Credentials are checked first, so no message below ever echoes a URL holding a password."""
+    parts = urlsplit(url)
+    query = {key.lower() for key in parse_qs(parts.query)}
+    if "@" in parts.netloc or query & {"password", "username"}:
+        raise ConfigError(
+            "cluster.redis_url must not carry a user or password (the config file is no place for secrets): put "
+            "the password in the file named by cluster.redis_password_file or the environment variable named by "
+            "cluster.redis_password_env, and the ACL user in cluster.redis_username"
+        )
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"cluster.redis_url {url!r}: redis://host:port/db, rediss://... (TLS) or unix:///path")
+    if not (parts.path if parts.scheme == "unix" else parts.hostname):
+        raise ConfigError(f"cluster.redis_url {url!r} names no host (or, for unix://, no socket path)")
+    try:
+        parts.port  # noqa: B018 (parsing the port is the check)
+    except ValueError as exc:
+        raise ConfigError(f"cluster.redis_url {url!r}: {exc}") from exc
 
 
 def _validate_locality(model: ModelConfig, where: str) -> None:

@@ -420,8 +420,8 @@ class ClusterConfig:
     )
     redis_url: str = _field(
         "redis://127.0.0.1:6379/0",
-        "Redis to meet on (redis:// or rediss://); without a password: that comes from redis_password_file "
-        "or redis_password_env, never from this file.",
+        "Redis to meet on (redis://host:port/db, rediss:// for TLS, or unix:///path); without a password: that "
+        "comes from redis_password_file or redis_password_env, never from this file.",
     )
     redis_password_file: str = _field("", "File whose first line is the Redis password (AUTH); empty: none.")
     redis_password_env: str = _field("", "Environment variable holding the Redis password; empty: none.")

@@ -13,8 +13,10 @@ Semantics every implementation keeps:
   `renew_lease` extends it only while we hold it, `release_lease` frees it only if we hold it (a handover
   on SIGTERM). `lease_holder` reads who holds it. The holder string is opaque ("name/token").
 - Inboxes: `send` appends messages to a replica's inbox, in order; `receive` returns the messages that
-  arrived after the last ones it returned, waiting up to `timeout` for the first. Inboxes are bounded
-  (oldest dropped) and die with the store; a message to a dead replica is simply never read.
+  arrived after the last ones it returned, waiting up to `timeout` for the first; a handle reads a name's
+  inbox from its own first `join` of that name on (never what an earlier process of the name was sent).
+  Inboxes are bounded (oldest dropped) and die with the store; a message to a dead replica is simply never
+  read. A read blocked when the store restarts raises StoreUnavailable; later messages still arrive.
 - Any failure to reach the store raises `StoreUnavailable`; the caller degrades and retries.
 """
 

@@ -23,11 +23,13 @@ class FakeStoreBackend:
     """The shared state: what one Redis would hold."""
 
     clock: Callable[[], float] = time.monotonic
+    inbox_limit: int = INBOX_LIMIT
     up: bool = True
     names: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (token, expires at)
     lease: tuple[str, float] | None = None  # (holder, expires at)
     inboxes: dict[str, list[bytes]] = field(default_factory=dict)
-    read_upto: dict[str, int] = field(default_factory=dict)  # per reader: how many it has read
+    dropped: dict[str, int] = field(default_factory=dict)  # per inbox: entries trimmed off its front so far
+    generation: int = 0  # bumped by restart_empty: readers' positions from before point into nothing
     arrived: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def down(self) -> None:
@@ -40,7 +42,10 @@ class FakeStoreBackend:
         self.names.clear()
         self.lease = None
         self.inboxes.clear()
-        self.read_upto.clear()
+        self.dropped.clear()
+        self.generation += 1
+        for event in self.arrived.values():
+            event.set()  # blocked readers lose their connection, as with a restarted Redis
 
     def check(self) -> None:
         if not self.up:
@@ -52,6 +57,10 @@ class FakeStoreBackend:
             del self.names[name]
             return None
         return entry
+
+    def end_of(self, inbox: str) -> int:
+        """The position after the newest entry (positions count every entry ever added, trimmed or not)."""
+        return self.dropped.get(inbox, 0) + len(self.inboxes.get(inbox, []))
 
     def lease_now(self) -> tuple[str, float] | None:
         if self.lease is not None and self.lease[1] <= self.clock():
@@ -65,6 +74,9 @@ class FakeStore:
     def __init__(self, backend: FakeStoreBackend) -> None:
         self.b = backend
         self.ops = 0  # round trips made, for cost assertions
+        # per inbox read: (store generation, position read up to); set at this handle's first join of the
+        # name, so a new process never reads what was sent to an earlier one of the same name
+        self.read_upto: dict[str, tuple[int, int]] = {}
 
     def _op(self) -> None:
         self.b.check()
@@ -76,6 +88,7 @@ class FakeStore:
         if entry is not None and entry[0] != token:
             raise DuplicateReplica(f"replica name {name} is held by another live replica")
         self.b.names[name] = (token, self.b.clock() + ttl)
+        self.read_upto.setdefault(name, (self.b.generation, self.b.end_of(name)))
 
     async def renew(self, name: str, token: str, ttl: float) -> bool:
         self._op()
@@ -126,27 +139,33 @@ class FakeStore:
         self._op()
         inbox = self.b.inboxes.setdefault(to, [])
         inbox.extend(messages)
-        if len(inbox) > INBOX_LIMIT:
-            dropped = len(inbox) - INBOX_LIMIT
+        if len(inbox) > self.b.inbox_limit:
+            dropped = len(inbox) - self.b.inbox_limit
             del inbox[:dropped]
-            self.b.read_upto[to] = max(0, self.b.read_upto.get(to, 0) - dropped)
+            self.b.dropped[to] = self.b.dropped.get(to, 0) + dropped
         self.b.arrived.setdefault(to, asyncio.Event()).set()
+
+    def _unread_from(self, me: str) -> int:
+        generation, upto = self.read_upto.get(me, (self.b.generation, 0))
+        return upto if generation == self.b.generation else 0  # the store restarted empty: from its start
 
     async def receive(self, me: str, timeout: float) -> list[bytes]:
         self._op()
         event = self.b.arrived.setdefault(me, asyncio.Event())
-        if len(self.b.inboxes.get(me, [])) <= self.b.read_upto.get(me, 0):
+        if self.b.end_of(me) <= self._unread_from(me):
             event.clear()
+            generation = self.b.generation
             try:
                 async with asyncio.timeout(timeout):
                     await event.wait()
             except TimeoutError:
                 return []
             self.b.check()
-        inbox = self.b.inboxes.get(me, [])
-        start = min(self.b.read_upto.get(me, 0), len(inbox))
-        self.b.read_upto[me] = len(inbox)
-        return inbox[start:]
+            if self.b.generation != generation:
+                raise StoreUnavailable("fake store restarted")
+        start = max(self._unread_from(me), self.b.dropped.get(me, 0))
+        self.read_upto[me] = (self.b.generation, self.b.end_of(me))
+        return self.b.inboxes.get(me, [])[start - self.b.dropped.get(me, 0) :]
 
     async def aclose(self) -> None:
         return None

@@ -20,6 +20,7 @@ SECTIONS = [
     cfg.ModelConfig,
     cfg.GateConfig,
     cfg.BackendConfig,
+    cfg.ClusterConfig,
 ]
 MINIMAL = {"models": [{"name": "m", "backends": [{"name": "b", "url": "http://127.0.0.1:8000"}]}]}
 
@@ -75,3 +76,66 @@ def test_bundled_example_configs_load() -> None:
 def test_config_reference_lists_every_field() -> None:
     names = {row[0] for row in cfg.describe_fields()}
     assert "models[].gate.waiting_target" in names and "server.listen" in names
+
+
+def test_cluster_defaults_to_one_process_in_memory() -> None:
+    cluster = config_from_dict(MINIMAL).cluster
+    assert cluster.store == "memory" and cluster.heartbeat_timeout_seconds >= 2 * cluster.heartbeat_interval_seconds
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        {"store": "redis", "redis_url": "rediss://redis.internal:6380/2", "redis_password_file": "/run/pw"},
+        {"store": "redis", "redis_url": "unix:///run/redis.sock?db=1", "redis_password_env": "REDIS_PW"},
+        {"redis_username": "svc", "redis_password_env": "REDIS_PW", "replica_name": "r-1.eu_west"},
+        {"key_prefix": "team-a:llmsched", "heartbeat_interval_seconds": 1, "heartbeat_timeout_seconds": 2},
+        {"degraded_in_flight_cap": 0, "admission_wait_seconds": 0.2, "report_interval_seconds": 0.01},
+    ],
+)
+def test_valid_cluster_sections_load(cluster: dict[str, object]) -> None:
+    config_from_dict({**MINIMAL, "cluster": cluster})
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"store": "etcd"}, "cluster.store 'etcd': one of ['memory', 'redis']"),
+        ({"redis_url": "http://127.0.0.1:6379"}, "redis://host:port/db"),
+        ({"redis_url": "redis://:hunter2@127.0.0.1:6379/0"}, "must not carry a user or password"),
+        ({"redis_url": "redis://svc:hunter2@127.0.0.1:6379/0"}, "redis_password_file"),
+        ({"redis_url": "redis://127.0.0.1:6379/0?password=hunter2"}, "must not carry a user or password"),
+        ({"redis_url": "redis:///0"}, "names no host"),
+        ({"redis_url": "redis://127.0.0.1:port/0"}, "cluster.redis_url"),
+        ({"redis_password_file": "/run/pw", "redis_password_env": "PW"}, "not both"),
+        ({"redis_username": "svc"}, "redis_username needs a password"),
+        ({"replica_name": "r 1"}, "cluster.replica_name"),
+        ({"replica_name": "r" * 65}, "cluster.replica_name"),
+        ({"key_prefix": ""}, "cluster.key_prefix"),
+        ({"key_prefix": "a b"}, "cluster.key_prefix"),
+        ({"heartbeat_interval_seconds": 0}, "heartbeat_timeout_seconds >= 2 x the interval"),
+        ({"heartbeat_interval_seconds": 1.5, "heartbeat_timeout_seconds": 2.0}, ">= 2 x the interval"),
+        ({"heartbeat_timeout_seconds": float("inf")}, ">= 2 x the interval"),
+        ({"admission_wait_seconds": 0}, "cluster.admission_wait_seconds must be > 0"),
+        ({"report_interval_seconds": -1}, "cluster.report_interval_seconds must be > 0"),
+        ({"degraded_in_flight_cap": -1}, "cluster.degraded_in_flight_cap must be >= 0"),
+        ({"redis_pasword_file": "/run/pw"}, "unknown key"),
+    ],
+)
+def test_invalid_cluster_sections_are_rejected(cluster: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({**MINIMAL, "cluster": cluster})
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["redis://svc:hunter2@127.0.0.1:6379/0", "http://:hunter2@127.0.0.1:port/0"])
+def test_a_password_in_the_redis_url_is_never_echoed(url: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({**MINIMAL, "cluster": {"redis_url": url}})
+    assert "hunter2" not in str(err.value)
+
+
+def test_config_reference_lists_the_cluster_fields() -> None:
+    names = {row[0] for row in cfg.describe_fields()}
+    expected = {f"cluster.{f.name}" for f in dataclasses.fields(cfg.ClusterConfig)}
+    assert expected <= names
