@@ -48,10 +48,10 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         self._scheduler = scheduler
         self._auth = authenticator
 
-    def _admit(self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Ticket:
+    async def _admit(self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Ticket:
         """Identify the caller, validate and queue the request (a bug on the way: INTERNAL with its
         ErrorInfo, not a bare UNKNOWN)."""
-        return admit_call(
+        return await admit_call(
             self._scheduler,
             message,
             identify=lambda: self._auth.identify(context.invocation_metadata(), context.auth_context),
@@ -82,7 +82,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.SubmitResponse:
         try:
-            ticket = self._admit(request.params, context)
+            ticket = await self._admit(request.params, context)
         except SchedulerError as exc:
             await self._reject(request.params, context, exc)
         try:
@@ -119,7 +119,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.StreamResponse]:
         try:
-            ticket = self._admit(request.params, context)
+            ticket = await self._admit(request.params, context)
         except SchedulerError as exc:
             await self._reject(request.params, context, exc)
         req = ticket.request

@@ -118,7 +118,7 @@ class HttpDoor:
             params.request_id = request.headers.get(hdr.REQUEST_ID_HEADER, "")
             params.priority_class = request.headers.get(hdr.PRIORITY_CLASS_HEADER, call.metadata_priority_class)
             timeout = hdr.timeout_seconds(request.headers)
-            ticket = admit_call(self._scheduler, params, identify=lambda: user, timeout=timeout)
+            ticket = await admit_call(self._scheduler, params, identify=lambda: user, timeout=timeout)
         except SchedulerError as exc:
             count_rejection(self._scheduler, model, exc)
             return json_response(error_reply(exc))
