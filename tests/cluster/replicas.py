@@ -26,6 +26,7 @@ def cluster_config(
     model: dict[str, Any] | None = None,
     cluster: dict[str, Any] | None = None,
     scheduling: dict[str, Any] | None = None,
+    backends: list[dict[str, Any]] | None = None,
 ) -> Config:
     """One replica's config: model "m" on one simulator backend "b0", fast heartbeats."""
     return config_from_dict(
@@ -42,7 +43,8 @@ def cluster_config(
                     "default_max_tokens": 16,
                     "gate": gate or {},
                     **(model or {}),
-                    "backends": [
+                    "backends": backends
+                    or [
                         {
                             "name": "b0",
                             "kind": "vllm",

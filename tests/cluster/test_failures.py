@@ -135,3 +135,34 @@ async def test_store_down_degrades_with_the_cap_then_back_to_shared_mode_losing_
         o for o in outcomes if isinstance(o, BaseException)
     ][:3]
     assert len(ids) == len(set(ids)) == 90, "every admitted request ran exactly once"
+
+
+async def test_running_requests_are_adopted_by_the_next_leader() -> None:
+    """One request runs from each follower; the leader hands over. The new leader counts both in its engine
+    budget (its own as a local ticket, the other's adopted from the re-registration without a grant), and
+    releases both when they end; the engine saw each once."""
+    async with (
+        running_simulator(SimConfig(decode_base_ms=10.0)) as sim,
+        replicas(sim.url) as (_, servers),
+        client_for(servers[1], user="a") as a,
+        client_for(servers[2], user="b") as b,
+    ):
+        calls = [
+            a.stream("m", "one", max_tokens=60, ignore_eos=True),
+            b.stream("m", "two", max_tokens=60, ignore_eos=True),
+        ]
+        for call in calls:
+            await first_delta(call)
+        await servers[0].stop(grace=0.2)
+        leader = await settled(servers[1:])
+        estimator = leader.scheduler.dispatchers["m"].backends[0].estimator
+        await eventually(lambda: estimator.in_flight == 2, 2.0, "the new leader counts both")
+        (adopted,) = agent_of(leader).leader.mirrors.values()
+        assert adopted.ticket.first_token_at is not None and adopted.ticket.completion_tokens > 0
+        for call in calls:
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        await eventually(lambda: estimator.in_flight == 0, 2.0, "both released")
+        assert agent_of(leader).metrics.sent.labels("grant")._value.get() == 0, "adopted without a grant"
+    ids = engine_ids(sim.engine.stats())
+    assert len(ids) == len(set(ids)) == 2

@@ -11,9 +11,11 @@ import pytest
 
 from backends.sim import SimConfig, running_simulator
 from clients import error_reason, pb, retry_delay
+from scheduler_svc.cluster.store import DuplicateReplica
 from scheduler_svc.server import SchedulerServer
 from scheduler_svc.ticket import TicketState
-from tests.cluster.replicas import agent_of, replicas
+from tests.cluster.fake_store import FakeStore
+from tests.cluster.replicas import agent_of, cluster_config, replicas
 from tests.helpers import client_for, client_label, eventually
 
 FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
@@ -165,3 +167,29 @@ async def test_cancel_at_a_follower_releases_the_leaders_queue_and_budget() -> N
         await eventually(
             lambda: lead.backends[0].estimator.in_flight == 0 and mirrors(leader) == 0, 3.0, "budget released"
         )
+
+
+async def test_a_second_replica_with_a_live_name_is_refused_at_start() -> None:
+    async with running_simulator(SimConfig(**FAST)) as sim, replicas(sim.url, count=2) as (store, _):
+        twin = SchedulerServer(cluster_config(sim.url, "r1"), store_factory=lambda _: FakeStore(store))
+        with pytest.raises(DuplicateReplica):
+            await twin.start()
+        await twin.scheduler.aclose()
+
+
+async def test_a_failover_at_a_follower_is_decided_by_the_leader() -> None:
+    """b0 refuses connections: the owner's attempt there fails before any token, the owner requeues it and
+    reports; the leader's failover rule cools b0 down and grants b1, where it completes."""
+    async with running_simulator(SimConfig(**FAST)) as sim:
+        backends = [
+            {"name": "b0", "kind": "vllm", "url": "http://127.0.0.1:1", "engine_model": "sim-model"},
+            {"name": "b1", "kind": "vllm", "url": sim.url, "engine_model": "sim-model"},
+        ]
+        model = {"failover_cooldown_seconds": 30.0}
+        async with replicas(sim.url, backends=backends, model=model) as (_, servers), client_for(servers[1]) as client:
+            responses = [await client.submit("m", f"q{i}", max_tokens=4, ignore_eos=True) for i in range(3)]
+            leader = servers[0].scheduler.dispatchers["m"]
+            assert leader.backends[0].cooling_for(leader.clock.now()) > 0, "the leader cooled b0 down"
+    assert [r.backend for r in responses] == ["b1"] * 3
+    assert all(r.usage.completion_tokens == 4 for r in responses)
+    assert len(engine_ids(sim.engine.stats())) == 3
