@@ -60,8 +60,8 @@ class ClusterAgent:
         self.store = store
         self.cluster = cluster
         self.name = name
-        self.holder = f"{name}/{uuid.uuid4().hex}"
-        self._token = self.holder.split("/", 1)[1]
+        self._token = uuid.uuid4().hex  # proves the membership is ours
+        self.holder = self._new_holder()
         self.metrics = ClusterMetrics(scheduler.metrics.registry)
         self.role = Role.JOINING
         self.members = 1  # last known number of live replicas (for the degraded cap)
@@ -71,9 +71,14 @@ class ClusterAgent:
         self._look_now = asyncio.Event()
         self.outbox = Outbox(store, self.metrics, self._store_failed)
         self.follower = Follower(scheduler, name, cluster, self.outbox.post, self.metrics)
-        self.leader = Leader(scheduler, name, self.holder, self.outbox.post)
+        self.leader = Leader(scheduler, name, lambda: self.holder, self.outbox.post)
         self._tasks: list[asyncio.Task[None]] = []
         self.role_changed = asyncio.Event()  # set on every role change (tests wait on it)
+
+    def _new_holder(self) -> str:
+        """A lease holder string of its own for each term as leader: a grant sent in an earlier term is
+        never taken for one of this term (an owner accepts grants only from the holder it registered with)."""
+        return f"{self.name}/{uuid.uuid4().hex}"
 
     @property
     def leader_holder(self) -> str | None:
@@ -155,6 +160,7 @@ class ClusterAgent:
         if role is not previous:
             if previous is Role.LEADING:
                 self.leader.stop()
+                self.holder = self._new_holder()
             if role is Role.LEADING:
                 self.follower.stop_following()
                 self.leader.start()

@@ -56,7 +56,9 @@ class Mirror:
 class Leader:
     """Mirror tickets and their drivers (active while this replica holds the lease)."""
 
-    def __init__(self, scheduler: Scheduler, name: str, holder: str, post: Callable[[str, Message], None]) -> None:
+    def __init__(
+        self, scheduler: Scheduler, name: str, holder: Callable[[], str], post: Callable[[str, Message], None]
+    ) -> None:
         self._scheduler = scheduler
         self._name = name
         self._holder = holder
@@ -170,6 +172,9 @@ class Leader:
                 async for event in events:
                     if isinstance(event, Failed) and not mirror.silent:
                         self._post(mirror.owner, Fail(self._name, ticket.request.request_id, error_info(event.error)))
+        except Exception as exc:  # a bug: count it, end the mirror (its owner re-registers or ends it)
+            self._scheduler.errors.report("cluster", exc, request_id=ticket.request.request_id)
+            ticket.close(Outcome.FAILED)
         finally:
             if self.mirrors.get(ticket.request.request_id) is mirror:
                 del self.mirrors[ticket.request.request_id]
@@ -192,7 +197,7 @@ class Leader:
                     backend=ticket.backend.name,
                     engine_priority=ticket.engine_priority,
                     attempt=ticket.attempts,
-                    leader=self._holder,
+                    leader=self._holder(),
                 ),
             )
         while True:

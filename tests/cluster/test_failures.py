@@ -120,6 +120,10 @@ async def test_store_down_degrades_with_the_cap_then_back_to_shared_mode_losing_
             await eventually(lambda: sum(t.done() for t in flood) >= 3, 10.0, "the flood under way")
             store.down()
             await eventually(lambda: all(agent_of(s).role is Role.DEGRADED for s in servers), 3.0, "all degraded")
+            registry = servers[1].scheduler.metrics.registry
+            assert registry.get_sample_value("llmsched_cluster_role", {"role": "degraded"}) == 1
+            assert registry.get_sample_value("llmsched_cluster_role", {"role": "follower"}) == 0
+            assert (registry.get_sample_value("llmsched_cluster_store_errors_total") or 0) > 0
             await asyncio.sleep(0.3)  # a sampling window: what was in flight before the store went ends
             peak = 0
             for _ in range(30):  # sampled while degraded
