@@ -33,10 +33,16 @@ GenerateRequest = pb.GenerationParams  # what SubmitRequest and StreamRequest ca
 
 
 async def admit_call(
-    scheduler: Scheduler, message: GenerateRequest, *, identify: Callable[[], str], timeout: float | None
+    scheduler: Scheduler,
+    message: GenerateRequest,
+    *,
+    identify: Callable[[], str],
+    timeout: float | None,
+    watch_positions: bool = False,
 ) -> Ticket:
     """Identify the caller (`identify` raises Unauthenticated), validate and queue the request, and have the
-    scheduler's guard (a cluster's leader) confirm it: a refusal closes the ticket as rejected and raises.
+    scheduler's guard (a cluster's leader) confirm it (`watch_positions`: the caller streams queue positions);
+    a refusal closes the ticket as rejected and raises.
     A bug on the way (anything that is not a SchedulerError) is counted and logged once, and surfaces as
     InternalError."""
     try:
@@ -48,6 +54,7 @@ async def admit_call(
     except Exception as exc:
         scheduler.errors.report("admission", exc)
         raise InternalError("the scheduler failed to admit the request") from exc
+    ticket.watches_position = watch_positions  # known before the guard: a cluster leader then sends positions
     guard = scheduler.guard
     if guard is not None:
         try:

@@ -293,7 +293,10 @@ class ModelDispatcher:
     def position(self, ticket: Ticket) -> int:
         """1-based rank of the ticket's request in its user's queue by the ordering policy; 0 once it left."""
         flow = self.queues.flow_of(ticket.request.request_id)
-        return flow.position(ticket.request) if flow is not None else 0
+        if flow is None:
+            return 0
+        told = self.authority.position(ticket.request.request_id)  # a cluster follower: the leader's answer
+        return told if told is not None else flow.position(ticket.request)
 
     def estimated_wait(self, ticket: Ticket) -> float | None:
         """Seconds until dispatch at the current drain rate, assuming each backlogged user of the band is

@@ -42,6 +42,11 @@ class DispatchAuthority(Protocol):
         """The most requests this process may have in flight at `handle` (None: no cap beyond its gate)."""
         ...
 
+    def position(self, request_id: str) -> int | None:
+        """The request's position in its user's queue as the deciding replica last told it (None: unknown,
+        the local queue's answer stands)."""
+        ...
+
 
 class LocalAuthority:
     """One process deciding alone: dispatch, scrape, no extra cap."""
@@ -50,6 +55,9 @@ class LocalAuthority:
     scrapes = True
 
     def in_flight_cap(self, handle: BackendHandle) -> int | None:
+        return None
+
+    def position(self, request_id: str) -> int | None:
         return None
 
 

@@ -169,7 +169,7 @@ class ClusterAgent:
             self.role = role
             for model in self.scheduler.config.models:
                 self.scheduler.dispatchers[model.name].authority = authority_for(
-                    role, self.cluster, model, self.members
+                    role, self.cluster, model, self.members, self.follower.positions
                 )
             log.info(
                 "cluster_role_changed",

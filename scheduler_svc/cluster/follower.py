@@ -91,6 +91,7 @@ class Follower:
         self.leader = holder
         self._registered.clear()
         self._tokens.clear()
+        self.positions.clear()
         if holder is not None:
             self.register_all()
 
@@ -100,6 +101,7 @@ class Follower:
         self.leader = None
         self._registered.clear()
         self._tokens.clear()
+        self.positions.clear()
         for rid, future in list(self._verdicts.items()):
             if not future.done():
                 future.set_result(None)  # admitted locally
@@ -147,6 +149,7 @@ class Follower:
                 cache_key=request.cache_key,
                 force=force,
                 running=running,
+                watch=ticket.watches_position,
             ),
         )
 

@@ -14,7 +14,9 @@ silently (nothing sent: the owner knows) when the owner reports its end, when th
 membership expired), or when this replica stops leading (the owners re-register with the next leader).
 
 Messages per mirrored request: Verdict (1) for a new request, Grant per attempt (1), Fail only when the
-leader ends it. Its own requests cost nothing: they are local tickets.
+leader ends it, and for a client streaming its queue position one Position per move (rate-limited by
+server.queue_update_interval_seconds, as the leader's own clients are told). Its own requests cost
+nothing: they are local tickets.
 """
 
 from __future__ import annotations
@@ -28,10 +30,20 @@ import structlog
 
 from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, SamplingParams, TextDelta
 from backends.errors import BackendError
-from scheduler_svc.cluster.messages import Admit, Fail, Grant, Message, Report, Verdict, error_info, rebuild_error
+from scheduler_svc.cluster.messages import (
+    Admit,
+    Fail,
+    Grant,
+    Message,
+    Position,
+    Report,
+    Verdict,
+    error_info,
+    rebuild_error,
+)
 from scheduler_svc.errors import SchedulerError
 from scheduler_svc.request import QueuedRequest
-from scheduler_svc.request_run import Failed, RequestRun
+from scheduler_svc.request_run import Failed, Queued, RequestRun
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.ticket import Outcome, Ticket, TicketState
 
@@ -47,6 +59,7 @@ class Mirror:
     owner: str
     ticket: Ticket
     created_at: float
+    watch: bool = False  # the owner's client streams its queue position
     adopted: bool = False  # already running at the owner: the next dispatch sends no grant
     silent: bool = False  # ended by us without telling the owner
     events: asyncio.Queue[_Event] = field(default_factory=asyncio.Queue)
@@ -107,7 +120,7 @@ class Leader:
         except SchedulerError as exc:
             self._post(admit.sender, Verdict(self._name, admit.request_id, error_info(exc)))
             return
-        mirror = Mirror(admit.sender, ticket, now)
+        mirror = Mirror(admit.sender, ticket, now, watch=admit.watch)
         self.mirrors[admit.request_id] = mirror
         if admit.running is not None:
             self._adopt(mirror, admit)
@@ -166,11 +179,15 @@ class Leader:
     async def _drive(self, mirror: Mirror) -> None:
         ticket = mirror.ticket
         dispatcher = self._scheduler.dispatchers[ticket.request.model]
-        run = RequestRun(ticket, dispatcher, generate=lambda t, g: self._remote(mirror, t, g))
+        run = RequestRun(
+            ticket, dispatcher, watch_positions=mirror.watch, generate=lambda t, g: self._remote(mirror, t, g)
+        )
         try:
             async with contextlib.aclosing(run.events()) as events:
                 async for event in events:
-                    if isinstance(event, Failed) and not mirror.silent:
+                    if isinstance(event, Queued) and not mirror.silent:
+                        self._post(mirror.owner, Position(self._name, ticket.request.request_id, event.position))
+                    elif isinstance(event, Failed) and not mirror.silent:
                         self._post(mirror.owner, Fail(self._name, ticket.request.request_id, error_info(event.error)))
         except Exception as exc:  # a bug: count it, end the mirror (its owner re-registers or ends it)
             self._scheduler.errors.report("cluster", exc, request_id=ticket.request.request_id)

@@ -71,6 +71,7 @@ class Admit:
     cache_key: str
     force: bool = False
     running: Running | None = None
+    watch: bool = False  # the client streams its queue position: the leader sends `Position`s
 
 
 @dataclass(frozen=True, slots=True)

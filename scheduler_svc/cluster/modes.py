@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 
 from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.config_schema import ClusterConfig, ModelConfig
@@ -29,16 +30,19 @@ ROLE_LABELS = {Role.LEADING: "leader", Role.FOLLOWING: "follower", Role.DEGRADED
 
 
 class FollowingAuthority:
-    """Dispatch only on the leader's grants; no scraping."""
+    """Dispatch only on the leader's grants; no scraping; queue positions as the leader last told them."""
 
     dispatches_locally = False
     scrapes = False
 
+    def __init__(self, positions: Mapping[str, int]) -> None:
+        self._positions = positions
+
     def in_flight_cap(self, handle: BackendHandle) -> int | None:
         return None
 
-
-FOLLOWING = FollowingAuthority()
+    def position(self, request_id: str) -> int | None:
+        return self._positions.get(request_id)
 
 
 class DegradedAuthority:
@@ -53,6 +57,9 @@ class DegradedAuthority:
     def in_flight_cap(self, handle: BackendHandle) -> int | None:
         return self.cap
 
+    def position(self, request_id: str) -> int | None:
+        return None
+
 
 def degraded_cap(cluster: ClusterConfig, model: ModelConfig, members: int) -> int:
     """In-flight cap per backend for one replica gating alone: the configured cap (or the model's fallback
@@ -61,9 +68,12 @@ def degraded_cap(cluster: ClusterConfig, model: ModelConfig, members: int) -> in
     return max(1, cap // max(1, members))
 
 
-def authority_for(role: Role, cluster: ClusterConfig, model: ModelConfig, members: int) -> DispatchAuthority:
+def authority_for(
+    role: Role, cluster: ClusterConfig, model: ModelConfig, members: int, positions: Mapping[str, int]
+) -> DispatchAuthority:
+    """The authority a model's dispatcher gets in `role` (`positions`: the leader's last Position per request)."""
     if role is Role.LEADING:
         return LOCAL
     if role is Role.DEGRADED:
         return DegradedAuthority(degraded_cap(cluster, model, members))
-    return FOLLOWING
+    return FollowingAuthority(positions)

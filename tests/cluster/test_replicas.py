@@ -193,3 +193,26 @@ async def test_a_failover_at_a_follower_is_decided_by_the_leader() -> None:
     assert [r.backend for r in responses] == ["b1"] * 3
     assert all(r.usage.completion_tokens == 4 for r in responses)
     assert len(engine_ids(sim.engine.stats())) == 3
+
+
+async def test_a_streaming_client_at_a_follower_hears_its_position_in_the_leaders_queue() -> None:
+    """alice has two requests queued at the leader (beside one running, one waiting in the engine); her
+    stream at a follower is third in her queue there, though first in the follower's own queue."""
+    async with (
+        running_simulator(SimConfig(max_num_seqs=1, decode_base_ms=20.0)) as sim,
+        replicas(sim.url, gate={"waiting_target": 1}) as (_, servers),
+        client_for(servers[0], user="alice") as at_leader,
+        client_for(servers[1], user="alice") as at_follower,
+    ):
+        lead = servers[0].scheduler.dispatchers["m"]
+        held = [at_leader.stream("m", f"h{i}", max_tokens=2000, ignore_eos=True) for i in range(4)]
+        await eventually(lambda: len(lead.queues) == 2, 5.0, "two of alice's queued at the leader")
+        call = at_follower.stream("m", "mine", max_tokens=5, ignore_eos=True)
+        positions = []
+        while not positions or positions[-1] != 3:
+            event = await asyncio.wait_for(call.read(), 5.0)
+            assert event is not grpc.aio.EOF and event.HasField("queued"), event
+            positions.append(event.queued.position_in_user_queue)
+        assert positions[-1] == 3, positions
+        for c in [call, *held]:
+            c.cancel()
