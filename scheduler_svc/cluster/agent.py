@@ -45,7 +45,7 @@ from scheduler_svc.cluster.messages import (
 from scheduler_svc.cluster.metrics import ClusterMetrics
 from scheduler_svc.cluster.modes import Role, authority_for
 from scheduler_svc.cluster.outbox import Outbox
-from scheduler_svc.cluster.store import ClusterStore, StoreUnavailable
+from scheduler_svc.cluster.store import ClusterStore, DuplicateReplica, StoreUnavailable
 from scheduler_svc.config_schema import ClusterConfig
 from scheduler_svc.scheduler import Scheduler
 
@@ -199,6 +199,11 @@ class ClusterAgent:
                 await self._beat()
             except StoreUnavailable as exc:
                 self._store_failed(exc)
+            except DuplicateReplica as exc:  # our name expired and another live process took it
+                log.error("cluster_name_taken", replica=self.name, error=str(exc))
+                self._store_failed(StoreUnavailable(str(exc)))  # gate alone, capped, and keep trying
+            except Exception as exc:  # a bug must not stop the heartbeat
+                self.scheduler.errors.report("cluster", exc, loop="heartbeat")
             self._look_now.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.cluster.heartbeat_interval_seconds):
@@ -237,6 +242,10 @@ class ClusterAgent:
             except StoreUnavailable as exc:
                 self._store_failed(exc)
                 await asyncio.sleep(self.cluster.heartbeat_interval_seconds)  # the store is down: retry period
+                continue
+            except Exception as exc:  # a bug must not stop the inbox
+                self.scheduler.errors.report("cluster", exc, loop="inbox")
+                await asyncio.sleep(self.cluster.heartbeat_interval_seconds)
                 continue
             for data in raw:
                 try:

@@ -61,6 +61,9 @@ class Outbox:
                 except StoreUnavailable as exc:
                     self._on_error(exc)
                     continue
+                except Exception:  # a bug must not stop the sender: drop this batch, keep going
+                    log.exception("cluster_outbox_send_failed", to=to, messages=len(messages))
+                    continue
                 for message in messages:
                     self._metrics.sent.labels(type_name(message)).inc()
             if not self._pending:
