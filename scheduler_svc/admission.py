@@ -19,7 +19,7 @@ from scheduler_svc.errors import InternalError, InvalidRequest, ModelNotFound, P
 from scheduler_svc.request import QueuedRequest
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.text import UNKNOWN_LABEL, client_text
-from scheduler_svc.ticket import Ticket
+from scheduler_svc.ticket import Outcome, Ticket
 
 log = structlog.get_logger(__name__)
 
@@ -32,13 +32,21 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 GenerateRequest = pb.GenerationParams  # what SubmitRequest and StreamRequest carry as `params`
 
 
-def admit_call(
-    scheduler: Scheduler, message: GenerateRequest, *, identify: Callable[[], str], timeout: float | None
+async def admit_call(
+    scheduler: Scheduler,
+    message: GenerateRequest,
+    *,
+    identify: Callable[[], str],
+    timeout: float | None,
+    watch_positions: bool = False,
 ) -> Ticket:
-    """Identify the caller (`identify` raises Unauthenticated), validate and queue the request. A bug on the
-    way (anything that is not a SchedulerError) is counted and logged once, and surfaces as InternalError."""
+    """Identify the caller (`identify` raises Unauthenticated), validate and queue the request, and have the
+    scheduler's guard (a cluster's leader) confirm it (`watch_positions`: the caller streams queue positions);
+    a refusal closes the ticket as rejected and raises.
+    A bug on the way (anything that is not a SchedulerError) is counted and logged once, and surfaces as
+    InternalError."""
     try:
-        return scheduler.admit(
+        ticket = scheduler.admit(
             build_request(message, user=identify(), config=scheduler.config, now=scheduler.clock.now(), timeout=timeout)
         )
     except SchedulerError:
@@ -46,6 +54,18 @@ def admit_call(
     except Exception as exc:
         scheduler.errors.report("admission", exc)
         raise InternalError("the scheduler failed to admit the request") from exc
+    ticket.watches_position = watch_positions  # known before the guard: a cluster leader then sends positions
+    guard = scheduler.guard
+    if guard is not None:
+        try:
+            await guard.confirm(ticket)
+        except SchedulerError:
+            ticket.close(Outcome.REJECTED)
+            raise
+        except BaseException:
+            ticket.close()  # the caller left while waiting (cancelled), or a bug: the ticket must not linger
+            raise
+    return ticket
 
 
 def count_rejection(scheduler: Scheduler, model: str, exc: SchedulerError) -> None:

@@ -160,9 +160,14 @@ def _serve(path: str) -> None:
 
     return_large_allocations()
 
+    from scheduler_svc.cluster.store import DuplicateReplica
+
     async def run() -> None:
         server = SchedulerServer(config)
-        await server.start()
+        try:
+            await server.start()
+        except DuplicateReplica as exc:  # [cluster]: another live replica has this name
+            sys.exit(f"cluster error: {exc}; set [cluster] replica_name to a name of its own")
         # Everything built so far lives as long as the process: keep it out of the collector's full
         # passes, which otherwise walk it all (a 30 ms pause, seen as a TTFT outlier in S5).
         gc.collect()

@@ -28,6 +28,7 @@ from scheduler_svc.config import ModelConfig, SchedulingConfig
 from scheduler_svc.errors import InternalError, QueueTimeout, ShuttingDown
 from scheduler_svc.failover import FailoverRule
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
+from scheduler_svc.hooks import DispatchAuthority, DispatchObserver
 from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
 from scheduler_svc.openings import BackendChoice, BackendGates, BackendState, EnginePriorities, Opening
 from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES
@@ -106,11 +107,24 @@ class ModelDispatcher:
         self._on_done = on_done
         self.dispatches = 0  # requests sent so far (the watchdog compares it between looks)
         self._dispatches_at_last_look = 0
+        self.observer: DispatchObserver | None = None  # told of each request's events (a cluster follower)
+
+    @property
+    def authority(self) -> DispatchAuthority:
+        """Who decides when requests go (`hooks.DispatchAuthority`; `LOCAL` by default)."""
+        return self.gates.authority
+
+    @authority.setter
+    def authority(self, authority: DispatchAuthority) -> None:
+        self.gates.authority = authority
+        self.wake()
 
     # -- admission and withdrawal ---------------------------------------------------------------------
-    def enqueue(self, request: QueuedRequest) -> Ticket:
-        """Queue an admitted request and return its ticket; QueueFull when a cap is reached."""
-        self.capacity.check(request, self.busy, self.drain.rate(self.clock.now()))
+    def enqueue(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
+        """Queue an admitted request and return its ticket; QueueFull when a cap is reached (unless `force`:
+        a request admitted before, registered again with a new cluster leader)."""
+        if not force:
+            self.capacity.check(request, self.busy, self.drain.rate(self.clock.now()))
         ticket = Ticket(request, self)
         self._put_in_queue(ticket)
         self.capacity.hold(request)
@@ -148,6 +162,16 @@ class ModelDispatcher:
         self.withdraw(ticket)
         ticket.end_in_queue(Outcome.EXPIRED, QueueTimeout(f"request {ticket.request.request_id} expired in the queue"))
 
+    def end_queued(self, request_id: str, outcome: Outcome, reason: Exception) -> bool:
+        """End a still-queued request with `reason` (a cluster leader refused or ended it); False when it is
+        not queued here."""
+        ticket = self._queued.get(request_id)
+        if ticket is None:
+            return False
+        self.withdraw(ticket)
+        ticket.end_in_queue(outcome, reason)
+        return True
+
     def reject_all_queued(self, reason: str) -> int:
         """End every queued request with UNAVAILABLE (the service is stopping); returns how many. From
         here on a request an engine fails is not queued again either."""
@@ -163,6 +187,13 @@ class ModelDispatcher:
         return sum(ticket.cut(ShuttingDown(reason)) for ticket in list(self._running.values()))
 
     # -- events from running requests ---------------------------------------------------------------
+    def on_accepted(self, ticket: Ticket) -> None:
+        """The engine took the request (its response started)."""
+        assert ticket.backend is not None
+        ticket.backend.estimator.accepted(ticket.request.request_id, self.clock.now())
+        if self.observer is not None:
+            self.observer.on_accepted(ticket)
+
     def on_first_token(self, ticket: Ticket) -> None:
         assert ticket.backend is not None and ticket.first_token_at is not None
         self._cost(ticket, self.prices.cost(ticket.request.prompt_tokens_estimate, 0))
@@ -170,6 +201,8 @@ class ModelDispatcher:
         self._class_series[ticket.request.priority_class].ttft.observe(
             ticket.first_token_at - ticket.request.admitted_at
         )
+        if self.observer is not None:
+            self.observer.on_first_token(ticket)
         self.wake()
 
     def on_generated(self, ticket: Ticket, tokens: int) -> None:
@@ -177,6 +210,8 @@ class ModelDispatcher:
         self._cost(ticket, self.prices.cost(0, tokens))
         assert ticket.backend is not None
         self._series[ticket.backend.name].generated_tokens.inc(tokens)
+        if self.observer is not None:
+            self.observer.on_generated(ticket, tokens)
 
     def _cost(self, ticket: Ticket, cost: float) -> None:
         """Export the cost served (the prompt at the first token, as a failover before it costs nothing)."""
@@ -204,7 +239,10 @@ class ModelDispatcher:
         deadline, or the service is stopping."""
         request = ticket.request
         now = self.clock.now()
-        if self.stopping or not self._failover.may_retry(request, error, ticket.attempts, now):
+        if self.stopping:
+            return False
+        # Not deciding here (a cluster follower): it waits in the queue and the leader decides retry or fail.
+        if self.authority.dispatches_locally and not self._failover.may_retry(request, error, ticket.attempts, now):
             return False
         handle = ticket.backend
         assert handle is not None
@@ -224,6 +262,8 @@ class ModelDispatcher:
             attempt=ticket.attempts,
             error=str(error),
         )
+        if self.observer is not None:
+            self.observer.on_failed_over(ticket, error)
         self.wake()
         return True
 
@@ -231,6 +271,8 @@ class ModelDispatcher:
         self.capacity.release(ticket.request)
         if self._on_done is not None:
             self._on_done(ticket)
+        if self.observer is not None:
+            self.observer.on_outcome(ticket)
         self._metrics.outcomes.labels(self.model.name, ticket.outcome.value if ticket.outcome else "?").inc()
         log.debug(
             "request_done",
@@ -251,7 +293,10 @@ class ModelDispatcher:
     def position(self, ticket: Ticket) -> int:
         """1-based rank of the ticket's request in its user's queue by the ordering policy; 0 once it left."""
         flow = self.queues.flow_of(ticket.request.request_id)
-        return flow.position(ticket.request) if flow is not None else 0
+        if flow is None:
+            return 0
+        told = self.authority.position(ticket.request.request_id)  # a cluster follower: the leader's answer
+        return told if told is not None else flow.position(ticket.request)
 
     def estimated_wait(self, ticket: Ticket) -> float | None:
         """Seconds until dispatch at the current drain rate, assuming each backlogged user of the band is
@@ -271,6 +316,13 @@ class ModelDispatcher:
     def busy(self) -> int:
         """Requests queued or running."""
         return len(self._queued) + len(self._running)
+
+    def live_tickets(self) -> list[Ticket]:
+        """Every queued or running ticket (what a cluster replica registers with a new leader)."""
+        return [*self._queued.values(), *self._running.values()]
+
+    def queued_ticket(self, request_id: str) -> Ticket | None:
+        return self._queued.get(request_id)
 
     def backend_states(self) -> list[BackendState]:
         """Every backend's gate decision for every class, with its inputs (see `BackendGates.states`)."""
@@ -309,7 +361,7 @@ class ModelDispatcher:
         moved = self.dispatches != self._dispatches_at_last_look
         self._dispatches_at_last_look = self.dispatches
         could = False
-        if self.queues.size and not self.stopping:
+        if self.queues.size and not self.stopping and self.authority.dispatches_locally:
             top = next(self.queues.backlogged_bands())
             # Asked for a real user of the band: at a priority engine a newcomer may pass the gate while
             # every backlogged user's next request would queue too deep (a lone flood), which is no stall.
@@ -328,7 +380,7 @@ class ModelDispatcher:
         A band whose dispatch raises an unexpected error is left out for the rest of the pass, so the other
         bands keep going; the error is counted and the pass reported failed to the loop's health.
         """
-        if self.stopping:
+        if self.stopping or not self.authority.dispatches_locally:
             return 0
         sent = 0
         now = self.clock.now()
@@ -377,10 +429,57 @@ class ModelDispatcher:
         request, opening = self._backend_policy.choose_among(candidates, in_flight)
         ticket = self._queued[request.request_id]
         handle = opening.handle
+        self._send(ticket, handle, now, lambda: self.gates.priorities.of(request.priority_class, request.user, handle))
+        return 1
+
+    def grant(self, request_id: str, backend_name: str, engine_priority: int | None) -> bool:
+        """Send a queued request to `backend_name` because the cluster's leader decided so, as `_dispatch_one`
+        would have; False when the request is not queued here (gone, or the service is stopping)."""
+        ticket = self._queued.get(request_id)
+        handle = next((h for h in self.backends if h.name == backend_name), None)
+        if ticket is None or handle is None or self.stopping:
+            return False
+        self._send(ticket, handle, self.clock.now(), lambda: engine_priority)
+        self.dispatches += 1
+        return True
+
+    def adopt(
+        self,
+        ticket: Ticket,
+        backend_name: str,
+        engine_priority: int | None,
+        attempt: int,
+        *,
+        accepted: bool,
+        first_token: bool,
+        tokens: int,
+    ) -> bool:
+        """Count a queued ticket as already running at `backend_name` (a cluster replica re-registered a
+        request it runs with this new leader): withdrawn, assigned without being sent, its progress so far
+        counted in the estimator and fairness. False when the backend is unknown."""
+        handle = next((h for h in self.backends if h.name == backend_name), None)
+        if handle is None or ticket.request.request_id not in self._queued:
+            return False
+        now = self.clock.now()
+        self._send(ticket, handle, now, lambda: engine_priority)
+        ticket.attempts = max(ticket.attempts, attempt)
+        if accepted:
+            handle.estimator.accepted(ticket.request.request_id, now)
+        if first_token:
+            ticket.first_token_at = now
+            handle.estimator.started(ticket.request.request_id, now)
+        if tokens:
+            ticket.completion_tokens = tokens
+            self.fairness[ticket.request.priority_class].on_generated(ticket.request, tokens)
+        return True
+
+    def _send(self, ticket: Ticket, handle: BackendHandle, now: float, priority_of: Callable[[], int | None]) -> None:
+        """Take a queued ticket out of its queue and assign it to `handle`, with all the accounting."""
+        request = ticket.request
         self.withdraw(ticket)
         try:
-            fairness.on_dispatched(request)
-            priority = self.gates.priorities.of(request.priority_class, request.user, handle)
+            self.fairness[request.priority_class].on_dispatched(request)
+            priority = priority_of()
         except Exception:
             # Out of the queue and not sent: end it now, or its client would wait for nothing.
             ticket.end_in_queue(Outcome.FAILED, InternalError("the scheduler failed to dispatch the request"))
@@ -396,7 +495,6 @@ class ModelDispatcher:
         if ticket.attempts == 1:  # a failed-over request left the queue, and was observed, the first time
             self.drain.record(now)
             self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
-        return 1
 
     def _next_live(self, band: Band, user: str, now: float) -> Ticket | None:
         """The user's next request by the ordering policy (the head of its flow), expiring dead ones on the

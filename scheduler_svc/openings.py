@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from scheduler_svc.activity import ClassActivity
 from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.config import PriorityClassConfig
+from scheduler_svc.hooks import LOCAL, DispatchAuthority
 from scheduler_svc.metrics import BackendSeries
 from scheduler_svc.policies import GateCause, GateDecision, GateInputs
 
@@ -73,6 +74,17 @@ class BackendGates:
         self._activity = activity
         self.priorities = priorities
         self._series = series
+        self.authority: DispatchAuthority = LOCAL  # its in-flight cap closes a backend like a gate would
+
+    def _capped(self, handle: BackendHandle) -> GateDecision | None:
+        """A closed decision when the authority's in-flight cap is reached at `handle` (a replica gating
+        alone while the cluster store is unreachable), else None."""
+        cap = self.authority.in_flight_cap(handle)
+        if cap is None or handle.estimator.in_flight < cap:
+            return None
+        return GateDecision(
+            False, f"in flight {handle.estimator.in_flight} >= degraded cap {cap}", True, GateCause.OTHER
+        )
 
     def open(
         self, gate_class: PriorityClassConfig, request_class: PriorityClassConfig, user: str | None, now: float
@@ -96,7 +108,7 @@ class BackendGates:
             inputs = handle.estimator.gate_inputs(
                 now, better_active, better_tpot_limit=better_tpot, candidate_priority=priority
             )
-            decision = handle.gate.decide(inputs, gate_class)
+            decision = self._capped(handle) or handle.gate.decide(inputs, gate_class)
             if series is not None:
                 series.gate_open.set(1 if decision.open else 0)
                 series.metrics_fresh.set(1 if decision.fresh else 0)
@@ -119,7 +131,7 @@ class BackendGates:
                     better_tpot_limit=self._activity.better_tpot_limit(cls, now),
                     candidate_priority=self.priorities.of(cls.name, None, handle),
                 )
-                decision = handle.gate.decide(inputs, cls)
+                decision = self._capped(handle) or handle.gate.decide(inputs, cls)
                 if cooling := handle.cooling_for(now):
                     reason = f"cooling down {cooling:.1f}s after failing a request ({decision.reason})"
                     decision = GateDecision(False, reason, decision.fresh, GateCause.COOLING_DOWN)

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
-from backends.base import Accepted, Finished, GenerationRequest, TextDelta
+from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.errors import BackendError
 from scheduler_svc.clock import Clock
 from scheduler_svc.errors import SchedulerError
@@ -75,6 +75,17 @@ class Failed:
 RunEvent = Queued | Dispatched | Chunk | Done | Failed
 
 
+GenerationSource = Callable[[Ticket, GenerationRequest], AsyncGenerator[GenerationEvent, None]]
+"""Where a dispatched ticket's generation events come from: its backend's adapter (`adapter_generation`), or
+for a cluster leader's mirror of another replica's request, the events that replica reports."""
+
+
+def adapter_generation(ticket: Ticket, generation: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+    """The generation on the ticket's assigned backend: the engine itself."""
+    assert ticket.backend is not None
+    return ticket.backend.backend.generate(generation)
+
+
 class _Requeued(Exception):
     """The generation failed before its first token and the request is queued again (failover)."""
 
@@ -84,6 +95,8 @@ class RunHost(Protocol):
 
     @property
     def clock(self) -> Clock: ...
+
+    def on_accepted(self, ticket: Ticket) -> None: ...
 
     def on_first_token(self, ticket: Ticket) -> None: ...
 
@@ -97,9 +110,17 @@ class RunHost(Protocol):
 class RequestRun:
     """Drives one ticket to its outcome; `events()` is iterated once, by the caller's task."""
 
-    def __init__(self, ticket: Ticket, host: RunHost, *, watch_positions: bool = False) -> None:
+    def __init__(
+        self,
+        ticket: Ticket,
+        host: RunHost,
+        *,
+        watch_positions: bool = False,
+        generate: GenerationSource = adapter_generation,
+    ) -> None:
         self.ticket = ticket
         self._host = host
+        self._source = generate
         self._watch = watch_positions  # a streaming client hears of position changes
 
     async def events(self) -> AsyncGenerator[RunEvent, None]:
@@ -139,7 +160,6 @@ class RequestRun:
         """Run the generation on the assigned backend, keeping the accounting as tokens stream."""
         ticket, host = self.ticket, self._host
         assert ticket.backend is not None and ticket.state is TicketState.DISPATCHED
-        backend = ticket.backend
         req = ticket.request
         generation = GenerationRequest(
             request_id=req.request_id,
@@ -156,10 +176,10 @@ class RequestRun:
         try:
             # Closed as soon as this generator is: the adapter's own close aborts the engine request. Left
             # to the garbage collector, it could go on generating for seconds after the client left.
-            async with contextlib.aclosing(backend.backend.generate(generation)) as events:
+            async with contextlib.aclosing(self._source(ticket, generation)) as events:
                 async for event in events:
                     if isinstance(event, Accepted):
-                        backend.estimator.accepted(req.request_id, host.clock.now())
+                        host.on_accepted(ticket)
                         continue
                     if isinstance(event, TextDelta):
                         if ticket.first_token_at is None:

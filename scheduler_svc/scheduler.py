@@ -20,6 +20,7 @@ from scheduler_svc.config import BackendConfig, Config, ModelConfig
 from scheduler_svc.dispatcher import ModelDispatcher
 from scheduler_svc.errors import AlreadyExists, ModelNotFound, ShuttingDown
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
+from scheduler_svc.hooks import AdmissionGuard
 from scheduler_svc.load import LoadEstimator, scrape
 from scheduler_svc.metrics import SchedulerMetrics, engine_series
 from scheduler_svc.policies import GATE_POLICIES
@@ -98,9 +99,14 @@ class Scheduler:
                 on_done=self._forget_id,
             )
         self._accepting = True
+        # Confirms each admission elsewhere before the call goes on (a cluster's leader); None: admitted here.
+        self.guard: AdmissionGuard | None = None
 
-    def admit(self, request: QueuedRequest) -> Ticket:
-        """Queue a validated request; raises ModelNotFound, AlreadyExists, QueueFull or ShuttingDown."""
+    def admit(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
+        """Queue a validated request; raises ModelNotFound, AlreadyExists, QueueFull or ShuttingDown.
+
+        `force` skips the caps and the duplicate-id rule: the request was admitted before and is registered
+        again with a new cluster leader (it keeps its id when no live request holds it)."""
         dispatcher = self.dispatchers.get(request.model)
         if dispatcher is None:
             served = sorted(self.dispatchers)
@@ -108,14 +114,14 @@ class Scheduler:
         if not self._accepting:
             raise ShuttingDown("the scheduler is shutting down; retry on another instance")
         key = (request.user, request.client_request_id)
-        if request.client_request_id and key in self._live_ids:
+        if request.client_request_id and key in self._live_ids and not force:
             raise AlreadyExists(
                 f"request_id {request.client_request_id} is in use by another live request of user "
                 f"{request.user}; use a new id, or wait for that request to end"
             )
-        ticket = dispatcher.enqueue(request)
+        ticket = dispatcher.enqueue(request, force=True) if force else dispatcher.enqueue(request)
         if request.client_request_id:
-            self._live_ids[key] = ticket
+            self._live_ids.setdefault(key, ticket)
         return ticket
 
     def _forget_id(self, ticket: Ticket) -> None:
@@ -206,6 +212,9 @@ async def _monitor(
     was_ok: bool | None = None
     engine = engine_series(metrics, dispatcher.model.name, handle.name)
     while True:
+        if not dispatcher.authority.scrapes:  # a cluster follower: the leader reads the engine for everyone
+            await asyncio.sleep(interval)
+            continue
         try:
             reading = await scrape(handle.backend, clock)
         except Exception as exc:  # an adapter bug must not stop the model: count it as a failed scrape

@@ -1,6 +1,9 @@
 """Assemble and run the service: gRPC (scheduler, health, reflection), the OpenAI-compatible HTTP door,
 the scheduler loops, /metrics. Both doors share one Scheduler on one event loop.
 
+With `[cluster] store = "redis"` a `cluster.agent.ClusterAgent` makes this process one replica of several
+(joined before serving; on shutdown it hands the lead over first, and leaves after the drain).
+
 Graceful shutdown, in this order: health flips to NOT_SERVING, admission stops (HTTP /readyz says 503),
 queued and running work drains for `shutdown_grace_seconds`, what is still queued gets UNAVAILABLE (503 over
 HTTP), then the gRPC server and the HTTP door stop.
@@ -10,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import socket
+from collections.abc import Callable
 
 import grpc
 import structlog
@@ -22,7 +28,10 @@ from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from scheduler_svc.auth import Authenticator
 from scheduler_svc.clock import Clock
+from scheduler_svc.cluster.agent import ClusterAgent
+from scheduler_svc.cluster.store import ClusterStore
 from scheduler_svc.config import Config
+from scheduler_svc.config_schema import ClusterConfig
 from scheduler_svc.decoding import DecodeGuard
 from scheduler_svc.http import HttpDoor
 from scheduler_svc.scheduler import BackendFactory, Scheduler, default_backend_factory
@@ -41,6 +50,22 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+StoreFactory = Callable[[ClusterConfig], ClusterStore]
+"""Builds the cluster store a replica meets the others on (`[cluster] store = "redis"`); tests pass a fake."""
+
+
+def default_store_factory(cluster: ClusterConfig) -> ClusterStore:
+    """The Redis store (imported here: a process in memory mode never loads the Redis client)."""
+    redis_store = importlib.import_module("scheduler_svc.cluster.redis_store")
+    store: ClusterStore = redis_store.RedisStore.from_config(cluster)
+    return store
+
+
+def replica_name(config: Config, grpc_port: int) -> str:
+    """`[cluster] replica_name`, or the host name and the gRPC port (unique on one host)."""
+    return config.cluster.replica_name or f"{socket.gethostname()}-{grpc_port}"
+
+
 def _report_crash(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("scheduler_loop_crashed", error=repr(task.exception()))
@@ -55,9 +80,12 @@ class SchedulerServer:
         *,
         backend_factory: BackendFactory = default_backend_factory,
         clock: Clock | None = None,
+        store_factory: StoreFactory = default_store_factory,
     ) -> None:
         self.config = config
         self.scheduler = Scheduler(config, backend_factory=backend_factory, clock=clock)
+        self._store_factory = store_factory
+        self.agent: ClusterAgent | None = None  # set at start when [cluster] store = "redis"
         self._grpc = grpc.aio.server(interceptors=[DecodeGuard()], options=_server_options(config))
         self._tls = ServerTls.from_config(config.server)  # read once, at startup; shared by every listener
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -97,6 +125,10 @@ class SchedulerServer:
             self.port = self._grpc.add_insecure_port(self.config.server.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.server.listen}")
+        if self.config.cluster.store == "redis":  # joined before serving: a duplicate name stops the start here
+            store = self._store_factory(self.config.cluster)
+            self.agent = ClusterAgent(self.scheduler, store, self.config.cluster, replica_name(self.config, self.port))
+            await self.agent.start()
         self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="scheduler")
         self._scheduler_task.add_done_callback(_report_crash)
         await self._grpc.start()
@@ -168,7 +200,12 @@ class SchedulerServer:
         if self._health_task is not None:
             self._health_task.cancel()
             self._health_task = None
+        if self.agent is not None:
+            await self.agent.step_down()  # hand the lead over at once; follow the next leader while draining
         await self.scheduler.drain(grace)
+        if self.agent is not None:
+            await self.agent.aclose()
+            self.agent = None
         await self._grpc.stop(grace=1.0)
         if self._http_runner is not None:
             await self._http_runner.cleanup()

@@ -48,14 +48,17 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         self._scheduler = scheduler
         self._auth = authenticator
 
-    def _admit(self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Ticket:
+    async def _admit(
+        self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any], *, watch_positions: bool
+    ) -> Ticket:
         """Identify the caller, validate and queue the request (a bug on the way: INTERNAL with its
         ErrorInfo, not a bare UNKNOWN)."""
-        return admit_call(
+        return await admit_call(
             self._scheduler,
             message,
             identify=lambda: self._auth.identify(context.invocation_metadata(), context.auth_context),
             timeout=context.time_remaining(),
+            watch_positions=watch_positions,
         )
 
     async def _reject(
@@ -82,7 +85,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.SubmitResponse:
         try:
-            ticket = self._admit(request.params, context)
+            ticket = await self._admit(request.params, context, watch_positions=False)
         except SchedulerError as exc:
             await self._reject(request.params, context, exc)
         try:
@@ -119,7 +122,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.StreamResponse]:
         try:
-            ticket = self._admit(request.params, context)
+            ticket = await self._admit(request.params, context, watch_positions=True)
         except SchedulerError as exc:
             await self._reject(request.params, context, exc)
         req = ticket.request

@@ -118,7 +118,10 @@ class HttpDoor:
             params.request_id = request.headers.get(hdr.REQUEST_ID_HEADER, "")
             params.priority_class = request.headers.get(hdr.PRIORITY_CLASS_HEADER, call.metadata_priority_class)
             timeout = hdr.timeout_seconds(request.headers)
-            ticket = admit_call(self._scheduler, params, identify=lambda: user, timeout=timeout)
+            updates = call.stream and hdr.wants_queue_updates(request.headers)
+            ticket = await admit_call(
+                self._scheduler, params, identify=lambda: user, timeout=timeout, watch_positions=updates
+            )
         except SchedulerError as exc:
             count_rejection(self._scheduler, model, exc)
             return json_response(error_reply(exc))

@@ -1,0 +1,242 @@
+"""The leader's side: every other replica's request held here as a mirror ticket, so the leader's queues,
+fairness, caps, duplicate-id rule, locality and engine budget are the cluster's.
+
+A mirror is admitted into the leader's own `Scheduler` (caps and the duplicate-id rule apply, or with
+`force` they are skipped for a re-registration) and driven by the ordinary `RequestRun` with a remote
+generation source: when the dispatcher assigns it, the source sends a `Grant` to the owner, then yields the
+owner's reports as the adapter's events would have come (`Accepted`, `TextDelta("", n)`, `Finished`, or
+raises the reported `BackendError`, so the failover rule runs unchanged). So all the accounting (estimator,
+fairness, cost, metrics) is exactly a local request's. When the run fails (expired, no more failover,
+shutting down) the owner gets a `Fail`.
+
+A re-registered running request is `adopt`ed: assigned to its backend without a grant. A mirror ends
+silently (nothing sent: the owner knows) when the owner reports its end, when the owner is dead (its
+membership expired), or when this replica stops leading (the owners re-register with the next leader).
+
+Messages per mirrored request: Verdict (1) for a new request, Grant per attempt (1), Fail only when the
+leader ends it, and for a client streaming its queue position one Position per move (rate-limited by
+server.queue_update_interval_seconds, as the leader's own clients are told). Its own requests cost
+nothing: they are local tickets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable, Collection
+from dataclasses import dataclass, field
+
+import structlog
+
+from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, SamplingParams, TextDelta
+from backends.errors import BackendError
+from scheduler_svc.cluster.messages import (
+    Admit,
+    Fail,
+    Grant,
+    Message,
+    Position,
+    Report,
+    Verdict,
+    error_info,
+    rebuild_error,
+)
+from scheduler_svc.errors import SchedulerError
+from scheduler_svc.request import QueuedRequest
+from scheduler_svc.request_run import Failed, Queued, RequestRun
+from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.ticket import Outcome, Ticket, TicketState
+
+log = structlog.get_logger(__name__)
+
+_Event = GenerationEvent | BackendError
+
+
+@dataclass(eq=False)
+class Mirror:
+    """Another replica's request as the leader holds it."""
+
+    owner: str
+    ticket: Ticket
+    created_at: float
+    watch: bool = False  # the owner's client streams its queue position
+    adopted: bool = False  # already running at the owner: the next dispatch sends no grant
+    silent: bool = False  # ended by us without telling the owner
+    events: asyncio.Queue[_Event] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+
+
+class Leader:
+    """Mirror tickets and their drivers (active while this replica holds the lease)."""
+
+    def __init__(
+        self, scheduler: Scheduler, name: str, holder: Callable[[], str], post: Callable[[str, Message], None]
+    ) -> None:
+        self._scheduler = scheduler
+        self._name = name
+        self._holder = holder
+        self._post = post
+        self.mirrors: dict[str, Mirror] = {}
+        self.leading = False
+
+    def start(self) -> None:
+        self.leading = True
+
+    def stop(self) -> None:
+        """No longer leading: drop every mirror silently (their owners re-register with the next leader)."""
+        self.leading = False
+        for mirror in list(self.mirrors.values()):
+            self._drop(mirror, Outcome.CANCELLED)
+
+    # -- messages from owners ------------------------------------------------------------------------------
+    def on_admit(self, admit: Admit) -> None:
+        if not self.leading:
+            return  # sent to us as we stepped down: the owner re-registers with the next leader
+        mirror = self.mirrors.get(admit.request_id)
+        if mirror is not None:  # sent again (re-registration with the same leader)
+            if admit.running is not None and mirror.ticket.state is TicketState.QUEUED:
+                self._adopt(mirror, admit)
+            if not admit.force:
+                self._post(admit.sender, Verdict(self._name, admit.request_id))
+            return
+        now = self._scheduler.clock.now()
+        request = QueuedRequest(
+            request_id=admit.request_id,
+            model=admit.model,
+            user=admit.user,
+            priority_class=admit.priority_class,
+            prompt=admit.text,
+            messages=None,
+            params=SamplingParams(max_tokens=admit.max_tokens),
+            admitted_at=now - admit.age,
+            deadline=None if admit.remaining is None else now + admit.remaining,
+            prompt_chars=admit.prompt_chars,
+            prompt_bytes=admit.prompt_bytes,
+            client_request_id=admit.client_request_id,
+            cache_key=admit.cache_key,
+        )
+        try:
+            ticket = self._scheduler.admit(request, force=admit.force)
+        except SchedulerError as exc:
+            self._post(admit.sender, Verdict(self._name, admit.request_id, error_info(exc)))
+            return
+        mirror = Mirror(admit.sender, ticket, now, watch=admit.watch)
+        self.mirrors[admit.request_id] = mirror
+        if admit.running is not None:
+            self._adopt(mirror, admit)
+        mirror.task = asyncio.get_running_loop().create_task(self._drive(mirror), name=f"mirror:{admit.request_id}")
+        if not admit.force:
+            self._post(admit.sender, Verdict(self._name, admit.request_id))
+
+    def _adopt(self, mirror: Mirror, admit: Admit) -> None:
+        running = admit.running
+        assert running is not None
+        dispatcher = self._scheduler.dispatchers[admit.model]
+        mirror.adopted = dispatcher.adopt(
+            mirror.ticket,
+            running.backend,
+            running.engine_priority,
+            running.attempt,
+            accepted=running.accepted,
+            first_token=running.first_token,
+            tokens=running.tokens,
+        )
+
+    def on_report(self, report: Report) -> None:
+        mirror = self.mirrors.get(report.request_id)
+        if mirror is None or mirror.owner != report.sender:
+            return
+        if report.kind == "accepted":
+            mirror.events.put_nowait(Accepted())
+        elif report.kind == "first_token":
+            mirror.events.put_nowait(TextDelta("", 0))
+        elif report.kind == "tokens":
+            mirror.events.put_nowait(TextDelta("", report.tokens))
+        elif report.kind == "error" and report.error is not None:
+            error = rebuild_error(report.error)
+            if not isinstance(error, BackendError):
+                error = BackendError(str(error))
+            mirror.events.put_nowait(error)
+        elif report.kind == "ended":
+            if report.outcome == Outcome.COMPLETED.value and mirror.ticket.state is TicketState.DISPATCHED:
+                mirror.events.put_nowait(
+                    Finished(report.finish_reason or "stop", report.prompt_tokens, report.completion_tokens)
+                )
+            else:
+                self._drop(mirror, _outcome(report.outcome))
+
+    def release_dead(self, members: Collection[str], read_since: float) -> int:
+        """End the mirrors of owners that are no longer members (their process died); only those created
+        before `read_since`, when the member list was read. Returns how many."""
+        dead = [m for m in self.mirrors.values() if m.owner not in members and m.created_at < read_since]
+        for mirror in dead:
+            self._drop(mirror, Outcome.CANCELLED)
+        if dead:
+            log.warning("cluster_dead_owner_released", mirrors=len(dead), owners=sorted({m.owner for m in dead}))
+        return len(dead)
+
+    # -- the mirror's run ------------------------------------------------------------------------------
+    async def _drive(self, mirror: Mirror) -> None:
+        ticket = mirror.ticket
+        dispatcher = self._scheduler.dispatchers[ticket.request.model]
+        run = RequestRun(
+            ticket, dispatcher, watch_positions=mirror.watch, generate=lambda t, g: self._remote(mirror, t, g)
+        )
+        try:
+            async with contextlib.aclosing(run.events()) as events:
+                async for event in events:
+                    if isinstance(event, Queued) and not mirror.silent:
+                        self._post(mirror.owner, Position(self._name, ticket.request.request_id, event.position))
+                    elif isinstance(event, Failed) and not mirror.silent:
+                        self._post(mirror.owner, Fail(self._name, ticket.request.request_id, error_info(event.error)))
+        except Exception as exc:  # a bug: count it, end the mirror (its owner re-registers or ends it)
+            self._scheduler.errors.report("cluster", exc, request_id=ticket.request.request_id)
+            ticket.close(Outcome.FAILED)
+        finally:
+            if self.mirrors.get(ticket.request.request_id) is mirror:
+                del self.mirrors[ticket.request.request_id]
+
+    async def _remote(
+        self, mirror: Mirror, ticket: Ticket, generation: GenerationRequest
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """The owner's generation as this leader sees it (see the module docstring)."""
+        if mirror.adopted:
+            mirror.adopted = False
+        else:
+            while not mirror.events.empty():  # leftovers of an earlier attempt
+                mirror.events.get_nowait()
+            assert ticket.backend is not None
+            self._post(
+                mirror.owner,
+                Grant(
+                    sender=self._name,
+                    request_id=generation.request_id,
+                    backend=ticket.backend.name,
+                    engine_priority=ticket.engine_priority,
+                    attempt=ticket.attempts,
+                    leader=self._holder(),
+                ),
+            )
+        while True:
+            event = await mirror.events.get()
+            if isinstance(event, BackendError):
+                raise event
+            yield event
+            if isinstance(event, Finished):
+                return
+
+    def _drop(self, mirror: Mirror, outcome: Outcome) -> None:
+        """End a mirror without telling its owner."""
+        mirror.silent = True
+        mirror.ticket.close(outcome)
+        if mirror.task is not None:
+            mirror.task.cancel()
+        if self.mirrors.get(mirror.ticket.request.request_id) is mirror:
+            del self.mirrors[mirror.ticket.request.request_id]
+
+
+def _outcome(value: str) -> Outcome:
+    try:
+        return Outcome(value)
+    except ValueError:
+        return Outcome.CANCELLED

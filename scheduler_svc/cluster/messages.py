@@ -1,0 +1,225 @@
+"""What replicas tell each other through their inboxes, and how it travels: JSON, one message per entry.
+
+Owner -> leader: `Admit` (a new request, or with `force` the re-registration of one admitted before, with
+`running` when it already runs), `Report` (accepted, first token, tokens, an error before the first token,
+the end). Leader -> owner: `Verdict` (ok, or the error to answer with), `Grant` (send it to this backend),
+`Fail` (the leader ended it: expired, no more failover), `Position`. Anyone -> everyone: `Stepdown` (the
+leader is leaving: look at the lease now).
+
+Errors travel as {kind: class name, message, retry_after} and are rebuilt from `scheduler_svc.errors` and
+`backends.errors` by name; an unknown name becomes InternalError (or BackendError for the engine's family),
+so a newer replica's error never breaks an older one. A message that does not decode is `MessageError`:
+counted and dropped, never fatal (inboxes are written only by replicas, but bounded all the same).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from backends import errors as backend_errors
+from scheduler_svc import errors as scheduler_errors
+
+MAX_MESSAGE_BYTES = 64 * 1024  # a message carries at most the locality prefix of a prompt (config-bounded)
+
+
+class MessageError(ValueError):
+    """A message that cannot be decoded (wrong shape, unknown type, too large)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """An error as it travels: its class name, message and retry hint; `backend`: from the engine's family."""
+
+    kind: str
+    message: str
+    retry_after: float | None = None
+    backend: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """Where a re-registered request already runs, and how far it got (the new leader adopts it)."""
+
+    backend: str
+    engine_priority: int | None
+    attempt: int
+    accepted: bool
+    first_token: bool
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Owner -> leader: hold a mirror of this request. `text` is the prompt's leading text that locality
+    hashes (at most block_chars * max_blocks_per_request characters); times are relative (`age`,
+    `remaining` until the deadline), as each process has its own monotonic clock."""
+
+    sender: str
+    request_id: str
+    model: str
+    user: str
+    priority_class: str
+    client_request_id: str
+    text: str
+    prompt_chars: int
+    prompt_bytes: int
+    max_tokens: int
+    age: float
+    remaining: float | None
+    cache_key: str
+    force: bool = False
+    running: Running | None = None
+    watch: bool = False  # the client streams its queue position: the leader sends `Position`s
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Leader -> owner: the request is admitted (`error` None) or refused with `error`."""
+
+    sender: str
+    request_id: str
+    error: ErrorInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Leader -> owner: send the request to `backend` now (its `attempt`-th dispatch). `leader` is the lease
+    holder that decided: an owner registered with another leader ignores it."""
+
+    sender: str
+    request_id: str
+    backend: str
+    engine_priority: int | None
+    attempt: int
+    leader: str
+
+
+REPORT_KINDS = ("accepted", "first_token", "tokens", "error", "ended")
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Owner -> leader: one event of a running request (`kind` in REPORT_KINDS). `tokens` for "tokens";
+    `error` for "error" (failed before its first token: the owner requeued it and waits); for "ended" the
+    outcome (a `ticket.Outcome` value) and the engine's usage."""
+
+    sender: str
+    request_id: str
+    kind: str
+    tokens: int = 0
+    error: ErrorInfo | None = None
+    outcome: str = ""
+    finish_reason: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Leader -> owner: the leader ended the request with `error`; the owner ends its ticket with it."""
+
+    sender: str
+    request_id: str
+    error: ErrorInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Leader -> owner: the request's position in its user's queue (for a streaming client)."""
+
+    sender: str
+    request_id: str
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stepdown:
+    """The leader is leaving (SIGTERM): look at the lease at once instead of at the next heartbeat."""
+
+    sender: str
+
+
+Message = Admit | Verdict | Grant | Report | Fail | Position | Stepdown
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.__name__.lower(): cls for cls in (Admit, Verdict, Grant, Report, Fail, Position, Stepdown)
+}
+"""Message type names: the `t` field on the wire, and the fixed label values of the message counters."""
+
+
+def type_name(message: Message) -> str:
+    return type(message).__name__.lower()
+
+
+def encode(message: Message) -> bytes:
+    return json.dumps({"t": type_name(message), **asdict(message)}, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> Message:
+    """One message from its bytes; MessageError when it is not one."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise MessageError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        raw = json.loads(data)
+        cls = MESSAGE_TYPES[raw.pop("t")]
+        names = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {k: v for k, v in raw.items() if k in names}  # a newer sender's extra fields
+        if isinstance(values.get("error"), dict):
+            values["error"] = ErrorInfo(**values["error"])
+        if isinstance(values.get("running"), dict):
+            values["running"] = Running(**values["running"])
+        return cls(**values)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise MessageError(f"undecodable message: {type(exc).__name__}: {exc}") from exc
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """An error as it travels (its retry hint kept, for QueueFull's RetryInfo)."""
+    retry_after = getattr(exc, "retry_after_seconds", None)
+    return ErrorInfo(
+        kind=type(exc).__name__,
+        message=str(exc),
+        retry_after=float(retry_after) if retry_after is not None else None,
+        backend=isinstance(exc, backend_errors.BackendError),
+    )
+
+
+_PLAIN_SCHEDULER = {
+    cls.__name__: cls
+    for cls in (
+        scheduler_errors.InternalError,
+        scheduler_errors.InvalidRequest,
+        scheduler_errors.MalformedRequest,
+        scheduler_errors.ModelNotFound,
+        scheduler_errors.Unauthenticated,
+        scheduler_errors.PermissionDenied,
+        scheduler_errors.AlreadyExists,
+        scheduler_errors.QueueTimeout,
+        scheduler_errors.ShuttingDown,
+    )
+}
+_BACKEND = {
+    cls.__name__: cls
+    for cls in (
+        backend_errors.BackendError,
+        backend_errors.BackendUnavailable,
+        backend_errors.BackendOverloaded,
+        backend_errors.BackendRejectedRequest,
+        backend_errors.BackendProtocolError,
+    )
+}
+
+
+def rebuild_error(info: ErrorInfo) -> scheduler_errors.SchedulerError | backend_errors.BackendError:
+    """The exception `info` describes, of the same class when it is one of ours."""
+    if info.kind in ("QueueFull", "QueueBytesFull"):
+        cls = scheduler_errors.QueueBytesFull if info.kind == "QueueBytesFull" else scheduler_errors.QueueFull
+        return cls(info.message, retry_after_seconds=info.retry_after or 1.0)
+    if info.kind == "PromptTooLarge":
+        return scheduler_errors.PromptTooLarge(info.message, limit=0)
+    if (scheduler_cls := _PLAIN_SCHEDULER.get(info.kind)) is not None:
+        return scheduler_cls(info.message)
+    if (backend_cls := _BACKEND.get(info.kind)) is not None:
+        return backend_cls(info.message)
+    return backend_errors.BackendError(info.message) if info.backend else scheduler_errors.InternalError(info.message)

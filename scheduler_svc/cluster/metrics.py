@@ -1,0 +1,52 @@
+"""The cluster agent's Prometheus series: the replica's role, messages by type, store errors. Every label
+value comes from a fixed set (roles, message type names), never from a client or a replica name."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from scheduler_svc.cluster.messages import MESSAGE_TYPES
+from scheduler_svc.cluster.modes import ROLE_LABELS, Role
+
+
+class ClusterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.role = Gauge(
+            "llmsched_cluster_role",
+            "1 on this replica's current role (leader, follower or degraded), 0 on the others; all 0 while joining.",
+            ["role"],
+            registry=registry,
+        )
+        self.sent = Counter(
+            "llmsched_cluster_messages_sent_total",
+            "Messages this replica sent to others, by type.",
+            ["type"],
+            registry=registry,
+        )
+        self.received = Counter(
+            "llmsched_cluster_messages_received_total",
+            "Messages this replica read from its inbox, by type (undecodable ones: type 'invalid').",
+            ["type"],
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "llmsched_cluster_store_errors_total",
+            "Calls to the cluster store that failed (unreachable): each one degrades the replica until it answers.",
+            registry=registry,
+        )
+        self.stale_grants = Counter(
+            "llmsched_cluster_stale_grants_total",
+            "Grants ignored or answered 'ended': from a leader this replica is not registered with, or for a "
+            "request no longer queued here.",
+            registry=registry,
+        )
+        for label in ROLE_LABELS.values():
+            self.role.labels(label).set(0)
+        for name in (*MESSAGE_TYPES, "invalid"):
+            self.received.labels(name)
+            if name != "invalid":
+                self.sent.labels(name)
+
+    def show_role(self, role: Role) -> None:
+        for r, label in ROLE_LABELS.items():
+            self.role.labels(label).set(1 if r is role else 0)

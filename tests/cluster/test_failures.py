@@ -1,0 +1,172 @@
+"""Failures with three replicas on one in-memory store and one simulator: a replica killed (leader or
+follower), a graceful handover, the store going away and coming back empty."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+
+from backends.sim import SimConfig, running_simulator
+from scheduler_svc.cluster.modes import Role
+from scheduler_svc.server import SchedulerServer
+from tests.cluster.replicas import TIMEOUT, agent_of, replicas, settled
+from tests.cluster.test_replicas import engine_ids, first_delta
+from tests.helpers import client_for, eventually
+
+FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+
+
+async def kill(server: SchedulerServer) -> None:
+    """As `kill -9` would leave it for the others: the agent stops at once (nothing released, nothing sent),
+    and the process's own calls end (UNAVAILABLE: its server is gone)."""
+    await agent_of(server).kill()
+    await server.stop(grace=0.0)
+
+
+async def _outcomes(tasks: list[asyncio.Task[object]]) -> list[object]:
+    return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+
+async def test_leader_killed_a_follower_leads_within_two_timeouts_and_nothing_runs_twice() -> None:
+    async with (
+        running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim,
+        replicas(sim.url, gate={"waiting_target": 2}) as (_, servers),
+    ):
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(client_for(s, user=f"u{i}")) for i, s in enumerate(servers)]
+            flood = [
+                asyncio.create_task(
+                    clients[i % 3].submit("m", f"f {i}", max_tokens=30, ignore_eos=True, request_id=f"f{i}")
+                )
+                for i in range(60)
+            ]
+            await eventually(lambda: sum(t.done() for t in flood) >= 6, 10.0, "the flood under way")
+            await agent_of(servers[0]).kill()  # from here the others hear nothing from it
+            killed_at = time.monotonic()
+            stopping = asyncio.create_task(servers[0].stop(grace=0.0))  # its own calls end
+            survivors = servers[1:]
+            await eventually(lambda: any(agent_of(s).role is Role.LEADING for s in survivors), 5.0, "a new leader")
+            took = time.monotonic() - killed_at
+            await stopping
+            await settled(survivors)
+            outcomes = await _outcomes(flood)
+        ids = engine_ids(sim.engine.stats())
+    assert took <= 2 * TIMEOUT, f"a follower took the lead after {took:.2f}s"
+    assert len(ids) == len(set(ids)), "a request was dispatched twice"
+    for i, outcome in enumerate(outcomes):
+        if i % 3 == 0:  # the dead replica's own calls
+            assert (
+                isinstance(outcome, grpc.aio.AioRpcError) and outcome.code() == grpc.StatusCode.UNAVAILABLE
+            ) or not isinstance(outcome, BaseException), outcome
+        else:
+            assert not isinstance(outcome, BaseException), f"f{i} at a survivor failed: {outcome!r}"
+    assert any(isinstance(outcomes[i], grpc.aio.AioRpcError) for i in range(0, 60, 3)), "the dead replica's calls ended"
+
+
+async def test_follower_killed_its_mirrors_are_released_at_the_leader() -> None:
+    async with (
+        running_simulator(SimConfig(max_num_seqs=1, decode_base_ms=20.0)) as sim,
+        replicas(sim.url, gate={"waiting_target": 1}) as (_, servers),
+    ):
+        leader, doomed = servers[0], servers[1]
+        lead = leader.scheduler.dispatchers["m"]
+        async with client_for(doomed, user="bob") as client:
+            running = client.stream("m", "long", max_tokens=2000, ignore_eos=True, request_id="run")
+            await first_delta(running)
+            waiting = [client.stream("m", f"w{i}", max_tokens=2000, ignore_eos=True) for i in range(3)]
+            await eventually(lambda: len(agent_of(leader).leader.mirrors) == 4, 5.0, "the leader mirrors all four")
+            await kill(doomed)
+            await eventually(lambda: not agent_of(leader).leader.mirrors, 2 * TIMEOUT + 1.0, "dead owner released")
+            assert lead.backends[0].estimator.in_flight == 0, "the dead replica's engine budget is released"
+            assert len(lead.queues) == 0
+            await eventually(lambda: sim.engine.stats()["running"] == 0, 3.0, "the engine aborted its requests")
+            for call in [running, *waiting]:
+                call.cancel()
+        async with client_for(servers[2], user="carol") as other:
+            response = await other.submit("m", "after", max_tokens=3, ignore_eos=True)
+        assert response.usage.completion_tokens == 3
+
+
+async def test_sigterm_of_the_leader_hands_the_lead_over_at_once() -> None:
+    async with running_simulator(SimConfig(**FAST)) as sim, replicas(sim.url) as (_, servers):
+        stopped_at = time.monotonic()
+        await servers[0].stop(grace=0.2)
+        survivors = servers[1:]
+        leader = await settled(survivors)
+        took = time.monotonic() - stopped_at
+        assert took < TIMEOUT, f"handover took {took:.2f}s: no faster than the lease expiring"
+        async with client_for(survivors[0] if leader is survivors[1] else survivors[1], user="x") as client:
+            response = await client.submit("m", "still served", max_tokens=3, ignore_eos=True)
+        assert response.usage.completion_tokens == 3
+
+
+async def test_store_down_degrades_with_the_cap_then_back_to_shared_mode_losing_nothing() -> None:
+    fallback = 6  # degraded: each of 3 replicas may hold 6 // 3 = 2 in flight at the engine
+    async with (
+        running_simulator(SimConfig(max_num_seqs=8, **FAST)) as sim,
+        replicas(sim.url, gate={"waiting_target": 2, "fallback_max_in_flight": fallback}) as (store, servers),
+    ):
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(client_for(s, user=f"u{i}")) for i, s in enumerate(servers)]
+            flood = [
+                asyncio.create_task(
+                    clients[i % 3].submit("m", f"f {i}", max_tokens=40, ignore_eos=True, request_id=f"f{i}")
+                )
+                for i in range(90)
+            ]
+            await eventually(lambda: sum(t.done() for t in flood) >= 3, 10.0, "the flood under way")
+            store.down()
+            await eventually(lambda: all(agent_of(s).role is Role.DEGRADED for s in servers), 3.0, "all degraded")
+            registry = servers[1].scheduler.metrics.registry
+            assert registry.get_sample_value("llmsched_cluster_role", {"role": "degraded"}) == 1
+            assert registry.get_sample_value("llmsched_cluster_role", {"role": "follower"}) == 0
+            assert (registry.get_sample_value("llmsched_cluster_store_errors_total") or 0) > 0
+            await asyncio.sleep(0.3)  # a sampling window: what was in flight before the store went ends
+            peak = 0
+            for _ in range(30):  # sampled while degraded
+                peak = max(peak, *(s.scheduler.dispatchers["m"].backends[0].estimator.in_flight for s in servers))
+                await asyncio.sleep(0.01)
+            assert peak <= fallback // 3, f"a degraded replica had {peak} in flight"
+            assert sum(not t.done() for t in flood) > 0, "the flood outlasted the outage window"
+            store.restart_empty()
+            await settled(servers)
+            outcomes = await _outcomes(flood)
+        ids = engine_ids(sim.engine.stats())
+    assert all(not isinstance(o, BaseException) for o in outcomes), [
+        o for o in outcomes if isinstance(o, BaseException)
+    ][:3]
+    assert len(ids) == len(set(ids)) == 90, "every admitted request ran exactly once"
+
+
+async def test_running_requests_are_adopted_by_the_next_leader() -> None:
+    """One request runs from each follower; the leader hands over. The new leader counts both in its engine
+    budget (its own as a local ticket, the other's adopted from the re-registration without a grant), and
+    releases both when they end; the engine saw each once."""
+    async with (
+        running_simulator(SimConfig(decode_base_ms=10.0)) as sim,
+        replicas(sim.url) as (_, servers),
+        client_for(servers[1], user="a") as a,
+        client_for(servers[2], user="b") as b,
+    ):
+        calls = [
+            a.stream("m", "one", max_tokens=60, ignore_eos=True),
+            b.stream("m", "two", max_tokens=60, ignore_eos=True),
+        ]
+        for call in calls:
+            await first_delta(call)
+        await servers[0].stop(grace=0.2)
+        leader = await settled(servers[1:])
+        estimator = leader.scheduler.dispatchers["m"].backends[0].estimator
+        await eventually(lambda: estimator.in_flight == 2, 2.0, "the new leader counts both")
+        (adopted,) = agent_of(leader).leader.mirrors.values()
+        assert adopted.ticket.first_token_at is not None and adopted.ticket.completion_tokens > 0
+        for call in calls:
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        await eventually(lambda: estimator.in_flight == 0, 2.0, "both released")
+        assert agent_of(leader).metrics.sent.labels("grant")._value.get() == 0, "adopted without a grant"
+    ids = engine_ids(sim.engine.stats())
+    assert len(ids) == len(set(ids)) == 2

@@ -1,0 +1,89 @@
+"""The cluster's messages: every type survives its JSON codec, errors come back as the same class with their
+retry hint, and anything malformed is a MessageError (counted and dropped by the agent, never fatal)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
+from scheduler_svc.cluster.messages import (
+    MAX_MESSAGE_BYTES,
+    Admit,
+    ErrorInfo,
+    Fail,
+    Grant,
+    Message,
+    MessageError,
+    Position,
+    Report,
+    Running,
+    Stepdown,
+    Verdict,
+    decode,
+    encode,
+    error_info,
+    rebuild_error,
+)
+from scheduler_svc.errors import AlreadyExists, InternalError, QueueBytesFull, QueueFull, QueueTimeout
+
+SAMPLES: list[Message] = [
+    Admit("r1", "id", "m", "alice", "standard", "cid", "prompt", 6, 6, 16, 0.5, None, "key"),
+    Admit(
+        "r1",
+        "id",
+        "m",
+        "alice",
+        "standard",
+        "",
+        "p",
+        1,
+        1,
+        8,
+        2.0,
+        3.5,
+        "",
+        force=True,
+        running=Running("b0", 3, 2, accepted=True, first_token=False, tokens=0),
+    ),
+    Verdict("r0", "id"),
+    Verdict("r0", "id", ErrorInfo("QueueFull", "full", 1.5)),
+    Grant("r0", "id", "b0", None, 1, "r0/token"),
+    Report("r1", "id", "tokens", tokens=7),
+    Report("r1", "id", "ended", outcome="completed", finish_reason="length", prompt_tokens=3, completion_tokens=9),
+    Fail("r0", "id", ErrorInfo("QueueTimeout", "expired")),
+    Position("r0", "id", 4),
+    Stepdown("r0"),
+]
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_survives_the_codec(message: Message) -> None:
+    assert decode(encode(message)) == message
+
+
+def test_errors_come_back_as_their_class_with_the_retry_hint() -> None:
+    full = rebuild_error(error_info(QueueFull("cap", retry_after_seconds=2.5)))
+    assert type(full) is QueueFull and full.retry_after_seconds == 2.5 and str(full) == "cap"
+    assert type(rebuild_error(error_info(QueueBytesFull("bytes", retry_after_seconds=1.0)))) is QueueBytesFull
+    assert type(rebuild_error(error_info(AlreadyExists("dup")))) is AlreadyExists
+    assert type(rebuild_error(error_info(QueueTimeout("late")))) is QueueTimeout
+    assert type(rebuild_error(error_info(BackendUnavailable("down")))) is BackendUnavailable
+    assert type(rebuild_error(error_info(BackendOverloaded("busy")))) is BackendOverloaded
+
+
+def test_an_unknown_error_class_becomes_internal_or_backend_error_by_family() -> None:
+    assert type(rebuild_error(ErrorInfo("FutureError", "?"))) is InternalError
+    assert type(rebuild_error(ErrorInfo("FutureEngineError", "?", backend=True))) is BackendError
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"not json", b'{"t": "nope"}', b'{"t": "grant", "sender": "r0"}', b"[1, 2]", b"x" * (MAX_MESSAGE_BYTES + 1)],
+)
+def test_malformed_messages_are_message_errors(data: bytes) -> None:
+    with pytest.raises(MessageError):
+        decode(data)
+
+
+def test_a_newer_senders_extra_fields_are_ignored() -> None:
+    assert decode(b'{"t": "stepdown", "sender": "r0", "since": 3}') == Stepdown("r0")
