@@ -76,7 +76,7 @@ class Layout:
         if self.store == "redis" and shutil.which(REDIS_SERVER) is None:
             raise NotAvailable(f"{REDIS_SERVER} is not installed (Debian: apt-get install redis-server)")
         if self.store == "redis" and _refused:
-            raise NotAvailable(_refused[0])
+            raise NotAvailable(f"not started: an earlier redis layout of this run was refused ({_refused[0]})")
         validated_toml(self.replica_config(config, 0, "redis://127.0.0.1:6379/0", "llmsched-bench"))
 
 
@@ -163,7 +163,7 @@ async def cluster(config: Toml, layout: Layout, *, ready_timeout: float = 30.0) 
 async def wait_joined(
     redis_url: str, key_prefix: str, replicas: Sequence[harness.SchedulerProc], timeout: float
 ) -> None:
-    """Wait until every replica holds a connection to Redis and some key exists under `key_prefix`; raise
+    """Wait until every replica holds a connection to Redis and some key names `key_prefix`; raise
     `NotAvailable` after `timeout` (a server that ignores `[cluster]` never does either)."""
     client = aioredis.Redis.from_url(redis_url)
     deadline = time.monotonic() + timeout
@@ -174,7 +174,7 @@ async def wait_joined(
                 if replica.proc.popen.poll() is not None:
                     raise RuntimeError(f"replica at {replica.target} exited; see {replica.proc.log_path}")
             connected = len(await client.client_list()) - 1  # ourselves
-            keys = len([k async for k in client.scan_iter(match=f"{key_prefix}*", count=100)])
+            keys = len([k async for k in client.scan_iter(match=f"*{key_prefix}*", count=100)])
             if connected >= len(replicas) and keys:
                 return
             await asyncio.sleep(0.1)  # polling another process's state in Redis: no event to wait on
