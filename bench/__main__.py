@@ -8,6 +8,9 @@
     python -m bench --check                  run, then fail (exit 1) on a regression past tolerance
     python -m bench --check --from-json bench/results/results.json    check a saved run, no rerun
     python -m bench --scenarios S6 --profile also profile the scheduler at S6's fixed rate
+    python -m bench --scenarios C1,C3,C4,C6,CB   issue 14's cluster variants: one process, N memory-mode
+                                             replicas (before) and N replicas on Redis (after), side by side
+    python -m bench --scenarios CB --cluster-stores memory --cluster-scale 3   no Redis runs, 3x the windows
 
 Writes, under --out (bench/results, or bench/results/vllm): results.json (every raw figure), RESULTS.md (a
 table per scenario, targets met or missed) and the PNG plots.
@@ -28,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import check, report, results
+from bench.cluster import STORES
 from bench.engines import EngineProvider, SimProfile, SimProvider, VllmProvider
 from bench.scenarios import DEFAULT, SCENARIOS, TITLES, Options, entries_for
+from bench.scenarios._cluster import ClusterOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,7 +53,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--from-json", type=Path, help="report/check a saved results.json instead of running")
     parser.add_argument("--profile", action="store_true", help="S6: also profile the scheduler with pyinstrument")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNGs (matplotlib not needed)")
-    return parser.parse_args(argv)
+    parser.add_argument("--replicas", type=int, default=3, help="cluster scenarios: scheduler replicas (default 3)")
+    parser.add_argument(
+        "--cluster-stores",
+        default="memory,redis",
+        help="cluster scenarios: which N-replica layouts run beside the single process: memory (today's "
+        "independent processes), redis (one cluster), or both (default)",
+    )
+    parser.add_argument(
+        "--cluster-scale", type=float, default=1.0, help="cluster scenarios: stretch the measuring windows"
+    )
+    args = parser.parse_args(argv)
+    stores = tuple(s.strip() for s in args.cluster_stores.split(",") if s.strip())
+    if not set(stores) <= set(STORES) or not 1 <= args.replicas <= 16 or not 0.1 <= args.cluster_scale <= 100:
+        parser.error("--cluster-stores takes memory and/or redis, --replicas 1-16, --cluster-scale 0.1-100")
+    args.cluster = ClusterOptions(replicas=args.replicas, stores=stores, scale=args.cluster_scale)
+    return args
 
 
 def _provider(engine: str) -> EngineProvider:
@@ -128,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = [s.strip().upper() for s in args.scenarios.split(",")] if args.scenarios else []
         ids = ids or [i for entry in DEFAULT[args.engine] for i in SCENARIOS.get(entry, ((entry,), None))[0]]
         load, started = os.getloadavg(), time.monotonic()
-        loaded = asyncio.run(_run_all(provider, ids, Options(out_dir, args.profile), args))
+        loaded = asyncio.run(_run_all(provider, ids, Options(out_dir, args.profile, args.cluster), args))
         meta = _meta(args, provider, time.monotonic() - started, load)
         if not args.no_plots:
             from bench import plots

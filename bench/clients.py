@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -224,3 +225,24 @@ class HttpSchedulerClient(_CompletionsClient):
             if chunk.completion_tokens is not None:
                 record.tokens = chunk.completion_tokens
         return done
+
+
+class RoundRobinClient:
+    """Sends each call to the next of several clients (one per scheduler replica), as a round-robin load
+    balancer in front of the replicas would; the record notes which replica served it."""
+
+    def __init__(self, clients: Sequence[Client]) -> None:
+        if not clients:
+            raise ValueError("a round-robin client needs at least one client")
+        self._clients = list(clients)
+        self._next = 0
+        self.label = clients[0].label
+        self.clock = clients[0].clock
+
+    async def run(
+        self, record: RequestRecord, prompt: str, *, priority_class: str = "", engine_priority: int | None = None
+    ) -> None:
+        index = self._next
+        self._next = (index + 1) % len(self._clients)
+        record.replica = index
+        await self._clients[index].run(record, prompt, priority_class=priority_class, engine_priority=engine_priority)

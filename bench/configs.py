@@ -83,7 +83,10 @@ def with_http_door(config: Toml) -> Toml:
 
 def validated_toml(config: Toml) -> str:
     """The config as TOML text, after the service's own validation; raises NotAvailable when it refuses."""
-    probe = json.loads(json.dumps(config).replace("{GRPC_PORT}", "0").replace("{HTTP_PORT}", "0"))
+    text = json.dumps(config)
+    for placeholder in ("{GRPC_PORT}", "{HTTP_PORT}", "{METRICS_PORT}"):
+        text = text.replace(placeholder, "0")
+    probe = json.loads(text)
     try:
         config_from_dict(probe)
     except (ConfigError, TypeError) as exc:

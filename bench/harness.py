@@ -106,6 +106,7 @@ class SchedulerProc:
     target: str
     proc: Proc
     http_url: str = ""
+    metrics_url: str = ""  # when its config opens the metrics port
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.proc.popen.pid)
@@ -113,13 +114,15 @@ class SchedulerProc:
 
 @asynccontextmanager
 async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> AsyncIterator[SchedulerProc]:
-    """A `llmsched serve` subprocess for the config (`{GRPC_PORT}` and `{HTTP_PORT}` are filled in), optionally
-    run under `wrapper` (a profiler's command line ending where the module arguments start). Ready once gRPC
-    answers and, with the HTTP door open, once the door's /readyz does too."""
+    """A `llmsched serve` subprocess for the config (`{GRPC_PORT}`, `{HTTP_PORT}` and `{METRICS_PORT}` are filled
+    in), optionally run under `wrapper` (a profiler's command line ending where the module arguments start).
+    Ready once gRPC answers and, with the HTTP door open, once the door's /readyz does too."""
     port = free_port()
     text = config_toml.replace("{GRPC_PORT}", str(port))
     http_port = free_port() if "{HTTP_PORT}" in text else None
     text = text.replace("{HTTP_PORT}", str(http_port))
+    metrics_port = free_port() if "{METRICS_PORT}" in text else None
+    text = text.replace("{METRICS_PORT}", str(metrics_port))
     path = Path(tempfile.gettempdir()) / "llmsched-bench" / f"scheduler-{port}.toml"
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
@@ -128,6 +131,8 @@ async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> As
         if http_port is not None:
             proc.http_url = f"http://127.0.0.1:{http_port}"
             await wait_http(proc.http_url + "/readyz", proc.proc)
+        if metrics_port is not None:
+            proc.metrics_url = f"http://127.0.0.1:{metrics_port}"
         yield proc
 
 

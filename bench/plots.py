@@ -136,8 +136,31 @@ def draw(results: list[ScenarioResult], out_dir: Path) -> None:
                     out_dir / "s1_engine.png",
                 ),
             ]
-        elif result.id in ("S3", "S4"):
-            name = {"S3": "weights 1:2:4", "S4": "1000-token vs 50-token answers"}[result.id]
+        elif result.id == "C1":
+            result.plots = [
+                ttft_over_time(
+                    series["runs"],
+                    "flood",
+                    "C1: time to first token across replicas, flood (grey) vs latecomers",
+                    out_dir / "c1_ttft.png",
+                )
+            ]
+        elif result.id == "CB":
+            result.plots = [
+                engine_over_time(
+                    series["runs"],
+                    series.get("gate_target"),
+                    "CB: the engine's queue and batch, flood spread over the replicas",
+                    out_dir / "cb_engine.png",
+                )
+            ]
+        elif result.id in ("S3", "S4", "C3", "C4"):
+            name = {
+                "S3": "weights 1:2:4",
+                "S4": "1000-token vs 50-token answers",
+                "C3": "weights 1:2:4 across replicas",
+                "C4": "long vs short answers across replicas",
+            }[result.id]
             path = out_dir / f"{result.id.lower()}_tokens.png"
             result.plots = [tokens_over_time(series, f"{result.id}: output tokens per user, {name}", path)]
         elif result.id == "S5":

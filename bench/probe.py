@@ -84,11 +84,15 @@ class EngineProbe:
             self._task = None
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         while True:
             sample = await self.read()
             if sample is not None:
                 self.samples.append(sample)
-            await asyncio.sleep(self.interval)  # sampling period of a time series, not a synchronisation
+            # a fixed period (a slow read eats into the wait, ticks it overran are skipped), not a synchronisation
+            due = max(due + self.interval, loop.time())
+            await asyncio.sleep(due - loop.time())
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until the engine has nothing waiting or running (a reused engine between runs)."""

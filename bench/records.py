@@ -24,6 +24,7 @@ class RequestRecord:
     finished: float | None = None
     tokens: int = 0
     error: str | None = None
+    replica: int = 0  # which scheduler replica the call went to (cluster runs; 0 otherwise)
     token_times: list[tuple[float, int]] = field(default_factory=list)  # (when, tokens) per delta
 
     def received(self, now: float, tokens: int) -> None:
@@ -62,6 +63,7 @@ class RequestRecord:
             "tokens": self.tokens,
             "max_tokens": self.max_tokens,
             "error": self.error,
+            "replica": self.replica,
         }
 
 

@@ -18,7 +18,8 @@ import aiohttp
 import grpc
 
 from bench import harness
-from bench.clients import Client, DirectClient, HttpSchedulerClient, RunClock, ScheduledClient
+from bench.clients import Client, DirectClient, HttpSchedulerClient, RoundRobinClient, RunClock, ScheduledClient
+from bench.cluster import Cluster, Layout, cluster
 from bench.configs import Toml, validated_toml, with_http_door
 from bench.engines import Engine, EngineProvider
 from bench.probe import EngineProbe
@@ -39,6 +40,7 @@ class Mode:
     config: ConfigBuilder | None = None  # None: straight to the engine (or to the echo)
     echo: bool = False  # a bare gRPC echo (bench.grpc_echo) instead of the scheduler, engine unused
     http: bool = False  # the clients use the scheduler's OpenAI-compatible HTTP door instead of gRPC
+    layout: Layout | None = None  # scheduler replicas (bench.cluster), each call to the next; None: one process
 
     @property
     def scheduled(self) -> bool:
@@ -51,9 +53,12 @@ class Mode:
         return validated_toml(with_http_door(config) if self.http else config)
 
     def check_available(self) -> None:
-        """Raise `NotAvailable` now if the scheduler would refuse this mode's config."""
+        """Raise `NotAvailable` now if the scheduler would refuse this mode's config (or layout)."""
         if self.config is not None:
-            self.scheduler_toml(Engine("http://127.0.0.1:1", "probe", self.engine_policy))
+            engine = Engine("http://127.0.0.1:1", "probe", self.engine_policy)
+            self.scheduler_toml(engine)
+            if self.layout is not None:
+                self.layout.check_available(self.config(engine))
 
 
 @dataclass
@@ -66,8 +71,15 @@ class RunContext:
     probe: EngineProbe
     clock: RunClock
     scheduler: harness.SchedulerProc | None = None
+    cluster: Cluster | None = None  # the replicas, in a run with a layout (`scheduler` is the first)
     records: list[RequestRecord] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def scheduler_cpu_seconds(self) -> float | None:
+        """CPU seconds the scheduler process(es) used so far, every replica summed; None without one."""
+        if self.cluster is not None:
+            return sum(replica.cpu_seconds() for replica in self.cluster.replicas)
+        return None if self.scheduler is None else self.scheduler.cpu_seconds()
 
     def send(
         self,
@@ -162,24 +174,46 @@ async def open_run(
                 await probe.stop()
                 await context.cancel_all()
             return
-        server = (
-            harness.grpc_echo()
-            if mode.config is None
-            else harness.scheduler_process(mode.scheduler_toml(engine), scheduler_wrapper)
-        )
-        async with (
-            server as scheduler,
-            grpc.aio.insecure_channel(scheduler.target) as channel,
-        ):
-            client: Client = (
-                HttpSchedulerClient(session, scheduler.http_url, SCHEDULED_MODEL, clock, mode.label)
-                if mode.http
-                else ScheduledClient(pb_grpc.SchedulerServiceStub(channel), SCHEDULED_MODEL, clock, mode.label)
-            )
-            context = RunContext(mode, engine, client, probe, clock, scheduler)
+        async with contextlib.AsyncExitStack() as stack:
+            replicas = await stack.enter_async_context(_servers(mode, engine, scheduler_wrapper))
+            clients = []
+            for replica in replicas.replicas:
+                channel = await stack.enter_async_context(grpc.aio.insecure_channel(replica.target))
+                clients.append(_client(replica, channel, mode, session, clock))
+            client = clients[0] if mode.layout is None else RoundRobinClient(clients)
+            context = RunContext(mode, engine, client, probe, clock, replicas.replicas[0])
+            context.cluster = replicas if mode.layout is not None else None
             clock.reset()
             try:
                 yield context
             finally:
                 await probe.stop()
                 await context.cancel_all()
+
+
+@contextlib.asynccontextmanager
+async def _servers(mode: Mode, engine: Engine, scheduler_wrapper: Sequence[str]) -> AsyncIterator[Cluster]:
+    """What the clients of a mode talk to: the mode's replicas, one scheduler process, or the echo."""
+    if mode.config is None:
+        async with harness.grpc_echo() as echo:
+            yield Cluster([echo])
+    elif mode.layout is not None:
+        config = mode.config(engine)
+        async with cluster(with_http_door(config) if mode.http else config, mode.layout) as replicas:
+            yield replicas
+    else:
+        async with harness.scheduler_process(mode.scheduler_toml(engine), scheduler_wrapper) as scheduler:
+            yield Cluster([scheduler])
+
+
+def _client(
+    scheduler: harness.SchedulerProc,
+    channel: grpc.aio.Channel,
+    mode: Mode,
+    session: aiohttp.ClientSession,
+    clock: RunClock,
+) -> Client:
+    """The client of one scheduler process: its HTTP door or its gRPC door."""
+    if mode.http:
+        return HttpSchedulerClient(session, scheduler.http_url, SCHEDULED_MODEL, clock, mode.label)
+    return ScheduledClient(pb_grpc.SchedulerServiceStub(channel), SCHEDULED_MODEL, clock, mode.label)

@@ -1,14 +1,16 @@
-"""The scenarios of SCENARIOS.md, by id. S1's runs also give S2, so one entry produces both."""
+"""The scenarios of SCENARIOS.md, by id. S1's runs also give S2, so one entry produces both. C1, C3, C4, C6
+and CB are issue 14's cluster variants (several scheduler replicas in front of one engine)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult
-from bench.scenarios import s1, s3, s4, s5, s6, s7, s8
+from bench.scenarios import c1, c3, c4, c6, cb, s1, s3, s4, s5, s6, s7, s8
+from bench.scenarios._cluster import ClusterOptions
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,7 @@ class Options:
 
     out_dir: Path
     profile: bool = False
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)
 
 
 Runner = Callable[[EngineProvider, Options], Awaitable[list[ScenarioResult]]]
@@ -30,6 +33,11 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], Runner]] = {
     "S6": (("S6",), lambda provider, options: s6.run(provider, profile=options.profile, out_dir=options.out_dir)),
     "S7": (("S7",), lambda provider, options: s7.run(provider)),
     "S8": (("S8",), lambda provider, options: s8.run(provider)),
+    "C1": (("C1",), lambda provider, options: c1.run(provider, options.cluster)),
+    "C3": (("C3",), lambda provider, options: c3.run(provider, options.cluster)),
+    "C4": (("C4",), lambda provider, options: c4.run(provider, options.cluster)),
+    "C6": (("C6",), lambda provider, options: c6.run(provider, options.cluster)),
+    "CB": (("CB",), lambda provider, options: cb.run(provider, options.cluster)),
 }
 
 TITLES = {
@@ -41,10 +49,16 @@ TITLES = {
     "S6": "overhead",
     "S7": "faults",
     "S8": "locality across replicas",
+    "C1": c1.TITLE,
+    "C3": c3.TITLE,
+    "C4": c4.TITLE,
+    "C6": c6.TITLE,
+    "CB": cb.TITLE,
 }
+CLUSTER = ("C1", "C3", "C4", "C6", "CB")
 
 # R1 (S1/S2 on a real engine in three core layouts: bench/scenarios/real_s1.py) runs outside this table.
-DEFAULT = {"sim": ("S1", "S3", "S4", "S5", "S6", "S7", "S8"), "vllm": ("R1", "S6", "S8"), "llamacpp": ("R1",)}
+DEFAULT = {"sim": ("S1", "S3", "S4", "S5", "S6", "S7", "S8", *CLUSTER), "vllm": ("R1", "S6", "S8"), "llamacpp": ("R1",)}
 
 
 def entries_for(ids: list[str]) -> list[str]:

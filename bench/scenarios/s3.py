@@ -40,22 +40,23 @@ class S3Params:
     timeout: float = 60.0
 
 
-def modes() -> list[Mode]:
-    def config(engine: Any) -> Any:
-        return scheduler_config(
-            engine_url=engine.url,
-            model=SCHEDULED_MODEL,
-            engine_model=engine.model,
-            max_num_seqs=engine.max_num_seqs,
-            fairness="weighted_round_robin",
-            weights=WEIGHTS,
-            classes=STANDARD_CLASS,
-        )
+def config(engine: Any) -> Any:
+    return scheduler_config(
+        engine_url=engine.url,
+        model=SCHEDULED_MODEL,
+        engine_model=engine.model,
+        max_num_seqs=engine.max_num_seqs,
+        fairness="weighted_round_robin",
+        weights=WEIGHTS,
+        classes=STANDARD_CLASS,
+    )
 
+
+def modes() -> list[Mode]:
     return [Mode(DIRECT), Mode("scheduler, weighted_round_robin", config=config)]
 
 
-async def _body(run: RunContext, p: S3Params) -> dict[str, Any]:
+async def body(run: RunContext, p: S3Params) -> dict[str, Any]:
     run.probe.start()
     stop = asyncio.Event()
     for user in WEIGHTS:
@@ -88,7 +89,7 @@ async def run(provider: EngineProvider, p: S3Params | None = None) -> list[Scena
         f"users with weights {weights}, each keeping {p.concurrency} requests of {p.tokens} output tokens "
         f"outstanding; output tokens counted over {p.window:g} s, starting {p.warmup:g} s after the first token"
     )
-    runs, skipped = await run_modes(provider, modes(), lambda r: _body(r, p), timeout=p.warmup + p.window + p.timeout)
+    runs, skipped = await run_modes(provider, modes(), lambda r: body(r, p), timeout=p.warmup + p.window + p.timeout)
     if not runs:
         return [ScenarioResult.unavailable("S3", TITLE, workload, "; ".join(not_run(skipped)))]
     result = ScenarioResult("S3", TITLE, workload, provider.describe(), notes=not_run(skipped))

@@ -55,18 +55,20 @@ class S4Params:
 PRICES = {"input_token_cost": 0.5, "output_token_cost": 3.0}  # the priced run: any prices, same shares
 
 
-def modes() -> list[Mode]:
-    def config(policy: str, model_extra: dict[str, Any] | None = None) -> Any:
-        return lambda engine: scheduler_config(
-            engine_url=engine.url,
-            model=SCHEDULED_MODEL,
-            engine_model=engine.model,
-            max_num_seqs=engine.max_num_seqs,
-            fairness=policy,
-            classes=STANDARD_CLASS,
-            model_extra=model_extra,
-        )
+def config(policy: str, model_extra: dict[str, Any] | None = None) -> Any:
+    """A builder of the config for `policy` (and the model's extra keys, such as prices)."""
+    return lambda engine: scheduler_config(
+        engine_url=engine.url,
+        model=SCHEDULED_MODEL,
+        engine_model=engine.model,
+        max_num_seqs=engine.max_num_seqs,
+        fairness=policy,
+        classes=STANDARD_CLASS,
+        model_extra=model_extra,
+    )
 
+
+def modes() -> list[Mode]:
     return [
         Mode("scheduler, round_robin", config=config("round_robin")),
         Mode("scheduler, vtc", config=config("vtc")),
@@ -89,7 +91,7 @@ def window_ratios(records: Sequence[RequestRecord], start: float, end: float, p:
     return ratios
 
 
-async def _body(run: RunContext, p: S4Params, window: float, warmup: float) -> dict[str, Any]:
+async def body(run: RunContext, p: S4Params, window: float, warmup: float) -> dict[str, Any]:
     run.probe.start()
     stop = asyncio.Event()
     for i in range(max(p.long_concurrency, p.short_concurrency)):  # interleaved, so neither arrives first
@@ -132,11 +134,11 @@ async def run(provider: EngineProvider, p: S4Params | None = None) -> list[Scena
         f"reference, over {p.reference_window:g} s"
     )
 
-    def body(r: RunContext) -> Awaitable[dict[str, Any]]:
+    def measure(r: RunContext) -> Awaitable[dict[str, Any]]:
         window = p.reference_window if _is_reference(r.mode.label) else p.window
-        return _body(r, p, window, warmup)
+        return body(r, p, window, warmup)
 
-    runs, skipped = await run_modes(provider, modes(), body, timeout=warmup + p.window + p.timeout)
+    runs, skipped = await run_modes(provider, modes(), measure, timeout=warmup + p.window + p.timeout)
     if not runs:
         return [ScenarioResult.unavailable("S4", TITLE, workload, "; ".join(not_run(skipped)))]
     result = ScenarioResult("S4", TITLE, workload, provider.describe(), notes=not_run(skipped))

@@ -92,7 +92,7 @@ class FakeProvider:
         return None
 
 
-def _config(engine: Engine) -> Any:
+def config(engine: Engine) -> Any:
     return scheduler_config(
         engine_url=engine.url,
         model=SCHEDULED_MODEL,
@@ -102,7 +102,7 @@ def _config(engine: Engine) -> Any:
     )
 
 
-async def _fixed_rate(run: RunContext, p: S6Params, rate: float, duration: float, tag: str) -> None:
+async def fixed_rate(run: RunContext, p: S6Params, rate: float, duration: float, tag: str) -> None:
     """Send requests on a fixed schedule (open loop) for `duration` seconds."""
     start = run.clock.now()
     n = 0
@@ -112,14 +112,14 @@ async def _fixed_rate(run: RunContext, p: S6Params, rate: float, duration: float
         n += 1
 
 
-async def _phase(run: RunContext, p: S6Params, rate: float, tag: str) -> dict[str, Any]:
+async def phase(run: RunContext, p: S6Params, rate: float, tag: str) -> dict[str, Any]:
     """One fixed-rate phase: latency percentiles, the rate actually sent, the scheduler's CPU per request."""
-    cpu0 = run.scheduler.cpu_seconds() if run.scheduler else None
+    cpu0 = run.scheduler_cpu_seconds()
     t0 = run.clock.now()
-    await _fixed_rate(run, p, rate, p.duration, tag)
+    await fixed_rate(run, p, rate, p.duration, tag)
     sent_for = run.clock.now() - t0
     await run.wait_all(p.timeout)
-    cpu = None if cpu0 is None or run.scheduler is None else run.scheduler.cpu_seconds() - cpu0
+    cpu = _minus(run.scheduler_cpu_seconds(), cpu0)
     records = [r for r in run.records if r.tag == tag]
     done = [r for r in records if r.completed]
     latency = [r.finished - r.sent for r in done if r.finished is not None]
@@ -143,10 +143,10 @@ async def _ceiling(run: RunContext, p: S6Params) -> dict[str, Any]:
     run.closed_loop("ceiling", "ceiling", p.ceiling_concurrency, p.tokens, "Ceiling probe.", stop)
     await asyncio.sleep(1.0)  # reach a steady state first
     c0 = run.clock.now()
-    cpu0 = run.scheduler.cpu_seconds() if run.scheduler else None
+    cpu0 = run.scheduler_cpu_seconds()
     await asyncio.sleep(p.ceiling_duration)  # a fixed measuring window
     c1 = run.clock.now()
-    cpu = None if cpu0 is None or run.scheduler is None else run.scheduler.cpu_seconds() - cpu0
+    cpu = _minus(run.scheduler_cpu_seconds(), cpu0)
     stop.set()
     await run.wait_all(p.timeout)
     done = [r for r in run.records if r.tag == "ceiling" and r.completed and r.finished and c0 <= r.finished < c1]
@@ -158,10 +158,10 @@ async def _ceiling(run: RunContext, p: S6Params) -> dict[str, Any]:
 
 
 async def _body(run: RunContext, p: S6Params) -> dict[str, Any]:
-    await _fixed_rate(run, p, p.low_rate, p.warmup, "warmup")
+    await fixed_rate(run, p, p.low_rate, p.warmup, "warmup")
     await run.wait_all(p.timeout)
-    low = await _phase(run, p, p.low_rate, "low")
-    target = await _phase(run, p, p.rate, "target")
+    low = await phase(run, p, p.low_rate, "low")
+    target = await phase(run, p, p.rate, "target")
     if run.mode.echo or run.mode.http:  # the echo and the HTTP door: the latency phases only
         return {"low": low, "target": target, "errors": _errors(run)}
     ceiling = await _ceiling(run, p)
@@ -176,10 +176,10 @@ async def _profile(provider: EngineProvider, p: S6Params, out_dir: Path) -> list
     """One more fixed-rate run with the scheduler under pyinstrument; returns the files written."""
     session = out_dir / "s6_profile.pyisession"
     wrapper = [sys.executable, "-m", "pyinstrument", "-r", "pyisession", "-o", str(session)]
-    profiled = [Mode(PROFILED, config=_config)]
+    profiled = [Mode(PROFILED, config=config)]
 
     async def body(run: RunContext) -> None:
-        await _fixed_rate(run, p, p.rate, min(p.duration, 3.0), "profile")  # profiled, it saturates sooner
+        await fixed_rate(run, p, p.rate, min(p.duration, 3.0), "profile")  # profiled, it saturates sooner
         await run.wait_all(p.timeout)
 
     await run_modes(provider, profiled, body, timeout=p.duration + p.timeout, scheduler_wrapper=wrapper)
@@ -208,8 +208,8 @@ async def run(
     modes = [
         Mode(DIRECT),
         Mode(ECHO, echo=True),
-        Mode(SCHEDULED, config=_config),
-        Mode(HTTP, config=_config, http=True),
+        Mode(SCHEDULED, config=config),
+        Mode(HTTP, config=config, http=True),
     ]
     timeout = 3 * p.duration + 4 * p.timeout
     rounds: list[dict[str, dict[str, Any]]] = []

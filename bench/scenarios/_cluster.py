@@ -1,0 +1,72 @@
+"""What the cluster scenarios (C1, C3, C4, C6, CB) share: their layouts side by side in one run, and labels.
+
+Each runs the same workload through one scheduler process (the reference), through N of today's processes
+side by side (memory mode: each gates and orders alone, the "before" picture of issue 14) and through N
+replicas meeting on Redis (one scheduler: "after"), clients spread round robin over the replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.cluster import STORES, Layout
+from bench.runner import ConfigBuilder, Mode, RunContext
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """`python -m bench` knobs for the cluster scenarios."""
+
+    replicas: int = 3
+    stores: tuple[str, ...] = STORES  # "memory": the before picture; "redis": the cluster
+    scale: float = 1.0  # stretches every measuring window (and the floods that must outlast them)
+    heartbeat_interval: float = 0.5
+    heartbeat_timeout: float = 2.0
+
+    def layout(self, replicas: int, store: str) -> Layout:
+        return Layout(replicas, store, self.heartbeat_interval, self.heartbeat_timeout)
+
+    def layouts(self, *, single_redis: bool = False) -> list[Layout]:
+        """One process (the reference), then N in memory mode (before) and N on Redis (after), as `stores`
+        asks; `single_redis` adds one replica on Redis (S6's cost of the store alone)."""
+        out = [self.layout(1, "memory")]
+        if single_redis and "redis" in self.stores:
+            out.append(self.layout(1, "redis"))
+        out += [self.layout(self.replicas, store) for store in STORES if store in self.stores]
+        return out
+
+
+def label(layout: Layout) -> str:
+    """A run's label: what the scheduler side is (the report drops the leading "scheduler, ")."""
+    if layout.store == "memory" and layout.replicas > 1:
+        return f"scheduler, {layout.label} (independent: before)"
+    if layout.store == "redis" and layout.replicas > 1:
+        return f"scheduler, {layout.label} (one cluster: after)"
+    return f"scheduler, {layout.label}"
+
+
+def modes(config: ConfigBuilder, layouts: Sequence[Layout], engine_policy: str = "fcfs") -> list[Mode]:
+    return [Mode(label(layout), engine_policy=engine_policy, config=config, layout=layout) for layout in layouts]
+
+
+def is_cluster(run_label: str) -> bool:
+    """The runs the issue's targets are about: replicas on Redis."""
+    return ", redis" in run_label
+
+
+def is_reference(run_label: str) -> bool:
+    """The one-process run every cluster figure is compared with."""
+    return run_label == label(Layout(1, "memory"))
+
+
+async def spread(run: RunContext) -> list[Any]:
+    """Requests each replica admitted in the run (its own counter, warm-up included): the round robin at work."""
+    if run.cluster is None:
+        return []
+    return [None if n is None else int(n) for n in await run.cluster.admitted()]
+
+
+def spread_text(counts: Sequence[Any]) -> str:
+    return " / ".join("-" if n is None else str(n) for n in counts) or "-"

@@ -1,0 +1,93 @@
+"""C3 weighted shares across replicas: S3 (users weighted 1, 2 and 4, all backlogged) with every client call
+sent to the next scheduler replica.
+
+The same closed loops as S3, measured the same way (output tokens per user over a window after a warm-up),
+for one scheduler process, N of today's processes side by side (each computes the weighted order of only
+the calls it received) and N replicas on Redis (one order for all). Target (S3's, for the replicas on
+Redis): every user's token share within 5% of its weight's share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from bench.engines import EngineProvider
+from bench.results import ScenarioResult, Table, Target
+from bench.runner import RunContext
+from bench.scenarios import _cluster, s3
+from bench.scenarios._cluster import ClusterOptions
+from bench.scenarios._common import jsonable, not_run, number, run_modes, share
+
+ID, TITLE = "C3", "weighted shares across replicas"
+
+
+async def _body(run: RunContext, p: s3.S3Params) -> dict[str, Any]:
+    measured = await s3.body(run, p)
+    measured["admitted_per_replica"] = await _cluster.spread(run)
+    return measured
+
+
+async def run(provider: EngineProvider, options: ClusterOptions, p: s3.S3Params | None = None) -> list[ScenarioResult]:
+    p = p or s3.S3Params()
+    p = dataclasses.replace(p, window=p.window * options.scale)
+    weights = ", ".join(f"{u} = {w:g}" for u, w in s3.WEIGHTS.items())
+    workload = (
+        f"users with weights {weights}, each keeping {p.concurrency} requests of {p.tokens} output tokens "
+        f"outstanding, every call to the next replica; output tokens counted over {p.window:g} s, starting "
+        f"{p.warmup:g} s after the first token"
+    )
+    modes = _cluster.modes(s3.config, options.layouts())
+    runs, skipped = await run_modes(provider, modes, lambda r: _body(r, p), timeout=p.warmup + p.window + p.timeout)
+    if not runs:
+        return [ScenarioResult.unavailable(ID, TITLE, workload, "; ".join(not_run(skipped)))]
+    result = ScenarioResult(ID, TITLE, workload, provider.describe(), notes=not_run(skipped))
+    result.table = Table(
+        [
+            "run",
+            *(f"tokens {u}" for u in s3.WEIGHTS),
+            "shares (target 14.3 / 28.6 / 57.1%)",
+            "worst gap",
+            "engine tokens/s",
+            "mean batch",
+            "admitted per replica",
+        ]
+    )
+    for label, r in runs.items():
+        shares = r["shares"]
+        result.table.rows.append(
+            [
+                label,
+                *(number(r["tokens"].get(u, 0)) for u in s3.WEIGHTS),
+                " / ".join(share(shares[u]) for u in s3.WEIGHTS),
+                share(s3.deviation(shares)),
+                number(r["engine_tokens_per_s"]),
+                number(r["running_mean"], 1),
+                _cluster.spread_text(r["admitted_per_replica"]),
+            ]
+        )
+        if _cluster.is_cluster(label):
+            result.targets.append(
+                Target(
+                    "largest relative gap between a user's token share and its weight share",
+                    "within 5% of 1:2:4",
+                    label,
+                    s3.deviation(shares),
+                    threshold=0.05,
+                    fail_at=0.08,
+                    higher_is_better=False,
+                    unit="%",
+                )
+            )
+    result.notes.append(
+        "Memory mode with several replicas (today's code side by side) is reported, not held to the target: each "
+        "replica orders only the calls it received and gates the engine alone, so the engine's queue grows to "
+        "several times the target and its own FIFO decides much of the order."
+    )
+    result.raw = {label: jsonable({k: v for k, v in r.items() if not k.startswith("_")}) for label, r in runs.items()}
+    result.series = {
+        "step": 0.25,
+        "windows": {label: r["window"] for label, r in runs.items()},
+        "runs": {label: r["_cumulative"] for label, r in runs.items()},
+    }
+    return [result]

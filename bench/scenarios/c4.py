@@ -1,0 +1,108 @@
+"""C4 token fairness across replicas: S4 (long answers against short ones, both backlogged, `vtc`) with every
+client call sent to the next scheduler replica, shortened for the bench.
+
+S4's method unchanged (closed loops of 8 streams each on 8 engine slots, a warm-up of two long-request
+lifetimes from the first token, output tokens counted cumulatively and in sliding windows), with answers
+of 300 and 15 tokens (S4's 20:1) so a run takes about half a minute instead of six. Runs: one scheduler
+process, N of today's processes side by side (each counts the tokens of only its own calls) and N replicas
+on Redis (one counter per user). Target (issue 14, for the replicas on Redis): |long ÷ short - 1| within
+10% over the window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable
+from typing import Any
+
+from bench.engines import EngineProvider, SimProvider
+from bench.results import ScenarioResult, Table, Target
+from bench.runner import RunContext
+from bench.scenarios import _cluster, s4
+from bench.scenarios._cluster import ClusterOptions
+from bench.scenarios._common import jsonable, not_run, number, run_modes
+
+ID, TITLE = "C4", "token fairness across replicas"
+LONG, SHORT = s4.LONG, s4.SHORT
+SHORT_RUN = s4.S4Params(long_tokens=300, short_tokens=15, window=20.0, slice=10.0, slide=2.5)
+
+
+async def _body(run: RunContext, p: s4.S4Params, warmup: float) -> dict[str, Any]:
+    measured = await s4.body(run, p, p.window, warmup)
+    measured["admitted_per_replica"] = await _cluster.spread(run)
+    return measured
+
+
+async def run(provider: EngineProvider, options: ClusterOptions, p: s4.S4Params | None = None) -> list[ScenarioResult]:
+    p = p or SHORT_RUN
+    p = dataclasses.replace(p, window=p.window * options.scale)
+    if not isinstance(provider, SimProvider):
+        return [ScenarioResult.unavailable(ID, TITLE, "-", "runs on the simulator only")]
+    provider = SimProvider(dataclasses.replace(provider.profile, max_num_seqs=p.max_num_seqs))
+    warmup = p.warmup_lifetimes * p.long_tokens * provider.profile.step_seconds(p.max_num_seqs)
+    workload = (
+        f"user '{LONG}' keeps {p.long_concurrency} requests of {p.long_tokens} output tokens outstanding, user "
+        f"'{SHORT}' {p.short_concurrency} of {p.short_tokens}, on {p.max_num_seqs} engine slots, `vtc`, every "
+        f"call to the next replica; output tokens counted over {p.window:g} s after a {warmup:.0f} s warm-up "
+        f"({p.warmup_lifetimes:g} long lifetimes) from the first token, cumulatively and in every {p.slice:g} s "
+        f"window ({p.slide:g} s apart)"
+    )
+
+    def measure(r: RunContext) -> Awaitable[dict[str, Any]]:
+        return _body(r, p, warmup)
+
+    modes = _cluster.modes(s4.config("vtc"), options.layouts())
+    runs, skipped = await run_modes(provider, modes, measure, timeout=warmup + p.window + p.timeout)
+    if not runs:
+        return [ScenarioResult.unavailable(ID, TITLE, workload, "; ".join(not_run(skipped)))]
+    result = ScenarioResult(ID, TITLE, workload, provider.describe(), notes=not_run(skipped))
+    result.table = Table(
+        [
+            "run",
+            f"tokens {LONG}",
+            f"tokens {SHORT}",
+            f"{LONG} ÷ {SHORT}",
+            f"worst {p.slice:g} s window",
+            "engine tokens/s",
+            "admitted per replica",
+        ]
+    )
+    for label, r in runs.items():
+        ratios = r["window_ratios"]
+        worst = max(ratios, key=lambda x: abs(x - 1)) if ratios else None
+        result.table.rows.append(
+            [
+                label,
+                number(r["tokens"].get(LONG, 0)),
+                number(r["tokens"].get(SHORT, 0)),
+                f"{r['long_over_short']:.2f}",
+                "-" if worst is None else f"{worst:.2f}",
+                number(r["engine_tokens_per_s"]),
+                _cluster.spread_text(r["admitted_per_replica"]),
+            ]
+        )
+        if _cluster.is_cluster(label):
+            result.targets.append(
+                Target(
+                    f"|tokens {LONG} ÷ tokens {SHORT} - 1|, cumulative",
+                    f"within 10% of equal over {p.window:g} s",
+                    label,
+                    abs(r["long_over_short"] - 1),
+                    threshold=0.10,
+                    fail_at=0.15,
+                    higher_is_better=False,
+                    unit="%",
+                )
+            )
+    result.notes.append(
+        f"Shortened from S4 ({s4.S4Params().long_tokens}/{s4.S4Params().short_tokens} tokens, "
+        f"{s4.S4Params().window:g} s): the sliding windows are shown, not held to S4's 15% (windows this short "
+        "hold only a few long requests' ends). `--cluster-scale` stretches the window."
+    )
+    result.raw = {label: jsonable({k: v for k, v in r.items() if not k.startswith("_")}) for label, r in runs.items()}
+    result.series = {
+        "step": 0.25,
+        "windows": {label: r["window"] for label, r in runs.items()},
+        "runs": {label: r["_cumulative"] for label, r in runs.items()},
+    }
+    return [result]

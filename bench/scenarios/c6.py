@@ -1,0 +1,122 @@
+"""C6 overhead of the cluster: S6's fixed-rate phases through one replica in memory mode, one replica on
+Redis and N replicas on Redis, against the same instant engine, in one run.
+
+One replica on Redis leads, and the leader's own requests never touch Redis on their path, so it should
+cost next to nothing over memory mode (issue 14: at most 1 ms p50, same run); N replicas add, for the
+requests that reach a follower, the round trips to the leader through Redis (admission, grant, reports).
+Each round runs the engine alone and every layout in turn; a layout's added latency is its p50 minus the
+engine alone's of the same round, and the target compares one replica on Redis with one in memory mode
+round by round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+from bench.engines import EngineProvider
+from bench.results import ScenarioResult, Table, Target
+from bench.runner import Mode, RunContext
+from bench.scenarios import _cluster, s6
+from bench.scenarios._cluster import ClusterOptions
+from bench.scenarios._common import jsonable, ms, not_run, number, run_modes
+
+ID, TITLE = "C6", "overhead of the cluster"
+DIRECT = s6.DIRECT
+SHORT_RUN = s6.S6Params(duration=4.0, rounds=2)
+PHASES = ("low", "target")
+FIGURES = ("latency_p50", "latency_p99", "ttft_p50", "ttft_p99")
+BOUND = 0.001  # issue 14: one replica on Redis adds at most 1 ms p50 over one in memory mode
+
+
+async def _body(run: RunContext, p: s6.S6Params) -> dict[str, Any]:
+    await s6.fixed_rate(run, p, p.low_rate, p.warmup, "warmup")
+    await run.wait_all(p.timeout)
+    low = await s6.phase(run, p, p.low_rate, "low")
+    target = await s6.phase(run, p, p.rate, "target")
+    errors = sorted({r.error for r in run.records if r.error and r.error != "cancelled"})
+    return {"low": low, "target": target, "errors": errors, "admitted_per_replica": await _cluster.spread(run)}
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def added_over(rounds: list[dict[str, dict[str, Any]]], label: str, base: str, phase: str, figure: str) -> float | None:
+    """The median over the rounds that ran both of `label`'s figure minus `base`'s, same round."""
+    return _median(
+        [_minus(r[label][phase][figure], r[base][phase][figure]) for r in rounds if label in r and base in r]
+    )
+
+
+async def run(provider: EngineProvider, options: ClusterOptions, p: s6.S6Params | None = None) -> list[ScenarioResult]:
+    p = p or SHORT_RUN
+    p = dataclasses.replace(p, duration=p.duration * options.scale)
+    engines = s6.FakeProvider(p.tokens)
+    layouts = [
+        layout
+        for layout in options.layouts(single_redis=True)
+        if layout.replicas == 1 or layout.store == "redis" or "redis" not in options.stores
+    ]
+    labels = [_cluster.label(layout) for layout in layouts]
+    workload = (
+        f"{p.tokens}-token requests at a fixed {p.low_rate:g} and then {p.rate:g} requests/s, {p.duration:g} s each "
+        f"(after {p.warmup:g} s of warm-up), every call to the next replica; {p.rounds} round(s), each running the "
+        "engine alone and " + ", ".join(layout.label for layout in layouts) + " in turn"
+    )
+    modes = [Mode(DIRECT), *_cluster.modes(s6.config, layouts)]
+    rounds: list[dict[str, dict[str, Any]]] = []
+    skipped: dict[str, str] = {}
+    for i in range(p.rounds):
+        print(f"  round {i + 1} of {p.rounds}", flush=True)
+        runs, missed = await run_modes(engines, modes, lambda r: _body(r, p), timeout=2 * p.duration + 3 * p.timeout)
+        skipped.update(missed)
+        if DIRECT in runs:
+            rounds.append(runs)
+    if not rounds:
+        return [ScenarioResult.unavailable(ID, TITLE, workload, "; ".join(not_run(skipped)) or "a run failed")]
+    result = ScenarioResult(ID, TITLE, workload, engines.describe(), notes=not_run(skipped))
+    result.table = Table(
+        ["run", "rate (sent / offered)", "latency p50", "latency p99", "TTFT p50", "TTFT p99", "CPU per request"]
+    )
+    for phase in PHASES:
+        offered = rounds[0][DIRECT][phase]["offered_rate"]
+        for label in [DIRECT, *labels]:
+            xs = [r[label][phase] for r in rounds if label in r]
+            if not xs:
+                continue
+            sent = _median([x["sent_rate"] for x in xs])
+            cpu = _median([x["scheduler_cpu_per_request"] for x in xs])
+            figures = (ms(_median([x[f] for x in xs])) for f in FIGURES)
+            result.table.rows.append([label, f"{number(sent)} / {offered:g} req/s", *figures, ms(cpu)])
+        for label in labels:
+            if any(label in r for r in rounds):
+                added = (ms(added_over(rounds, label, DIRECT, phase, f)) for f in FIGURES)
+                result.table.rows.append([f"**added by {label.removeprefix('scheduler, ')}**", "", *added, ""])
+    one_memory, one_redis = (_cluster.label(options.layout(1, store)) for store in ("memory", "redis"))
+    if any(one_redis in r and one_memory in r for r in rounds):
+        result.targets.append(
+            Target(
+                "latency p50, one replica on Redis - one in memory mode",
+                f"<= 1 ms at {p.rate:g} requests/s (same rounds)",
+                one_redis,
+                added_over(rounds, one_redis, one_memory, "target", "latency_p50"),
+                threshold=BOUND,
+                fail_at=1.5 * BOUND,
+                higher_is_better=False,
+                unit=" s",
+            )
+        )
+    result.notes.append(
+        f"Figures are medians over {len(rounds)} round(s); 'added' is a layout's figure minus the engine alone's "
+        "of the same round, then the median. CPU per request sums every replica's CPU time (Redis's own is not "
+        "counted). Several replicas share this machine's 2 cores with the load generator and the engine."
+    )
+    result.raw = {"rounds": [{label: jsonable(r) for label, r in runs.items()} for runs in rounds]}
+    return [result]
