@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import socket
 from collections.abc import Callable
 
@@ -22,7 +21,7 @@ import structlog
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
@@ -50,15 +49,16 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-StoreFactory = Callable[[ClusterConfig], ClusterStore]
+StoreFactory = Callable[[ClusterConfig, CollectorRegistry], ClusterStore]
 """Builds the cluster store a replica meets the others on (`[cluster] store = "redis"`); tests pass a fake."""
 
 
-def default_store_factory(cluster: ClusterConfig) -> ClusterStore:
-    """The Redis store (imported here: a process in memory mode never loads the Redis client)."""
-    redis_store = importlib.import_module("scheduler_svc.cluster.redis_store")
-    store: ClusterStore = redis_store.RedisStore.from_config(cluster)
-    return store
+def default_store_factory(cluster: ClusterConfig, registry: CollectorRegistry | None = None) -> ClusterStore:
+    """The Redis store, its call timings and outages on the service's metrics `registry` (imported here: a
+    process in memory mode never loads the Redis client)."""
+    from scheduler_svc.cluster.redis_store import RedisStore
+
+    return RedisStore.from_config(cluster, registry)
 
 
 def replica_name(config: Config, grpc_port: int) -> str:
@@ -126,7 +126,7 @@ class SchedulerServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.server.listen}")
         if self.config.cluster.store == "redis":  # joined before serving: a duplicate name stops the start here
-            store = self._store_factory(self.config.cluster)
+            store = self._store_factory(self.config.cluster, self.scheduler.metrics.registry)
             self.agent = ClusterAgent(self.scheduler, store, self.config.cluster, replica_name(self.config, self.port))
             await self.agent.start()
         self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="scheduler")

@@ -75,7 +75,7 @@ def agent_of(server: SchedulerServer) -> Any:
 
 
 async def start_replica(store: FakeStoreBackend, config: Config) -> SchedulerServer:
-    server = SchedulerServer(config, store_factory=lambda _: FakeStore(store))
+    server = SchedulerServer(config, store_factory=lambda _config, _registry: FakeStore(store))
     await server.start()
     return server
 

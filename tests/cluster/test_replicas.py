@@ -171,7 +171,7 @@ async def test_cancel_at_a_follower_releases_the_leaders_queue_and_budget() -> N
 
 async def test_a_second_replica_with_a_live_name_is_refused_at_start() -> None:
     async with running_simulator(SimConfig(**FAST)) as sim, replicas(sim.url, count=2) as (store, _):
-        twin = SchedulerServer(cluster_config(sim.url, "r1"), store_factory=lambda _: FakeStore(store))
+        twin = SchedulerServer(cluster_config(sim.url, "r1"), store_factory=lambda _config, _registry: FakeStore(store))
         with pytest.raises(DuplicateReplica):
             await twin.start()
         await twin.scheduler.aclose()
