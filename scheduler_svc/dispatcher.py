@@ -123,6 +123,9 @@ class ModelDispatcher:
     def enqueue(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
         """Queue an admitted request and return its ticket; QueueFull when a cap is reached (unless `force`:
         a request admitted before, registered again with a new cluster leader)."""
+        if request.request_id in self._queued or request.request_id in self._running:
+            # Server ids are unique: a second ticket for one would corrupt the queue (never a client's doing).
+            raise InternalError(f"request {request.request_id} is already queued or running here")
         if not force:
             self.capacity.check(request, self.busy, self.drain.rate(self.clock.now()))
         ticket = Ticket(request, self)

@@ -230,6 +230,14 @@ class ClusterAgent:
             self._apply(Role.LEADING)
             return
         holder = await store.lease_holder()
+        if holder is not None and holder != self.holder and holder.split("/", 1)[0] == self.name:
+            # An earlier term of ours: a store hiccup cost us the lead before the lease expired. Nobody else
+            # leads on it, so free it and lead again now, rather than follow (and register with) ourselves.
+            await store.release_lease(holder)
+            if not self._stepping_down and await store.acquire_lease(self.holder, ttl):
+                self._apply(Role.LEADING)
+                return
+            holder = await store.lease_holder()
         if self.role is Role.DEGRADED:
             self._apply(Role.JOINING)  # back: register everything with whoever leads now
             self.follower.leader = None

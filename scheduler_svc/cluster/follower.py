@@ -86,6 +86,8 @@ class Follower:
     def follow(self, holder: str | None) -> None:
         """Follow `holder` (None: no leader yet); a new one gets every live ticket registered."""
         self.following = True
+        if holder is not None and holder.split("/", 1)[0] == self._name:
+            holder = None  # an earlier term of our own: never register with ourselves
         if holder == self.leader:
             return
         self.leader = holder

@@ -90,8 +90,8 @@ class Leader:
 
     # -- messages from owners ------------------------------------------------------------------------------
     def on_admit(self, admit: Admit) -> None:
-        if not self.leading:
-            return  # sent to us as we stepped down: the owner re-registers with the next leader
+        if not self.leading or admit.sender == self._name:
+            return  # sent to us as we stepped down (the owner re-registers with the next leader), or our own
         mirror = self.mirrors.get(admit.request_id)
         if mirror is not None:  # sent again (re-registration with the same leader)
             if admit.running is not None and mirror.ticket.state is TicketState.QUEUED:

@@ -170,3 +170,53 @@ async def test_running_requests_are_adopted_by_the_next_leader() -> None:
         assert agent_of(leader).metrics.sent.labels("grant")._value.get() == 0, "adopted without a grant"
     ids = engine_ids(sim.engine.stats())
     assert len(ids) == len(set(ids)) == 2
+
+
+async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_holder() -> None:
+    """The store stops answering for less than the lease's life and comes back with its state: the leader's
+    lease (an earlier term's holder string) is still there. The leader takes the lead again at once rather
+    than follow, and register its own requests with, its own earlier term (which once queued every one of its
+    requests twice and wedged its dispatcher); no internal error, every request runs exactly once."""
+    async with (
+        running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim,
+        replicas(sim.url, gate={"waiting_target": 2}) as (store, servers),
+    ):
+        leader = agent_of(servers[0])
+        old_holder = leader.holder
+        followed: list[str | None] = []
+        follow = leader.follower.follow
+
+        def recording_follow(holder: str | None) -> None:
+            followed.append(holder)
+            follow(holder)
+
+        leader.follower.follow = recording_follow  # type: ignore[method-assign]
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(client_for(s, user=f"u{i}")) for i, s in enumerate(servers)]
+            flood = [
+                asyncio.create_task(
+                    clients[i % 3].submit("m", f"f {i}", max_tokens=20, ignore_eos=True, request_id=f"f{i}")
+                )
+                for i in range(45)
+            ]
+            await eventually(lambda: sum(t.done() for t in flood) >= 3, 10.0, "the flood under way")
+            store.down()
+            await eventually(lambda: leader.role is Role.DEGRADED, 3.0, "the leader degraded")
+            store.up = True  # back, state intact: the old lease has not expired yet
+            assert store.lease_now() is not None and store.lease_now()[0] == old_holder
+            await eventually(lambda: leader.role is Role.LEADING, 2 * TIMEOUT, "the leader leads again")
+            assert leader.holder != old_holder
+            await settled(servers)
+            outcomes = await _outcomes(flood)
+        ids = engine_ids(sim.engine.stats())
+        errors = sum(
+            s.scheduler.metrics.registry.get_sample_value("llmsched_internal_errors_total", {"component": c}) or 0
+            for s in servers
+            for c in ("dispatch", "cluster")
+        )
+    assert all(not isinstance(o, BaseException) for o in outcomes), [
+        o for o in outcomes if isinstance(o, BaseException)
+    ][:3]
+    assert len(ids) == len(set(ids)) == 45, "every admitted request ran exactly once"
+    assert errors == 0
+    assert not [h for h in followed if h and h.startswith("r0/")], f"r0 followed itself: {followed}"
