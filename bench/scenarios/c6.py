@@ -101,17 +101,24 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: s6.S6Params 
                 result.table.rows.append([f"**added by {label.removeprefix('scheduler, ')}**", "", *added, ""])
     one_memory, one_redis = (_cluster.label(options.layout(1, store)) for store in ("memory", "redis"))
     if any(one_redis in r and one_memory in r for r in rounds):
-        result.targets.append(
-            Target(
-                "latency p50, one replica on Redis - one in memory mode",
-                f"<= 1 ms at {p.rate:g} requests/s (same rounds)",
-                one_redis,
-                added_over(rounds, one_redis, one_memory, "target", "latency_p50"),
-                threshold=BOUND,
-                fail_at=1.5 * BOUND,
-                higher_is_better=False,
-                unit=" s",
+        for phase, rate in (("low", p.low_rate), ("target", p.rate)):
+            result.targets.append(
+                Target(
+                    "latency p50, one replica on Redis - one in memory mode",
+                    f"<= 1 ms at {rate:g} requests/s (same rounds)",
+                    one_redis,
+                    added_over(rounds, one_redis, one_memory, phase, "latency_p50"),
+                    threshold=BOUND,
+                    fail_at=1.5 * BOUND,
+                    higher_is_better=False,
+                    unit=" s",
+                )
             )
+        result.notes.append(
+            f"At {p.rate:g} requests/s one scheduler process needs about a whole core (S6), which these 2 shared "
+            "cores seldom give it: when both one-replica runs queue for the CPU (p50s of hundreds of ms), their "
+            f"difference there is noise, and the {p.low_rate:g} requests/s comparison is the one that shows what "
+            "Redis costs."
         )
     result.notes.append(
         f"Figures are medians over {len(rounds)} round(s); 'added' is a layout's figure minus the engine alone's "
