@@ -1,0 +1,335 @@
+"""Three scheduler replica PROCESSES on a real redis-server in front of one simulator (issue 14, "Real parts
+in tests" and "Failure"): one engine budget, kill -9 of a follower and of the leader, SIGTERM of the leader,
+Redis stopped and restarted empty, a duplicate replica name. Clients call the replicas round robin over
+gRPC; roles are read from each replica's /metrics; what reached the engine, from the simulator's journal.
+
+Heartbeat 0.2 s, timeout 0.8 s (`live.HEARTBEAT`, `live.TIMEOUT`). Floods are short (tens of requests of
+at most 30 tokens on a fast simulator) so the file stays within about a minute and a half on two cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import grpc
+
+from backends._prom import MetricSamples
+from backends.sim import SimConfig, SimServer, running_simulator
+from clients import SchedulerClient, error_reason
+from scheduler_svc.cluster.modes import degraded_cap
+from scheduler_svc.config_schema import ClusterConfig, GateConfig, ModelConfig
+from tests.cluster.live import (
+    HEARTBEAT,
+    START_SECONDS,
+    TIMEOUT,
+    EngineLog,
+    Replica,
+    RoleWatch,
+    cluster,
+    metric,
+    one_leader,
+    spawn_replica,
+)
+from tests.cluster.redis_server import RedisServer
+from tests.helpers import eventually
+
+FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+WAITING_TARGET = 2
+WAITING_SLACK = 1  # a grant in flight while the leader's reading of the engine is a scrape old
+USERS = 4
+
+
+@dataclass
+class Flood:
+    """`count` Submit calls, request i sent to replica i % 3 as user u{i % USERS}; `owner[id]`: its replica."""
+
+    tasks: dict[str, asyncio.Task[object]]
+    owner: dict[str, str]
+
+    def done(self) -> int:
+        return sum(t.done() for t in self.tasks.values())
+
+    async def outcomes(self, timeout: float = 30.0) -> dict[str, object]:
+        async with asyncio.timeout(timeout):
+            results = await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        return dict(zip(self.tasks, results, strict=True))
+
+    def of(self, name: str) -> list[str]:
+        return [rid for rid, owner in self.owner.items() if owner == name]
+
+
+@contextlib.asynccontextmanager
+async def flood(replicas: list[Replica], count: int, max_tokens: int, prefix: str = "f") -> AsyncIterator[Flood]:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {
+            (r, u): await stack.enter_async_context(SchedulerClient(replicas[r].target, user=f"u{u}"))
+            for r in range(len(replicas))
+            for u in range(USERS)
+        }
+        tasks: dict[str, asyncio.Task[object]] = {}
+        owner: dict[str, str] = {}
+        for i in range(count):
+            rid, r = f"{prefix}{i}", i % len(replicas)
+            client = clients[(r, i % USERS)]
+            call = client.submit("m", f"{rid} flood", max_tokens=max_tokens, ignore_eos=True, request_id=rid)
+            tasks[rid] = asyncio.create_task(call)
+            owner[rid] = replicas[r].name
+        try:
+            yield Flood(tasks, owner)
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+def ok(outcome: object) -> bool:
+    return not isinstance(outcome, BaseException)
+
+
+def code(outcome: object) -> grpc.StatusCode | None:
+    return outcome.code() if isinstance(outcome, grpc.aio.AioRpcError) else None
+
+
+def by_role(replicas: list[Replica], watch: RoleWatch, role: str) -> list[Replica]:
+    return [r for r in replicas if watch.now.get(r.name) == role]
+
+
+async def until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    await eventually(predicate, timeout, what)
+
+
+@contextlib.asynccontextmanager
+async def simulator(tmp_path: Path, **config: int) -> AsyncIterator[tuple[SimServer, Path]]:
+    journal = tmp_path / "engine.jsonl"
+    async with running_simulator(SimConfig(journal=str(journal), **{"max_num_seqs": 4, **FAST, **config})) as sim:
+        yield sim, journal
+
+
+def no_request_twice(engine: EngineLog) -> None:
+    twice = {rid: n for rid, n in Counter(engine.received()).items() if n > 1}
+    assert not twice, f"dispatched to the engine more than once: {twice}"
+
+
+async def test_one_engine_budget_for_a_flood_over_three_replica_processes(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The simulator's own waiting queue stays within the gate's target + WAITING_SLACK while three
+    processes take a flood round robin (three independent schedulers would each fill it to the target)."""
+    async with (
+        simulator(tmp_path) as (sim, journal),
+        cluster(tmp_path, sim.url, redis_server.url, waiting_target=WAITING_TARGET) as (replicas, _),
+    ):
+        sampled: list[float] = []
+
+        async def sample() -> None:  # the engine's num_requests_waiting as a Prometheus scraper sees it
+            async with aiohttp.ClientSession() as session:
+                while True:
+                    async with session.get(sim.url + "/metrics") as response:
+                        text = await response.text()
+                    sampled.append(MetricSamples.parse(text).total("vllm:num_requests_waiting") or 0.0)
+                    await asyncio.sleep(0.01)
+
+        sampler = asyncio.create_task(sample())
+        async with flood(replicas, 45, max_tokens=20) as calls:
+            outcomes = await calls.outcomes()
+        sampler.cancel()
+        stats = sim.engine.stats()
+    engine = EngineLog.read(journal)
+    failed = {rid: o for rid, o in outcomes.items() if not ok(o)}
+    assert not failed, f"calls failed: {failed}"
+    assert all(o.usage.completion_tokens == 20 for o in outcomes.values())  # type: ignore[attr-defined]
+    assert sorted(engine.received()) == sorted(outcomes), "each request reached the engine exactly once"
+    assert len(sampled) >= 20, f"only {len(sampled)} samples of the engine's metrics"
+    exact = stats["max_waiting_seen"]
+    print(f"engine waiting: sampled max {max(sampled)} over {len(sampled)} samples, exact max {exact}")
+    assert max(sampled) <= WAITING_TARGET + WAITING_SLACK, f"sampled waiting reached {max(sampled)}"
+    assert exact <= WAITING_TARGET + WAITING_SLACK, f"the engine's waiting queue reached {exact}"
+
+
+async def _mid_flood(calls: Flood, engine_at: Path, owner: str, done: int) -> set[str]:
+    """Wait until `done` calls are done and `owner` has a request live at the engine; those live ids."""
+
+    def live_of_owner() -> set[str]:
+        engine = EngineLog.read(engine_at)
+        ended = engine.ended("finished") | engine.ended("aborted") | engine.ended("failed")
+        return {rid for rid in engine.received() if calls.owner.get(rid) == owner and rid not in ended}
+
+    await until(lambda: calls.done() >= done and bool(live_of_owner()), 20.0, f"{owner} running mid-flood")
+    return live_of_owner()
+
+
+def dispatch_gaps(engine: EngineLog, since: float, ids: set[str]) -> tuple[float, float]:
+    """Seconds from `since` (wall clock) to the first engine arrival of one of `ids`, and the longest gap
+    between two consecutive arrivals of `ids` after `since`."""
+    times = sorted(
+        float(e["t"])
+        for e in engine.events
+        if e["event"] == "received" and float(e["t"]) > since and e["id"].split("~", 1)[0] in ids
+    )
+    assert times, "nothing reached the engine after the failure"
+    points = [since, *times]
+    return times[0] - since, max(b - a for a, b in itertools.pairwise(points))
+
+
+async def test_follower_killed_mid_flood(tmp_path: Path, redis_server: RedisServer) -> None:
+    async with (
+        simulator(tmp_path) as (sim, journal),
+        cluster(tmp_path, sim.url, redis_server.url, waiting_target=WAITING_TARGET) as (replicas, watch),
+    ):
+        leader = by_role(replicas, watch, "leader")[0]
+        doomed = by_role(replicas, watch, "follower")[0]
+        async with flood(replicas, 60, max_tokens=30) as calls:
+            live_at_kill = await _mid_flood(calls, journal, doomed.name, done=6)
+            doomed.kill9()
+            killed_at = time.time()
+            outcomes = await calls.outcomes()
+        survivors_ids = {rid for rid, o in calls.owner.items() if o != doomed.name}
+        # The dead process's engine requests end when its connections close.
+        await until(lambda: live_at_kill <= EngineLog.read(journal).ended("aborted"), 5.0, "its requests aborted")
+        async with aiohttp.ClientSession() as session:
+            # Its budget and queue entries at the leader: released once its membership expires.
+            async def released() -> bool:
+                in_flight = await metric(session, leader, "llmsched_backend_in_flight")
+                queued = await metric(session, leader, "llmsched_queue_depth")
+                return in_flight == 0 and queued == 0
+
+            deadline = time.monotonic() + 2 * TIMEOUT
+            while not await released():
+                assert time.monotonic() < deadline, "the dead follower's budget is still held at the leader"
+                await asyncio.sleep(0.05)  # another process's gauge: no event to wait on
+        running = sim.engine.stats()["running"]
+    engine = EngineLog.read(journal)
+    first, gap = dispatch_gaps(engine, killed_at, survivors_ids)
+    print(f"follower killed with {len(live_at_kill)} at the engine; next dispatch {first:.3f}s, longest gap {gap:.3f}s")
+    assert gap <= 2 * TIMEOUT, f"dispatch stalled {gap:.2f}s after the kill"
+    assert running == 0
+    no_request_twice(engine)
+    for rid, outcome in outcomes.items():
+        if calls.owner[rid] == doomed.name:
+            assert ok(outcome) or code(outcome) == grpc.StatusCode.UNAVAILABLE, f"{rid}: {outcome!r}"
+        else:
+            assert ok(outcome), f"{rid} at a survivor failed: {outcome!r}"
+    assert any(code(outcomes[rid]) == grpc.StatusCode.UNAVAILABLE for rid in calls.of(doomed.name))
+
+
+async def test_leader_killed_mid_flood(tmp_path: Path, redis_server: RedisServer) -> None:
+    async with (
+        simulator(tmp_path) as (sim, journal),
+        cluster(tmp_path, sim.url, redis_server.url, waiting_target=WAITING_TARGET) as (replicas, watch),
+    ):
+        doomed = by_role(replicas, watch, "leader")[0]
+        async with flood(replicas, 60, max_tokens=30) as calls:
+            await _mid_flood(calls, journal, doomed.name, done=6)
+            doomed.kill9()
+            killed_at, killed_wall = time.monotonic(), time.time()
+            led_at = await watch.until(lambda roles: len(roles) == 2 and one_leader(roles), 5.0, "a new leader")
+            outcomes = await calls.outcomes()
+    engine = EngineLog.read(journal)
+    survivors_ids = {rid for rid, o in calls.owner.items() if o != doomed.name}
+    first, gap = dispatch_gaps(engine, killed_wall, survivors_ids)
+    took = led_at - killed_at
+    print(f"leader killed: new leader after {took:.3f}s; next dispatch {first:.3f}s, longest gap {gap:.3f}s")
+    assert took <= 2 * TIMEOUT, f"a new leader after {took:.2f}s"
+    assert gap <= 2 * TIMEOUT, f"dispatch stalled {gap:.2f}s after the kill"
+    no_request_twice(engine)
+    for rid, outcome in outcomes.items():
+        if calls.owner[rid] == doomed.name:
+            assert ok(outcome) or code(outcome) == grpc.StatusCode.UNAVAILABLE, f"{rid}: {outcome!r}"
+        else:
+            assert ok(outcome), f"{rid} at a survivor failed: {outcome!r}"
+
+
+async def test_leader_sigterm_hands_the_lead_over_at_once(tmp_path: Path, redis_server: RedisServer) -> None:
+    async with (
+        simulator(tmp_path) as (sim, journal),
+        cluster(tmp_path, sim.url, redis_server.url, waiting_target=WAITING_TARGET) as (replicas, watch),
+    ):
+        old = by_role(replicas, watch, "leader")[0]
+        async with flood(replicas, 60, max_tokens=30) as calls:
+            await _mid_flood(calls, journal, old.name, done=4)
+            old.sigterm()
+            stopped_at = time.monotonic()
+            led_at = await watch.until(
+                lambda roles: any(role == "leader" for name, role in roles.items() if name != old.name),
+                5.0,
+                "another replica leads",
+            )
+            outcomes = await calls.outcomes()
+        rc = await asyncio.to_thread(old.popen.wait, 10)
+    took = led_at - stopped_at
+    engine = EngineLog.read(journal)
+    print(f"SIGTERM: another replica leads after {took:.3f}s")
+    assert took < TIMEOUT / 2, f"the lead moved after {took:.2f}s: not at once (the lease lasts {TIMEOUT}s)"
+    assert rc == 0, old.log_tail()
+    no_request_twice(engine)
+    shut = [rid for rid in calls.of(old.name) if code(outcomes[rid]) == grpc.StatusCode.UNAVAILABLE]
+    for rid in calls.of(old.name):
+        outcome = outcomes[rid]
+        assert ok(outcome) or rid in shut, f"{rid}: {outcome!r}"
+    for rid in shut:
+        assert isinstance(outcomes[rid], grpc.aio.AioRpcError)
+        assert error_reason(outcomes[rid]) == "SHUTTING_DOWN", f"{rid}: {outcomes[rid]!r}"  # type: ignore[arg-type]
+    assert shut, "none of the old leader's queued calls ended SHUTTING_DOWN"
+    failed = {rid: o for rid, o in outcomes.items() if calls.owner[rid] != old.name and not ok(o)}
+    assert not failed, f"calls at the other replicas failed: {failed}"
+
+
+async def test_redis_stopped_and_restarted_empty_mid_flood(tmp_path: Path, redis_server: RedisServer) -> None:
+    """Degraded: each replica gates alone with max(1, cap // 3) in flight; every call completes; back to
+    one leader by themselves once Redis answers again (empty)."""
+    cap = 6
+    per_replica = degraded_cap(ClusterConfig(), ModelConfig(name="m", gate=GateConfig(fallback_max_in_flight=cap)), 3)
+    async with (
+        simulator(tmp_path, max_num_seqs=8) as (sim, journal),
+        cluster(tmp_path, sim.url, redis_server.url, fallback_max_in_flight=cap) as (replicas, watch),
+        flood(replicas, 90, max_tokens=30) as calls,
+    ):
+        await until(lambda: calls.done() >= 10, 20.0, "the flood under way")
+        redis_server.stop()
+        stopped_at = time.monotonic()
+        degraded_at = await watch.until(
+            lambda roles: len(roles) == 3 and all(r == "degraded" for r in roles.values()), 5.0, "all degraded"
+        )
+        degraded_wall = time.time()
+        done_then = calls.done()
+        await until(lambda: calls.done() >= done_then + 10, 20.0, "serving while degraded")
+        redis_server.restart_empty()
+        back_wall, back_at = time.time(), time.monotonic()
+        shared_at = await watch.until(lambda roles: len(roles) == 3 and one_leader(roles), 10.0, "one leader")
+        outcomes = await calls.outcomes()
+    engine = EngineLog.read(journal)
+    in_window = [t for t in engine.times("received") if degraded_wall < t < back_wall]
+    peak = engine.peak_live(received_after=degraded_wall, received_before=back_wall)
+    print(
+        f"redis down: all degraded after {degraded_at - stopped_at:.3f}s; {len(in_window)} dispatched degraded, "
+        f"engine peak {peak} (caps allow {3 * per_replica}); one leader {shared_at - back_at:.3f}s after restart"
+    )
+    assert in_window, "nothing was dispatched while degraded"
+    assert peak <= 3 * per_replica, f"{peak} at the engine at once while degraded (caps: 3 x {per_replica})"
+    assert shared_at - back_at <= TIMEOUT + 3 * HEARTBEAT, f"shared mode again after {shared_at - back_at:.2f}s"
+    failed = {rid: o for rid, o in outcomes.items() if not ok(o)}
+    assert not failed, f"admitted calls lost: {failed}"
+    no_request_twice(engine)
+    assert sorted(engine.received()) == sorted(outcomes)
+
+
+async def test_a_second_process_with_a_live_replicas_name_refuses_to_start(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    async with (
+        simulator(tmp_path) as (sim, _),
+        cluster(tmp_path, sim.url, redis_server.url, names=("r1",)) as (replicas, _),
+    ):
+        twin = spawn_replica("r1", tmp_path, sim.url, redis_server.url)
+        rc = await asyncio.to_thread(twin.popen.wait, START_SECONDS)
+        assert replicas[0].alive
+    assert rc != 0
+    assert "replica name r1 is held by another live replica" in twin.log_tail(), twin.log_tail()
