@@ -51,6 +51,8 @@ from scheduler_svc.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
 
+CANCEL_AGAIN_SECONDS = 0.1  # a loop still running this long after its cancellation lost it: cancel it again
+
 
 class ClusterAgent:
     """Makes one `Scheduler` a replica of the cluster that meets on `store`."""
@@ -141,9 +143,16 @@ class ClusterAgent:
         self.leader.leading = False
 
     async def _cancel_tasks(self) -> None:
+        """Cancel the loops and wait until each one has ended, cancelling again while it runs on: on Python
+        3.11 one cancellation can be lost (redis-py writes under `asyncio.wait_for`, which returns the write's
+        result instead of raising when the cancellation lands as the write completes; fixed in 3.12), and the
+        loop would then run forever, so that a SIGTERM'd replica never exits."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
+            while not task.done():
+                await asyncio.wait([task], timeout=CANCEL_AGAIN_SECONDS)
+                task.cancel()  # no-op once it ended
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []

@@ -12,7 +12,8 @@ import grpc
 from backends.sim import SimConfig, running_simulator
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.server import SchedulerServer
-from tests.cluster.replicas import TIMEOUT, agent_of, replicas, settled
+from tests.cluster.fake_store import FakeStore, FakeStoreBackend
+from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, settled
 from tests.cluster.test_replicas import engine_ids, first_delta
 from tests.helpers import client_for, eventually
 
@@ -220,3 +221,41 @@ async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_
     assert len(ids) == len(set(ids)) == 45, "every admitted request ran exactly once"
     assert errors == 0
     assert not [h for h in followed if h and h.startswith("r0/")], f"r0 followed itself: {followed}"
+
+
+class LosesOneCancel(FakeStore):
+    """`members` waits until cancelled the first time, then returns as if nothing happened: what
+    `asyncio.wait_for` does on Python 3.11 (redis-py writes under it) when a cancellation lands as the
+    write completes."""
+
+    def __init__(self, backend: FakeStoreBackend) -> None:
+        super().__init__(backend)
+        self.waiting = asyncio.Event()
+        self.lost = 0
+
+    async def members(self) -> list[str]:
+        if not self.lost:
+            self.waiting.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.lost += 1
+        return await super().members()
+
+
+async def test_a_replica_stops_even_when_its_heartbeat_loses_a_cancellation() -> None:
+    stores: list[LosesOneCancel] = []
+
+    def factory(_config: object, _registry: object) -> LosesOneCancel:
+        stores.append(LosesOneCancel(FakeStoreBackend()))
+        return stores[0]
+
+    server = SchedulerServer(cluster_config("http://127.0.0.1:1", "r0"), store_factory=factory)
+    await server.start()
+    await asyncio.wait_for(stores[0].waiting.wait(), 5.0)  # the heartbeat sits in `members`
+    started = time.monotonic()
+    await asyncio.wait_for(server.stop(grace=0.0), 5.0)  # (on a hang, wait_for's own cancellation is lost too)
+    took = time.monotonic() - started
+    assert stores[0].lost == 1, "the heartbeat's first cancellation was lost"
+    assert took < 1.0, f"the stop took {took:.1f}s"
+    assert server.agent is None
