@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,17 @@ class Replica:
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]
+
+    def became(self, role: str) -> list[float]:
+        """Wall-clock times at which this replica logged entering `role` ("leading", "following", ...): its
+        own clock reading, without the lag of a scraper polling its gauge."""
+        times = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if '"cluster_role_changed"' in line:
+                entry = json.loads(line)
+                if entry.get("role") == role:
+                    times.append(datetime.fromisoformat(entry["timestamp"]).timestamp())
+        return times
 
 
 def replica_toml(
