@@ -26,7 +26,7 @@ import aiohttp
 
 from backends._prom import MetricSamples
 from backends.sim.journal import read_journal
-from tests.cluster.redis_server import _die_with_parent, free_port
+from tests.cluster.redis_server import dies_with_parent, free_port
 from tests.helpers import client_label
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,12 +128,11 @@ def spawn_replica(name: str, directory: Path, sim_url: str, redis_url: str, **ga
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with log_path.open("wb") as log:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "scheduler_svc.cli", "serve", "--config", str(config)],
+            dies_with_parent([sys.executable, "-m", "scheduler_svc.cli", "serve", "--config", str(config)]),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
             env=env,
-            preexec_fn=_die_with_parent,
         )
     return Replica(name, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}", log_path, popen)
 

@@ -15,8 +15,6 @@ skips, unless LLMSCHED_REQUIRE_REDIS=1 (set by `make test`, after `make redis` i
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -30,13 +28,14 @@ from pathlib import Path
 import pytest
 
 READY_SECONDS = 10.0
-_PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: a test process killed without cleanup takes its servers with it (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+def dies_with_parent(argv: list[str]) -> list[str]:
+    """`argv` run so that the child gets SIGKILL when the test process dies without cleanup (Linux: util-linux
+    `setpriv --pdeathsig`, which execs the program: same pid). Not a `preexec_fn`: Python code run between
+    fork and exec in a process with gRPC threads (a test's clients) now and then crashes the child (SIGSEGV)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", *argv] if setpriv else argv
 
 
 def free_port() -> int:
@@ -85,7 +84,7 @@ class RedisServer:
         log = (self.root / f"redis-{self.starts}.log").open("wb")
         argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data)]
         argv += ["--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no"]
-        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(dies_with_parent(argv), stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self._wait_ready()
 
