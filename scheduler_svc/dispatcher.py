@@ -327,6 +327,9 @@ class ModelDispatcher:
     def queued_ticket(self, request_id: str) -> Ticket | None:
         return self._queued.get(request_id)
 
+    def running_ticket(self, request_id: str) -> Ticket | None:
+        return self._running.get(request_id)
+
     def backend_states(self) -> list[BackendState]:
         """Every backend's gate decision for every class, with its inputs (see `BackendGates.states`)."""
         return self.gates.states(list(self.classes.values()), self.clock.now())

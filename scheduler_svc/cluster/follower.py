@@ -202,6 +202,8 @@ class Follower:
                 self.positions.pop(grant.request_id, None)
                 return
         self._metrics.stale_grants.inc()
+        if any(d.running_ticket(grant.request_id) is not None for d in self._scheduler.dispatchers.values()):
+            return  # a grant sent again after we took the first one (see Leader.on_admit): nothing to undo
         self._post(grant.sender, Report(self._name, grant.request_id, "ended", outcome=Outcome.CANCELLED.value))
 
     def on_fail(self, fail: Fail) -> None:

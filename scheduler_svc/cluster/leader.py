@@ -61,6 +61,7 @@ class Mirror:
     created_at: float
     watch: bool = False  # the owner's client streams its queue position
     adopted: bool = False  # already running at the owner: the next dispatch sends no grant
+    grant: Grant | None = None  # the last grant sent, until the owner reports it accepted
     silent: bool = False  # ended by us without telling the owner
     events: asyncio.Queue[_Event] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
@@ -96,6 +97,11 @@ class Leader:
         if mirror is not None:  # sent again (re-registration with the same leader)
             if admit.running is not None and mirror.ticket.state is TicketState.QUEUED:
                 self._adopt(mirror, admit)
+            elif admit.running is None and mirror.grant is not None and mirror.ticket.state is TicketState.DISPATCHED:
+                # Still queued at its owner although granted: the first Admit reached this replica's inbox
+                # while the owner followed another holder (our previous term), so it ignored our grant, and
+                # only now registers with this term. Without the grant again both sides would wait forever.
+                self._post(mirror.owner, mirror.grant)
             if not admit.force:
                 self._post(admit.sender, Verdict(self._name, admit.request_id))
             return
@@ -147,12 +153,14 @@ class Leader:
         if mirror is None or mirror.owner != report.sender:
             return
         if report.kind == "accepted":
+            mirror.grant = None
             mirror.events.put_nowait(Accepted())
         elif report.kind == "first_token":
             mirror.events.put_nowait(TextDelta("", 0))
         elif report.kind == "tokens":
             mirror.events.put_nowait(TextDelta("", report.tokens))
         elif report.kind == "error" and report.error is not None:
+            mirror.grant = None
             error = rebuild_error(report.error)
             if not isinstance(error, BackendError):
                 error = BackendError(str(error))
@@ -206,17 +214,15 @@ class Leader:
             while not mirror.events.empty():  # leftovers of an earlier attempt
                 mirror.events.get_nowait()
             assert ticket.backend is not None
-            self._post(
-                mirror.owner,
-                Grant(
-                    sender=self._name,
-                    request_id=generation.request_id,
-                    backend=ticket.backend.name,
-                    engine_priority=ticket.engine_priority,
-                    attempt=ticket.attempts,
-                    leader=self._holder(),
-                ),
+            mirror.grant = Grant(
+                sender=self._name,
+                request_id=generation.request_id,
+                backend=ticket.backend.name,
+                engine_priority=ticket.engine_priority,
+                attempt=ticket.attempts,
+                leader=self._holder(),
             )
+            self._post(mirror.owner, mirror.grant)
         while True:
             event = await mirror.events.get()
             if isinstance(event, BackendError):

@@ -216,3 +216,26 @@ async def test_a_streaming_client_at_a_follower_hears_its_position_in_the_leader
         assert positions[-1] == 3, positions
         for c in [call, *held]:
             c.cancel()
+
+
+async def test_a_grant_ignored_while_following_the_leaders_previous_term_is_sent_again() -> None:
+    """The leader's replica began a new term (it lost the lead and took it back) before an owner noticed: the
+    owner's Admit still reached it (inboxes are per replica name) but the owner ignored the grant (another
+    holder). When the owner registers with the new term, the leader grants again; nothing waits forever."""
+    async with (
+        running_simulator(SimConfig(**FAST)) as sim,
+        replicas(sim.url, count=2, cluster={"heartbeat_timeout_seconds": 5.0}) as (_, servers),
+    ):
+        leader, owner = servers
+        agent = agent_of(owner)
+        agent._tasks[0].cancel()  # its heartbeat: it looks at the lease when the test says so
+        agent.follower.leader = "r0/previous-term"
+        async with client_for(owner, user="bob") as client:
+            call = asyncio.create_task(client.submit("m", "hi", max_tokens=3, ignore_eos=True, request_id="x"))
+            await eventually(lambda: agent.metrics.stale_grants._value.get() >= 1, 5.0, "the grant ignored")
+            agent.follower.follow(agent_of(leader).holder)  # what its next heartbeat does: register again
+            response = await asyncio.wait_for(call, 5.0)
+        assert response.usage.completion_tokens == 3
+        assert [client_label(i) for i in engine_ids(sim.engine.stats())] == ["x"], "the engine saw it once"
+        await eventually(lambda: mirrors(leader) == 0, 2.0, "the leader's mirror released")
+        assert leader.scheduler.dispatchers["m"].backends[0].estimator.in_flight == 0
