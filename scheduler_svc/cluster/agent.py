@@ -45,7 +45,7 @@ from scheduler_svc.cluster.messages import (
 from scheduler_svc.cluster.metrics import ClusterMetrics
 from scheduler_svc.cluster.modes import Role, authority_for
 from scheduler_svc.cluster.outbox import Outbox
-from scheduler_svc.cluster.store import ClusterStore, DuplicateReplica, StoreUnavailable
+from scheduler_svc.cluster.store import ClusterStore, DuplicateReplica, StoreTimeout, StoreUnavailable
 from scheduler_svc.config_schema import ClusterConfig
 from scheduler_svc.scheduler import Scheduler
 
@@ -256,6 +256,10 @@ class ClusterAgent:
         while True:
             try:
                 raw = await self.store.receive(self.name, self.cluster.heartbeat_interval_seconds)
+            except StoreTimeout as exc:  # late, not necessarily down: read again; the heartbeat judges outages
+                self.metrics.store_errors.inc()
+                log.debug("cluster_inbox_read_late", replica=self.name, error=str(exc))
+                continue
             except StoreUnavailable as exc:
                 self._store_failed(exc)
                 await asyncio.sleep(self.cluster.heartbeat_interval_seconds)  # the store is down: retry period

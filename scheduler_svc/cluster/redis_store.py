@@ -56,7 +56,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler_svc.cluster.store import DuplicateReplica, StoreUnavailable
+from scheduler_svc.cluster.store import DuplicateReplica, StoreTimeout, StoreUnavailable
 from scheduler_svc.config_schema import ClusterConfig, ConfigError
 
 log = structlog.get_logger(__name__)
@@ -274,7 +274,8 @@ class RedisStore:
         except _UNREACHABLE as exc:
             if self._metrics is not None:
                 self._metrics.unavailable.labels(call).inc()
-            raise StoreUnavailable(f"redis unreachable ({call}): {type(exc).__name__}: {exc}") from exc
+            error = StoreTimeout if isinstance(exc, (TimeoutError, RedisTimeoutError)) else StoreUnavailable
+            raise error(f"redis unreachable ({call}): {type(exc).__name__}: {exc}") from exc
         if self._metrics is not None and call != "receive":  # a receive's time is mostly its wait
             self._metrics.seconds.labels(call).observe(time.perf_counter() - started)
 

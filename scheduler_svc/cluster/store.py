@@ -34,6 +34,12 @@ class StoreUnavailable(StoreError):
     """The store cannot be reached (connection refused or lost, timeout): degrade, and try again later."""
 
 
+class StoreTimeout(StoreUnavailable):
+    """A call ran past its time limit. The store may be hung, or this process's own event loop too busy to
+    read the answer in time: a late inbox read is retried rather than taken for an outage (the heartbeat's
+    calls decide that)."""
+
+
 class DuplicateReplica(StoreError):
     """Another live replica already holds this name."""
 
