@@ -11,6 +11,7 @@ import grpc
 
 from backends.sim import SimConfig, running_simulator
 from scheduler_svc.cluster.modes import Role
+from scheduler_svc.cluster.store import StoreTimeout, StoreUnavailable
 from scheduler_svc.server import SchedulerServer
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, settled
@@ -259,3 +260,41 @@ async def test_a_replica_stops_even_when_its_heartbeat_loses_a_cancellation() ->
     assert stores[0].lost == 1, "the heartbeat's first cancellation was lost"
     assert took < 1.0, f"the stop took {took:.1f}s"
     assert server.agent is None
+
+
+async def test_a_late_inbox_read_is_read_again_not_taken_for_an_outage() -> None:
+    """A receive that runs past its time limit (StoreTimeout: the process's own loop too busy to read the
+    answer) leaves the replica in its role and reads again; a receive that cannot reach the store at all
+    (StoreUnavailable) degrades it at once."""
+    async with (
+        running_simulator(SimConfig(**FAST)) as sim,
+        replicas(sim.url, count=2) as (_, servers),
+    ):
+        follower = agent_of(servers[1])
+        store = follower.store
+        receive = store.receive
+        failures: list[Exception] = [StoreTimeout("late"), StoreTimeout("late again")]
+        reads_after = asyncio.Event()
+        roles: list[Role] = []
+        apply = follower._apply
+
+        def recording_apply(role: Role, holder: str | None = None) -> None:
+            roles.append(role)
+            apply(role, holder)
+
+        follower._apply = recording_apply
+
+        async def flaky_receive(me: str, timeout: float) -> list[bytes]:
+            if failures:
+                raise failures.pop(0)
+            reads_after.set()
+            return await receive(me, timeout)
+
+        store.receive = flaky_receive  # type: ignore[method-assign]
+        await asyncio.wait_for(reads_after.wait(), 5.0)
+        assert Role.DEGRADED not in roles and follower.role is Role.FOLLOWING
+        assert (servers[1].scheduler.metrics.registry.get_sample_value("llmsched_cluster_store_errors_total") or 0) >= 2
+        failures.append(StoreUnavailable("refused"))
+        reads_after.clear()
+        await asyncio.wait_for(reads_after.wait(), 5.0)
+        assert Role.DEGRADED in roles  # (the next heartbeat, which reaches the store, brings it back)
