@@ -59,6 +59,49 @@ class MetricsExporter(EngineObserver, Protocol):
         ...
 
 
+# vLLM 0.32's `vllm:cache_config_info` labels (its CacheConfig fields) with a CPU engine's values; the
+# simulator overrides the block size, the block count and whether prefix caching is on.
+_VLLM_CACHE_CONFIG = {
+    "_block_size_resolved": "True",
+    "block_size": "16",
+    "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None",
+    "effective_attention_block_size": "16",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "enable_prefix_caching": "True",
+    "engine": "0",
+    "gpu_memory_utilization": "0.92",
+    "hash_block_size": "None",
+    "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]",
+    "kv_cache_layout": "None",
+    "kv_cache_max_concurrency": "None",
+    "kv_cache_memory_bytes": "None",
+    "kv_cache_size_tokens": "0",
+    "kv_offloading_backend": "native",
+    "kv_offloading_size": "None",
+    "kv_sharing_fast_prefill": "False",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "auto",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks": "0",
+    "num_gpu_blocks_override": "None",
+    "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256",
+    "prefix_match_unit": "None",
+    "replayssm_buffer_len": "16",
+    "skip_page_size_padded": "None",
+    "sliding_window": "None",
+    "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False",
+    "use_replayssm": "False",
+    "user_specified_block_size": "False",
+}
+
+
 class VllmMetrics:
     """vLLM's metric names; every series is labelled `model_name` and `engine="0"`."""
 
@@ -91,11 +134,20 @@ class VllmMetrics:
         )
         self._prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self._preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        # vLLM's info gauge for its CacheConfig (always 1; the facts are labels): a prefix stays cached in
-        # the KV cache's blocks, so `num_gpu_blocks` is what a router can expect the engine to remember.
-        info = ["block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"]
-        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", info, registry=reg).labels(
-            str(block_size), str(cache_blocks), str(prefix_caching), "0"
+        # vLLM's info gauge for its CacheConfig (always 1; the facts are labels, one per CacheConfig field): a
+        # prefix stays cached in the KV cache's blocks, so `num_gpu_blocks` is what a router can expect the
+        # engine to remember. The label names are vLLM 0.32's own (the conformance test compares them).
+        info = {
+            **_VLLM_CACHE_CONFIG,
+            "block_size": str(block_size),
+            "effective_attention_block_size": str(block_size),
+            "num_gpu_blocks": str(cache_blocks),
+            "kv_cache_size_tokens": str(cache_blocks * block_size),
+            "enable_prefix_caching": str(prefix_caching),
+            "engine": "0",
+        }
+        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=reg).labels(
+            **info
         ).set(1)
         success = Counter(
             "vllm:request_success",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aiohttp
 import pytest
 
@@ -12,6 +14,8 @@ from backends.sim.prefix_cache import PrefixCache, block_hashes
 from backends.sim.tokens import count_tokens
 from backends.vllm import cache_tokens
 from tests.sim.support import fast_config, scrape, value
+
+RECORDED_VLLM_METRICS = Path(__file__).resolve().parents[1] / "engines" / "data" / "vllm_metrics.txt"
 
 BLOCK_CHARS = 64  # 16 tokens of 4 characters
 
@@ -119,3 +123,5 @@ async def test_metrics_carry_vllms_names(session: aiohttp.ClientSession) -> None
     # what a router reads to size its picture of the cache: the prefix cache's blocks, as vLLM's info gauge
     assert cache_tokens(info) == 32 * 16
     assert info.labels("vllm:cache_config_info")[0]["enable_prefix_caching"] == "True"
+    recorded = MetricSamples.parse(RECORDED_VLLM_METRICS.read_text()).labels("vllm:cache_config_info")
+    assert set(info.labels("vllm:cache_config_info")[0]) == set(recorded[0]), "vLLM's own label names"
