@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from backends.errors import BackendError, BackendUnavailable
 from scheduler_svc.backend_handle import BackendHandle
+from scheduler_svc.cluster.modes import DegradedAuthority
 from scheduler_svc.hooks import LOCAL
 from scheduler_svc.ticket import Outcome, Ticket, TicketState
 from tests.unit.dispatch_harness import Harness
@@ -22,20 +23,6 @@ class Follows:
 
     def position(self, request_id: str) -> int | None:
         return 7 if request_id.endswith("-0") else None
-
-
-class Capped:
-    dispatches_locally = True
-    scrapes = True
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-
-    def in_flight_cap(self, handle: BackendHandle) -> int | None:
-        return self.cap
-
-    def position(self, request_id: str) -> int | None:
-        return None
 
 
 class Recorder:
@@ -76,7 +63,7 @@ def test_a_dispatcher_that_does_not_decide_sends_only_what_is_granted() -> None:
 
 def test_the_authoritys_in_flight_cap_closes_the_backend() -> None:
     h = Harness(cap=10)
-    h.dispatcher.authority = Capped(2)
+    h.dispatcher.authority = DegradedAuthority(2)  # the cluster's capped authority
     for user in "abcd":
         h.submit(user)
     assert len(h.dispatch()) == 2
