@@ -20,7 +20,7 @@ from bench.results import ScenarioResult, Table, Target
 from bench.runner import RunContext
 from bench.scenarios import _cluster, s4
 from bench.scenarios._cluster import ClusterOptions
-from bench.scenarios._common import jsonable, not_run, number, run_modes
+from bench.scenarios._common import jsonable, not_run, run_modes
 
 ID, TITLE = "C4", "token fairness across replicas"
 LONG, SHORT = s4.LONG, s4.SHORT
@@ -56,31 +56,9 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: s4.S4Params 
     if not runs:
         return [ScenarioResult.unavailable(ID, TITLE, workload, "; ".join(not_run(skipped)))]
     result = ScenarioResult(ID, TITLE, workload, provider.describe(), notes=not_run(skipped))
-    result.table = Table(
-        [
-            "run",
-            f"tokens {LONG}",
-            f"tokens {SHORT}",
-            f"{LONG} ÷ {SHORT}",
-            f"worst {p.slice:g} s window",
-            "engine tokens/s",
-            "admitted per replica",
-        ]
-    )
+    result.table = Table([*s4.table_columns(p), "admitted per replica"])
     for label, r in runs.items():
-        ratios = r["window_ratios"]
-        worst = max(ratios, key=lambda x: abs(x - 1)) if ratios else None
-        result.table.rows.append(
-            [
-                label,
-                number(r["tokens"].get(LONG, 0)),
-                number(r["tokens"].get(SHORT, 0)),
-                f"{r['long_over_short']:.2f}",
-                "-" if worst is None else f"{worst:.2f}",
-                number(r["engine_tokens_per_s"]),
-                _cluster.spread_text(r["admitted_per_replica"]),
-            ]
-        )
+        result.table.rows.append([*s4.table_row(label, r), _cluster.spread_text(r["admitted_per_replica"])])
         if _cluster.is_cluster(label):
             result.targets.append(
                 Target(

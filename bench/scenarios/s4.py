@@ -119,6 +119,32 @@ def _target(figure: str, target: str, label: str, value: float | None, threshold
     return Target(figure, target, label, value, threshold=threshold, fail_at=fail_at, higher_is_better=False, unit="%")
 
 
+def table_columns(p: S4Params) -> list[str]:
+    """S4's table (C4 adds its own columns after these)."""
+    return [
+        "run",
+        f"tokens {LONG}",
+        f"tokens {SHORT}",
+        f"{LONG} ÷ {SHORT}",
+        f"worst {p.slice:g} s window",
+        "engine tokens/s",
+    ]
+
+
+def table_row(label: str, r: dict[str, Any]) -> list[str]:
+    """One run's row of S4's table: tokens per user, their ratio, the worst window's ratio, engine tokens/s."""
+    ratios = r["window_ratios"]
+    worst = max(ratios, key=lambda x: abs(x - 1)) if ratios else None
+    return [
+        label,
+        number(r["tokens"].get(LONG, 0)),
+        number(r["tokens"].get(SHORT, 0)),
+        f"{r['long_over_short']:.2f}",
+        "-" if worst is None else f"{worst:.2f}",
+        number(r["engine_tokens_per_s"]),
+    ]
+
+
 async def run(provider: EngineProvider, p: S4Params | None = None) -> list[ScenarioResult]:
     p = p or S4Params()
     step = SimProfile().step_seconds(p.max_num_seqs)
@@ -142,29 +168,9 @@ async def run(provider: EngineProvider, p: S4Params | None = None) -> list[Scena
     if not runs:
         return [ScenarioResult.unavailable("S4", TITLE, workload, "; ".join(not_run(skipped)))]
     result = ScenarioResult("S4", TITLE, workload, provider.describe(), notes=not_run(skipped))
-    result.table = Table(
-        [
-            "run",
-            f"tokens {LONG}",
-            f"tokens {SHORT}",
-            f"{LONG} ÷ {SHORT}",
-            f"worst {p.slice:g} s window",
-            "engine tokens/s",
-        ]
-    )
+    result.table = Table(table_columns(p))
     for label, r in runs.items():
-        ratios = r["window_ratios"]
-        worst = max(ratios, key=lambda x: abs(x - 1)) if ratios else None
-        result.table.rows.append(
-            [
-                label,
-                number(r["tokens"].get(LONG, 0)),
-                number(r["tokens"].get(SHORT, 0)),
-                f"{r['long_over_short']:.2f}",
-                "-" if worst is None else f"{worst:.2f}",
-                number(r["engine_tokens_per_s"]),
-            ]
-        )
+        result.table.rows.append(table_row(label, r))
         if _is_reference(label):
             continue
         result.targets.append(
