@@ -131,7 +131,8 @@ class ModelDispatcher:
         ticket = Ticket(request, self)
         self._put_in_queue(ticket)
         self.capacity.hold(request)
-        self._class_series[request.priority_class].admitted.inc()
+        if not request.mirrored:
+            self._class_series[request.priority_class].admitted.inc()
         self._activity.touch(request.priority_class, self.clock.now())
         self._set_depth(request.priority_class)
         self.wake()
@@ -201,9 +202,10 @@ class ModelDispatcher:
         assert ticket.backend is not None and ticket.first_token_at is not None
         self._cost(ticket, self.prices.cost(ticket.request.prompt_tokens_estimate, 0))
         ticket.backend.estimator.started(ticket.request.request_id, ticket.first_token_at)
-        self._class_series[ticket.request.priority_class].ttft.observe(
-            ticket.first_token_at - ticket.request.admitted_at
-        )
+        if not ticket.request.mirrored:
+            self._class_series[ticket.request.priority_class].ttft.observe(
+                ticket.first_token_at - ticket.request.admitted_at
+            )
         if self.observer is not None:
             self.observer.on_first_token(ticket)
         self.wake()
@@ -212,13 +214,14 @@ class ModelDispatcher:
         self.fairness[ticket.request.priority_class].on_generated(ticket.request, tokens)
         self._cost(ticket, self.prices.cost(0, tokens))
         assert ticket.backend is not None
-        self._series[ticket.backend.name].generated_tokens.inc(tokens)
+        if not ticket.request.mirrored:
+            self._series[ticket.backend.name].generated_tokens.inc(tokens)
         if self.observer is not None:
             self.observer.on_generated(ticket, tokens)
 
     def _cost(self, ticket: Ticket, cost: float) -> None:
         """Export the cost served (the prompt at the first token, as a failover before it costs nothing)."""
-        if cost:
+        if cost and not ticket.request.mirrored:
             self._metrics.user_cost.labels(self.model.name, self._accounts.label(ticket.request.user)).inc(cost)
 
     def on_finished(self, ticket: Ticket) -> None:
@@ -276,7 +279,8 @@ class ModelDispatcher:
             self._on_done(ticket)
         if self.observer is not None:
             self.observer.on_outcome(ticket)
-        self._metrics.outcomes.labels(self.model.name, ticket.outcome.value if ticket.outcome else "?").inc()
+        if not ticket.request.mirrored:
+            self._metrics.outcomes.labels(self.model.name, ticket.outcome.value if ticket.outcome else "?").inc()
         log.debug(
             "request_done",
             model=self.model.name,
@@ -496,11 +500,13 @@ class ModelDispatcher:
         self._running[request.request_id] = ticket
         self._activity.started(request.priority_class, now)
         series = self._series[handle.name]
-        series.dispatched.inc()
+        if not request.mirrored:
+            series.dispatched.inc()
         series.in_flight.set(handle.estimator.in_flight)
         if ticket.attempts == 1:  # a failed-over request left the queue, and was observed, the first time
             self.drain.record(now)
-            self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
+            if not request.mirrored:
+                self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
 
     def _next_live(self, band: Band, user: str, now: float) -> Ticket | None:
         """The user's next request by the ordering policy (the head of its flow), expiring dead ones on the

@@ -52,6 +52,9 @@ class QueuedRequest:
     prompt_bytes: int = field(default=0)
     client_request_id: str = ""
     cache_key: str = ""  # the client's prompt_cache_key: kept for prefix-locality scheduling
+    # Held by a cluster leader for the replica that serves the call: that replica counts the request's
+    # per-request metrics (admitted, waits, TTFT, tokens, cost, outcome), so a sum over replicas counts it once.
+    mirrored: bool = False
 
     @property
     def public_id(self) -> str:

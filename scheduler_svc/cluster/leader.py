@@ -120,6 +120,7 @@ class Leader:
             prompt_bytes=admit.prompt_bytes,
             client_request_id=admit.client_request_id,
             cache_key=admit.cache_key,
+            mirrored=True,
         )
         try:
             ticket = self._scheduler.admit(request, force=admit.force)

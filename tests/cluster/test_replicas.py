@@ -55,6 +55,34 @@ async def test_a_request_at_a_follower_is_dispatched_by_the_leader_and_run_by_it
         assert follower.scheduler.dispatchers["m"].backends[0].estimator.in_flight == 0
 
 
+def counted(servers: list[SchedulerServer], name: str) -> float:
+    """`name`'s samples summed over every replica's registry and label set (what a dashboard's sum shows)."""
+    return sum(
+        sample.value
+        for server in servers
+        for metric in server.scheduler.metrics.registry.collect()
+        for sample in metric.samples
+        if sample.name == name
+    )
+
+
+async def test_a_request_at_a_follower_is_counted_once_over_all_replicas() -> None:
+    """The leader's mirror decides for the request, its owner serves it: the per-request series are the
+    owner's, so summing them over the replicas counts each call once (not once per replica that held it)."""
+    async with running_simulator(SimConfig(**FAST)) as sim, replicas(sim.url) as (_, servers):
+        leader, follower = servers[0], servers[1]
+        async with client_for(follower, user="alice") as client:
+            await client.submit("m", "hello there", max_tokens=5, ignore_eos=True, request_id="one")
+        await eventually(lambda: mirrors(leader) == 0, 2.0, "the leader's mirror released")
+        assert counted(servers, "llmsched_requests_admitted_total") == 1
+        assert counted(servers, "llmsched_requests_dispatched_total") == 1
+        assert counted(servers, "llmsched_request_outcomes_total") == 1
+        assert counted(servers, "llmsched_time_to_first_token_seconds_count") == 1
+        assert counted(servers, "llmsched_queue_wait_seconds_count") == 1
+        assert counted(servers, "llmsched_generated_tokens_total") == 5
+        assert counted([follower], "llmsched_request_outcomes_total") == 1, "the owner counts it"
+
+
 async def test_one_engine_budget_for_a_flood_spread_over_three_replicas() -> None:
     """The engine's waiting queue, as the simulator counts it, stays within the gate target + 1 with a
     flood arriving round robin at three replicas (three independent schedulers would reach 3x target)."""
