@@ -130,9 +130,9 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: s6.S6Params 
             )
         result.notes.append(
             f"At {p.rate:g} requests/s one scheduler process needs about a whole core (S6), which these 2 shared "
-            "cores seldom give it: when both one-replica runs queue for the CPU (p50s of hundreds of ms), their "
-            f"difference there is noise, and the {p.low_rate:g} requests/s comparison is the one that shows what "
-            "Redis costs."
+            "cores do not give it when other work runs: when both one-replica runs queue for the CPU (p50s of "
+            f"hundreds of ms), their difference there is noise, and the {p.low_rate:g} requests/s comparison is "
+            "the one that shows what Redis costs."
         )
     result.notes.append(
         f"Figures are medians over {len(rounds)} round(s); 'added' is a layout's figure minus the engine alone's "
