@@ -119,7 +119,7 @@ class Scheduler:
                 f"request_id {request.client_request_id} is in use by another live request of user "
                 f"{request.user}; use a new id, or wait for that request to end"
             )
-        ticket = dispatcher.enqueue(request, force=True) if force else dispatcher.enqueue(request)
+        ticket = dispatcher.enqueue(request, force=force)
         if request.client_request_id:
             self._live_ids.setdefault(key, ticket)
         return ticket

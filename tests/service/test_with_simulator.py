@@ -36,10 +36,10 @@ async def test_s1_latecomers_are_served_long_before_the_flood_drains(monkeypatch
         events.append(ticket.request.user)
         assign(ticket, backend, now, priority)
 
-    def recording_enqueue(dispatcher: ModelDispatcher, request: QueuedRequest) -> Ticket:
+    def recording_enqueue(dispatcher: ModelDispatcher, request: QueuedRequest, *, force: bool = False) -> Ticket:
         if request.user == "B":
             events.append("admit B")
-        return enqueue(dispatcher, request)
+        return enqueue(dispatcher, request, force=force)
 
     monkeypatch.setattr(Ticket, "assign", recording_assign)
     monkeypatch.setattr(ModelDispatcher, "enqueue", recording_enqueue)
