@@ -29,7 +29,7 @@ from scheduler_svc.errors import InternalError, QueueTimeout, ShuttingDown
 from scheduler_svc.failover import FailoverRule
 from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.hooks import DispatchAuthority, DispatchObserver
-from scheduler_svc.metrics import SchedulerMetrics, backend_series, class_series
+from scheduler_svc.metrics import RequestCounters, SchedulerMetrics, backend_series, class_series
 from scheduler_svc.openings import BackendChoice, BackendGates, BackendState, EnginePriorities, Opening
 from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES
 from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, Candidate
@@ -82,6 +82,7 @@ class ModelDispatcher:
         self._metrics = metrics
         self._series = {h.name: backend_series(metrics, model.name, h.name, self.classes) for h in self.backends}
         self._class_series = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
+        self._counters = RequestCounters(metrics, model.name, self._series, self._class_series, self._accounts.label)
         self.drain = RateMeter()
         self._activity = ClassActivity(scheduling.classes)
         self._bands = BAND_POLICIES.create(scheduling.band_policy)
@@ -131,8 +132,7 @@ class ModelDispatcher:
         ticket = Ticket(request, self)
         self._put_in_queue(ticket)
         self.capacity.hold(request)
-        if not request.mirrored:
-            self._class_series[request.priority_class].admitted.inc()
+        self._counters.admitted(request)
         self._activity.touch(request.priority_class, self.clock.now())
         self._set_depth(request.priority_class)
         self.wake()
@@ -200,29 +200,20 @@ class ModelDispatcher:
 
     def on_first_token(self, ticket: Ticket) -> None:
         assert ticket.backend is not None and ticket.first_token_at is not None
-        self._cost(ticket, self.prices.cost(ticket.request.prompt_tokens_estimate, 0))
+        self._counters.cost(ticket.request, self.prices.cost(ticket.request.prompt_tokens_estimate, 0))
         ticket.backend.estimator.started(ticket.request.request_id, ticket.first_token_at)
-        if not ticket.request.mirrored:
-            self._class_series[ticket.request.priority_class].ttft.observe(
-                ticket.first_token_at - ticket.request.admitted_at
-            )
+        self._counters.first_token(ticket.request, ticket.first_token_at - ticket.request.admitted_at)
         if self.observer is not None:
             self.observer.on_first_token(ticket)
         self.wake()
 
     def on_generated(self, ticket: Ticket, tokens: int) -> None:
         self.fairness[ticket.request.priority_class].on_generated(ticket.request, tokens)
-        self._cost(ticket, self.prices.cost(0, tokens))
+        self._counters.cost(ticket.request, self.prices.cost(0, tokens))
         assert ticket.backend is not None
-        if not ticket.request.mirrored:
-            self._series[ticket.backend.name].generated_tokens.inc(tokens)
+        self._counters.generated(ticket.request, ticket.backend.name, tokens)
         if self.observer is not None:
             self.observer.on_generated(ticket, tokens)
-
-    def _cost(self, ticket: Ticket, cost: float) -> None:
-        """Export the cost served (the prompt at the first token, as a failover before it costs nothing)."""
-        if cost and not ticket.request.mirrored:
-            self._metrics.user_cost.labels(self.model.name, self._accounts.label(ticket.request.user)).inc(cost)
 
     def on_finished(self, ticket: Ticket) -> None:
         self._release(ticket)
@@ -279,8 +270,7 @@ class ModelDispatcher:
             self._on_done(ticket)
         if self.observer is not None:
             self.observer.on_outcome(ticket)
-        if not ticket.request.mirrored:
-            self._metrics.outcomes.labels(self.model.name, ticket.outcome.value if ticket.outcome else "?").inc()
+        self._counters.outcome(ticket.request, ticket.outcome.value if ticket.outcome else "?")
         log.debug(
             "request_done",
             model=self.model.name,
@@ -499,14 +489,11 @@ class ModelDispatcher:
         self._backend_policy.on_dispatched(request, handle.name)
         self._running[request.request_id] = ticket
         self._activity.started(request.priority_class, now)
-        series = self._series[handle.name]
-        if not request.mirrored:
-            series.dispatched.inc()
-        series.in_flight.set(handle.estimator.in_flight)
-        if ticket.attempts == 1:  # a failed-over request left the queue, and was observed, the first time
+        self._series[handle.name].in_flight.set(handle.estimator.in_flight)
+        first = ticket.attempts == 1  # a failed-over request left the queue, and was observed, the first time
+        if first:
             self.drain.record(now)
-            if not request.mirrored:
-                self._class_series[request.priority_class].queue_wait.observe(now - request.admitted_at)
+        self._counters.dispatched(request, handle.name, now - request.admitted_at if first else None)
 
     def _next_live(self, band: Band, user: str, now: float) -> Ticket | None:
         """The user's next request by the ordering policy (the head of its flow), expiring dead ones on the

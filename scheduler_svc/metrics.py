@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from scheduler_svc.policies.gate import GateCause
+from scheduler_svc.request import QueuedRequest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -250,3 +252,72 @@ def class_series(metrics: SchedulerMetrics, model: str, priority_class: str) -> 
         queue_wait=metrics.queue_wait.labels(*labels),
         ttft=metrics.ttft.labels(*labels),
     )
+
+
+_P = ParamSpec("_P")
+
+
+def _served_here(
+    count: Callable[Concatenate[RequestCounters, QueuedRequest, _P], None],
+) -> Callable[Concatenate[RequestCounters, QueuedRequest, _P], None]:
+    """Count only requests whose call this replica serves: a cluster leader's mirror of another replica's
+    request (`QueuedRequest.mirrored`) is counted by that replica."""
+
+    @functools.wraps(count)
+    def counted(counters: RequestCounters, request: QueuedRequest, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        if not request.mirrored:
+            count(counters, request, *args, **kwargs)
+
+    return counted
+
+
+class RequestCounters:
+    """One model's per-request series: what each call adds as it is admitted, dispatched, served and ended.
+
+    A cluster leader's dispatcher also runs its mirrors of other replicas' requests; those add nothing here,
+    so a sum over replicas counts every call once. Gauges (queue depth, in-flight, gates, engine readings)
+    are each dispatcher's own view and are not set here.
+    """
+
+    def __init__(
+        self,
+        metrics: SchedulerMetrics,
+        model: str,
+        backends: dict[str, BackendSeries],
+        classes: dict[str, ClassSeries],
+        account_of: Callable[[str], str],
+    ) -> None:
+        self._metrics = metrics
+        self._model = model
+        self._backends = backends
+        self._classes = classes
+        self._account_of = account_of  # user -> its cost label (named users, or one label for the rest)
+
+    @_served_here
+    def admitted(self, request: QueuedRequest) -> None:
+        self._classes[request.priority_class].admitted.inc()
+
+    @_served_here
+    def dispatched(self, request: QueuedRequest, backend: str, waited: float | None) -> None:
+        """Sent to `backend`; `waited` is its queue wait on its first attempt (None on a failover's retry)."""
+        self._backends[backend].dispatched.inc()
+        if waited is not None:
+            self._classes[request.priority_class].queue_wait.observe(waited)
+
+    @_served_here
+    def first_token(self, request: QueuedRequest, ttft: float) -> None:
+        self._classes[request.priority_class].ttft.observe(ttft)
+
+    @_served_here
+    def generated(self, request: QueuedRequest, backend: str, tokens: int) -> None:
+        self._backends[backend].generated_tokens.inc(tokens)
+
+    @_served_here
+    def cost(self, request: QueuedRequest, cost: float) -> None:
+        """The cost served (the prompt at the first token, so a failover before it costs nothing)."""
+        if cost:
+            self._metrics.user_cost.labels(self._model, self._account_of(request.user)).inc(cost)
+
+    @_served_here
+    def outcome(self, request: QueuedRequest, outcome: str) -> None:
+        self._metrics.outcomes.labels(self._model, outcome).inc()
