@@ -250,7 +250,7 @@ class ModelDispatcher:
         flow = self._put_in_queue(ticket, front=True)
         self._set_depth(request.priority_class)
         self.positions.moved(flow)  # the requests behind it moved down one
-        self._series[handle.name].failovers.inc()
+        self._counters.failed_over(request, handle.name)
         log.warning(
             "request_failed_over",
             model=self.model.name,

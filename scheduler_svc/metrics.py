@@ -305,6 +305,11 @@ class RequestCounters:
             self._classes[request.priority_class].queue_wait.observe(waited)
 
     @_served_here
+    def failed_over(self, request: QueuedRequest, backend: str) -> None:
+        """`backend` failed the request before its first token and it was queued again."""
+        self._backends[backend].failovers.inc()
+
+    @_served_here
     def first_token(self, request: QueuedRequest, ttft: float) -> None:
         self._classes[request.priority_class].ttft.observe(ttft)
 

@@ -218,9 +218,12 @@ async def test_a_failover_at_a_follower_is_decided_by_the_leader() -> None:
             responses = [await client.submit("m", f"q{i}", max_tokens=4, ignore_eos=True) for i in range(3)]
             leader = servers[0].scheduler.dispatchers["m"]
             assert leader.backends[0].cooling_for(leader.clock.now()) > 0, "the leader cooled b0 down"
+            await eventually(lambda: mirrors(servers[0]) == 0, 2.0, "the leader's mirrors released")
+            failovers = counted(servers, "llmsched_requests_failed_over_total")
     assert [r.backend for r in responses] == ["b1"] * 3
     assert all(r.usage.completion_tokens == 4 for r in responses)
     assert len(engine_ids(sim.engine.stats())) == 3
+    assert failovers == 1, "the one failover (b0 is then cooled down) counted once over the replicas"
 
 
 async def test_a_streaming_client_at_a_follower_hears_its_position_in_the_leaders_queue() -> None:
