@@ -25,6 +25,7 @@ class RequestRecord:
     tokens: int = 0
     error: str | None = None
     replica: int = 0  # which scheduler replica the call went to (cluster runs; 0 otherwise)
+    stream: str = ""  # the closed-loop worker that sent it ("" for a one-off send)
     token_times: list[tuple[float, int]] = field(default_factory=list)  # (when, tokens) per delta
 
     def received(self, now: float, tokens: int) -> None:
@@ -64,6 +65,7 @@ class RequestRecord:
             "max_tokens": self.max_tokens,
             "error": self.error,
             "replica": self.replica,
+            "stream": self.stream,
         }
 
 
@@ -86,6 +88,33 @@ def tokens_by_user(records: Iterable[RequestRecord], start: float, end: float) -
     out: dict[str, int] = {}
     for record in records:
         out[record.user] = out.get(record.user, 0) + record.tokens_between(start, end)
+    return out
+
+
+def return_gaps(records: Iterable[RequestRecord]) -> dict[str, list[tuple[float, float]]]:
+    """Per user, (when its answer ended, seconds until the same closed-loop stream sent again) for every
+    answer a stream followed with another request: the client's turnaround, which a policy that waits for a
+    returning user (VTC's return grace) must cover."""
+    last: dict[str, RequestRecord] = {}
+    gaps: dict[str, list[tuple[float, float]]] = {}
+    for record in sorted((r for r in records if r.stream), key=lambda r: r.sent):
+        previous = last.get(record.stream)
+        if previous is not None and previous.finished is not None:
+            gaps.setdefault(record.user, []).append((previous.finished, record.sent - previous.finished))
+        last[record.stream] = record
+    return gaps
+
+
+def mean_running(records: Iterable[RequestRecord], start: float, end: float) -> dict[str, float]:
+    """Per user, the mean number of its requests streaming tokens (first token to end) over [start, end)."""
+    out: dict[str, float] = {}
+    for record in records:
+        if record.first_token is None:
+            continue
+        stop = record.finished if record.finished is not None else end
+        overlap = min(stop, end) - max(record.first_token, start)
+        if overlap > 0:
+            out[record.user] = out.get(record.user, 0.0) + overlap / (end - start)
     return out
 
 

@@ -115,7 +115,9 @@ class RunContext:
 
         async def worker(i: int) -> None:
             while not stop.is_set():
-                record = RequestRecord(user=user, tag=tag, sent=self.clock.now(), max_tokens=max_tokens)
+                record = RequestRecord(
+                    user=user, tag=tag, sent=self.clock.now(), max_tokens=max_tokens, stream=f"{prompt} {i}"
+                )
                 self.records.append(record)
                 await self.client.run(record, f"{prompt} {i}", **kwargs)
                 if record.error is not None:

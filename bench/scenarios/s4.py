@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.configs import scheduler_config
 from bench.engines import EngineProvider, SimProfile, SimProvider
-from bench.records import RequestRecord, cumulative_tokens, tokens_by_user
+from bench.records import RequestRecord, cumulative_tokens, mean_running, percentile, return_gaps, tokens_by_user
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL, Mode, RunContext
 from bench.scenarios._common import STANDARD_CLASS, jsonable, measuring_window, not_run, number, run_modes
@@ -80,15 +80,58 @@ def _is_reference(label: str) -> bool:
     return "round_robin" in label
 
 
+RETURN_GRACE = 0.2  # the shipped `scheduling.vtc_return_grace_seconds`: a slower return forfeits the place
+
+
+def window_starts(start: float, end: float, p: S4Params) -> list[float]:
+    """Where every `p.slice`-second window of [start, end) starts, one every `p.slide` s."""
+    starts = []
+    t = start
+    while t + p.slice <= end + 1e-9:
+        starts.append(t)
+        t += p.slide
+    return starts
+
+
 def window_ratios(records: Sequence[RequestRecord], start: float, end: float, p: S4Params) -> list[float]:
     """long ÷ short in every `p.slice`-second window of [start, end), one starting every `p.slide` s."""
     ratios = []
-    t = start
-    while t + p.slice <= end + 1e-9:
+    for t in window_starts(start, end, p):
         tokens = tokens_by_user(records, t, t + p.slice)
         ratios.append(tokens.get(LONG, 0) / max(1, tokens.get(SHORT, 0)))
-        t += p.slide
     return ratios
+
+
+def turnaround(records: Sequence[RequestRecord], start: float, end: float, p: S4Params) -> dict[str, Any]:
+    """The clients' side of each window: how long each user's streams took to send again after an answer
+    (a return slower than the grace hands the freed engine place to the other user for a whole lifetime),
+    and how many requests of each user streamed on average. This is what tells a policy's excursion from
+    a load generator that could not keep its user backlogged."""
+    gaps = {user: [(t, g) for t, g in series if start <= t < end] for user, series in return_gaps(records).items()}
+    summary = {
+        user: {
+            "returns": len(series),
+            "p50_ms": 1000 * (percentile([g for _, g in series], 50) or 0.0),
+            "p99_ms": 1000 * (percentile([g for _, g in series], 99) or 0.0),
+            "max_ms": 1000 * max((g for _, g in series), default=0.0),
+            "over_grace": sum(1 for _, g in series if g > RETURN_GRACE),
+        }
+        for user, series in gaps.items()
+    }
+    windows = []
+    for t in window_starts(start, end, p):
+        running = mean_running(records, t, t + p.slice)
+        late = {
+            user: sum(1 for when, g in series if t <= when < t + p.slice and g > RETURN_GRACE)
+            for user, series in gaps.items()
+        }
+        windows.append(
+            {
+                "running": {user: round(n, 2) for user, n in running.items()},
+                "returns_over_grace": late,
+            }
+        )
+    return {"return_gaps": summary, "windows": windows}
 
 
 async def body(run: RunContext, p: S4Params, window: float, warmup: float) -> dict[str, Any]:
@@ -110,6 +153,7 @@ async def body(run: RunContext, p: S4Params, window: float, warmup: float) -> di
         "window_ratios": ratios,
         "worst_window": max((abs(r - 1) for r in ratios), default=None),
         "window": [start, end],
+        "clients": turnaround(run.records, start, end, p),
         "errors": sorted({r.error for r in run.records if r.error and r.error != "cancelled"}),
         "_cumulative": cumulative_tokens(run.records, 0.25, end + 1.0),
     }
