@@ -114,12 +114,11 @@ class RunContext:
         """Keep `concurrency` requests of `user` outstanding until `stop` is set: a user always backlogged."""
 
         async def worker(i: int) -> None:
+            text = f"{prompt} {i}"  # the worker's prompt, which also names its stream
             while not stop.is_set():
-                record = RequestRecord(
-                    user=user, tag=tag, sent=self.clock.now(), max_tokens=max_tokens, stream=f"{prompt} {i}"
-                )
+                record = RequestRecord(user=user, tag=tag, sent=self.clock.now(), max_tokens=max_tokens, stream=text)
                 self.records.append(record)
-                await self.client.run(record, f"{prompt} {i}", **kwargs)
+                await self.client.run(record, text, **kwargs)
                 if record.error is not None:
                     return  # a failing target would make this loop spin
 

@@ -32,6 +32,7 @@ from bench.records import RequestRecord, cumulative_tokens, mean_running, percen
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL, Mode, RunContext
 from bench.scenarios._common import STANDARD_CLASS, jsonable, measuring_window, not_run, number, run_modes
+from scheduler_svc.config import SchedulingConfig
 
 TITLE = "token fairness"
 LONG, SHORT = "long", "short"
@@ -80,7 +81,7 @@ def _is_reference(label: str) -> bool:
     return "round_robin" in label
 
 
-RETURN_GRACE = 0.2  # the shipped `scheduling.vtc_return_grace_seconds`: a slower return forfeits the place
+RETURN_GRACE = SchedulingConfig().vtc_return_grace_seconds  # the shipped default: a slower return forfeits the place
 
 
 def window_starts(start: float, end: float, p: S4Params) -> list[float]:

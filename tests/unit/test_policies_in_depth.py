@@ -366,6 +366,17 @@ def _closed_loop_s4(
     return long_tokens, short_tokens
 
 
+def _assert_s4_targets(long_tokens: list[int], short_tokens: list[int]) -> None:
+    """S4's targets on tokens per step: after a warm-up of two long lifetimes (2000 steps), long/short within
+    0.05 cumulatively and within 0.15 in every 60 s window (one starting every 5 s)."""
+    warm, window = 2000, int(60 / 0.0224)
+    cum_long, cum_short = list(itertools.accumulate(long_tokens)), list(itertools.accumulate(short_tokens))
+    assert abs((cum_long[-1] - cum_long[warm]) / (cum_short[-1] - cum_short[warm]) - 1) <= 0.05
+    for start in range(warm, len(cum_long) - window, window // 12):
+        ratio = (cum_long[start + window] - cum_long[start]) / (cum_short[start + window] - cum_short[start])
+        assert abs(ratio - 1) <= 0.15, (start, ratio)
+
+
 @pytest.mark.parametrize("resubmit_after", [1, 3])
 @pytest.mark.parametrize("prices", [None, {"input_token_cost": 0.5, "output_token_cost": 3.0}])
 def test_s4_vtc_holds_in_every_60_s_window_when_each_users_requests_sit_in_the_engine(
@@ -377,12 +388,7 @@ def test_s4_vtc_holds_in_every_60_s_window_when_each_users_requests_sit_in_the_e
     long lifetimes, 0.05 cumulatively."""
     h = Harness({"fairness": "vtc"}, model=prices, cap=11)
     long_tokens, short_tokens = _closed_loop_s4(h, steps=12_000, resubmit_after=resubmit_after)
-    warm, window = 2000, int(60 / 0.0224)
-    cum_long, cum_short = list(itertools.accumulate(long_tokens)), list(itertools.accumulate(short_tokens))
-    assert abs((cum_long[-1] - cum_long[warm]) / (cum_short[-1] - cum_short[warm]) - 1) <= 0.05
-    for start in range(warm, len(cum_long) - window, window // 12):
-        ratio = (cum_long[start + window] - cum_long[start]) / (cum_short[start + window] - cum_short[start])
-        assert abs(ratio - 1) <= 0.15, (start, ratio)
+    _assert_s4_targets(long_tokens, short_tokens)
 
 
 @pytest.mark.parametrize("prices", [None, {"input_token_cost": 0.5, "output_token_cost": 3.0}])
@@ -395,10 +401,6 @@ def test_s4_vtc_repays_the_head_start_an_idle_engines_first_fill_gives_within_th
     window after it still holds 0.15 (the simulator's S4 shows the same head start: README, S4)."""
     h = Harness({"fairness": "vtc"}, model=prices, cap=11)
     long_tokens, short_tokens = _closed_loop_s4(h, steps=6000, resubmit_after=1, fill_one_at_a_time=True)
-    lifetime, warm, window = 1000, 2000, int(60 / 0.0224)
+    lifetime = 1000  # steps
     assert sum(long_tokens[:lifetime]) > 2 * sum(short_tokens[:lifetime])  # the head start is there
-    cum_long, cum_short = list(itertools.accumulate(long_tokens)), list(itertools.accumulate(short_tokens))
-    assert abs((cum_long[-1] - cum_long[warm]) / (cum_short[-1] - cum_short[warm]) - 1) <= 0.05
-    for start in range(warm, len(cum_long) - window, window // 12):
-        ratio = (cum_long[start + window] - cum_long[start]) / (cum_short[start + window] - cum_short[start])
-        assert abs(ratio - 1) <= 0.15, (start, ratio)
+    _assert_s4_targets(long_tokens, short_tokens)
