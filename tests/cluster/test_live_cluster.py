@@ -47,14 +47,18 @@ WAITING_TARGET = 2
 WAITING_SLACK = 1  # a grant in flight while the leader's reading of the engine is a scrape old
 USERS = 4
 ABORT_NOTICE_SECONDS = 0.1  # the simulator (in this loaded test process) reads a closed connection this late
+LONG_EVERY = 4
+LONG_TOKENS = 150  # about 0.6 s at the engine: outlives the pick-to-kill race (a 30-token answer can end in it)
 
 
 @dataclass
 class Flood:
-    """`count` Submit calls, request i sent to replica i % 3 as user u{i % USERS}; `owner[id]`: its replica."""
+    """`count` Submit calls, request i sent to replica i % 3 as user u{i % USERS}; `owner[id]`: its replica;
+    `long`: the ids given a long answer (none unless the flood asks for them)."""
 
     tasks: dict[str, asyncio.Task[object]]
     owner: dict[str, str]
+    long: set[str]
 
     def done(self) -> int:
         return sum(t.done() for t in self.tasks.values())
@@ -69,7 +73,12 @@ class Flood:
 
 
 @contextlib.asynccontextmanager
-async def flood(replicas: list[Replica], count: int, max_tokens: int, prefix: str = "f") -> AsyncIterator[Flood]:
+async def flood(
+    replicas: list[Replica], count: int, max_tokens: int, prefix: str = "f", long_tokens: int | None = None
+) -> AsyncIterator[Flood]:
+    """With `long_tokens`, every LONG_EVERY-th request asks for that many tokens instead (each replica gets
+    some, since LONG_EVERY and the replica count are coprime): a kill test picks its victim while one of them
+    runs, so the victim still has a request at the engine when the kill lands."""
     async with contextlib.AsyncExitStack() as stack:
         clients = {
             (r, u): await stack.enter_async_context(SchedulerClient(replicas[r].target, user=f"u{u}"))
@@ -78,14 +87,19 @@ async def flood(replicas: list[Replica], count: int, max_tokens: int, prefix: st
         }
         tasks: dict[str, asyncio.Task[object]] = {}
         owner: dict[str, str] = {}
+        long: set[str] = set()
         for i in range(count):
             rid, r = f"{prefix}{i}", i % len(replicas)
+            tokens = max_tokens
+            if long_tokens is not None and i % LONG_EVERY == LONG_EVERY - 1:
+                tokens = long_tokens
+                long.add(rid)
             client = clients[(r, i % USERS)]
-            call = client.submit("m", f"{rid} flood", max_tokens=max_tokens, ignore_eos=True, request_id=rid)
+            call = client.submit("m", f"{rid} flood", max_tokens=tokens, ignore_eos=True, request_id=rid)
             tasks[rid] = asyncio.create_task(call)
             owner[rid] = replicas[r].name
         try:
-            yield Flood(tasks, owner)
+            yield Flood(tasks, owner, long)
         finally:
             for task in tasks.values():
                 task.cancel()
@@ -161,7 +175,7 @@ async def _mid_flood(
 ) -> tuple[Replica, set[str]]:
     """Wait until `done` calls are done, the cluster is settled (one leader, the others following) and a
     replica in `role` (by its gauge, now: under load the lead can move before the failure) has requests live
-    at the engine; that replica and those request ids."""
+    at the engine, a long one among them if the flood has long ones; that replica and those request ids."""
 
     def pick() -> tuple[Replica, set[str]] | None:
         roles = watch.now
@@ -171,7 +185,7 @@ async def _mid_flood(
         ended = engine.ended("finished") | engine.ended("aborted") | engine.ended("failed")
         for replica in by_role(replicas, watch, role):
             live = {rid for rid in engine.received() if calls.owner.get(rid) == replica.name and rid not in ended}
-            if live:
+            if live and (not calls.long or live & calls.long):
                 return replica, live
         return None
 
@@ -225,7 +239,7 @@ async def test_follower_killed_mid_flood(tmp_path: Path, redis_server: RedisServ
         simulator(tmp_path) as (sim, journal),
         cluster(tmp_path, sim.url, redis_server.url, waiting_target=WAITING_TARGET) as (replicas, watch),
     ):
-        async with flood(replicas, 60, max_tokens=30) as calls:
+        async with flood(replicas, 60, max_tokens=30, long_tokens=LONG_TOKENS) as calls:
             doomed, _ = await _mid_flood(calls, journal, replicas, watch, "follower", done=6)
             doomed.kill9()
             killed_at = time.time()
@@ -265,7 +279,7 @@ async def test_leader_killed_mid_flood(tmp_path: Path, redis_server: RedisServer
         simulator(tmp_path) as (sim, journal),
         cluster(tmp_path, sim.url, redis_server.url, waiting_target=WAITING_TARGET) as (replicas, watch),
     ):
-        async with flood(replicas, 60, max_tokens=30) as calls:
+        async with flood(replicas, 60, max_tokens=30, long_tokens=LONG_TOKENS) as calls:
             doomed, _ = await _mid_flood(calls, journal, replicas, watch, "leader", done=6)
             doomed.kill9()
             killed_at = time.time()
