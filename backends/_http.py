@@ -22,7 +22,14 @@ from backends.errors import (
 
 
 class HttpEngine:
-    """An engine's base URL with a lazily created aiohttp session (it must be created inside a loop)."""
+    """An engine's base URL with a lazily created aiohttp session (it must be created inside a loop).
+
+    Idle pooled connections are closed after `idle_connection_seconds`, which must stay under the engine's
+    own keep-alive (vLLM's and uvicorn's default is 5 s; aiohttp's client default of 15 s is not): a request
+    sent on a connection the engine is closing fails with "Server disconnected", and on a busy machine the
+    engine's close is often not yet read when the connection is picked. That race, should it happen anyway,
+    gets one retry on another connection (`post_stream`).
+    """
 
     def __init__(self, *, name: str, url: str, settings: HttpSettings, force_close: bool = False) -> None:
         self.name = name
@@ -31,13 +38,19 @@ class HttpEngine:
         self._metrics_timeout = aiohttp.ClientTimeout(total=settings.metrics_timeout)
         self._request_timeout = aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout)
         self._max_connections = settings.max_connections
+        self._idle_connection_seconds = settings.idle_connection_seconds
         self._force_close = force_close
         self._session: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, force_close=self._force_close)
+            if self._force_close:  # no connection is reused: nothing stays idle
+                connector = aiohttp.TCPConnector(limit=self._max_connections, force_close=True)
+            else:
+                connector = aiohttp.TCPConnector(
+                    limit=self._max_connections, keepalive_timeout=self._idle_connection_seconds
+                )
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._request_timeout)
         return self._session
 
@@ -67,9 +80,18 @@ class HttpEngine:
 
         `X-Request-Id` carries our id so engine logs and aborts (vLLM uses it as its own id) match ours.
         The caller owns the response and must close it (closing early aborts the request in the engine).
+        A connection that breaks before any answer is tried once more on another connection: that is how
+        a pooled connection the engine closed for idleness fails, and the engine has not started the
+        request (had it, the broken connection aborts it there). Refused connections are not retried.
         """
+        url, headers = self.base_url + path, {"X-Request-Id": request_id}
         try:
-            response = await self.session.post(self.base_url + path, json=body, headers={"X-Request-Id": request_id})
+            try:
+                response = await self.session.post(url, json=body, headers=headers)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise
+                response = await self.session.post(url, json=body, headers=headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise BackendUnavailable(f"cannot reach engine {self.name}: {exc}", backend=self.name) from exc
         if response.status == 200:

@@ -112,6 +112,7 @@ class HttpSettings:
     metrics_timeout: float = 1.0
     connect_timeout: float = 5.0
     max_connections: int = 1024
+    idle_connection_seconds: float = 2.0  # under the engine's keep-alive (vLLM, uvicorn: 5 s); see HttpEngine
 
 
 @runtime_checkable

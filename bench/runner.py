@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import grpc
 
+from backends.base import HttpSettings
 from bench import harness
 from bench.clients import Client, DirectClient, HttpSchedulerClient, RoundRobinClient, RunClock, ScheduledClient
 from bench.cluster import Cluster, Layout, cluster
@@ -156,7 +157,9 @@ async def open_run(
     provider: EngineProvider, mode: Mode, *, scheduler_wrapper: Sequence[str] = ()
 ) -> AsyncIterator[RunContext]:
     """Start what `mode` needs, yield the run's context, and stop everything (requests first) afterwards."""
-    connector = aiohttp.TCPConnector(limit=0)
+    # Idle connections closed before the engine's keep-alive (5 s) does, as the scheduler's adapters do:
+    # the direct runs must not lose requests to that race either.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=HttpSettings().idle_connection_seconds)
     timeout = aiohttp.ClientTimeout(total=None)
     async with (
         provider.engine(mode.engine_policy) as engine,

@@ -238,6 +238,8 @@ def _validate(config: Config) -> None:
                 raise ConfigError(f"{where}.backends[{backend.name}].url must be http(s)://...")
             if backend.scrape_interval_seconds <= 0:
                 raise ConfigError(f"{where}.backends[{backend.name}]: scrape_interval_seconds must be > 0")
+            if backend.idle_connection_seconds <= 0:
+                raise ConfigError(f"{where}.backends[{backend.name}]: idle_connection_seconds must be > 0")
             observed = observable_limits(backend.kind)
             for c in config.scheduling.classes:
                 blind = [n for n in SIGNAL_LIMITS if getattr(c, n) and n not in observed]

@@ -241,6 +241,11 @@ class BackendConfig:
     scrape_interval_seconds: float = _field(0.2, "How often the engine's metrics are read.")
     connect_timeout_seconds: float = _field(5.0, "TCP connect timeout towards the engine.")
     max_connections: int = _field(1024, "Maximum simultaneous HTTP connections to the engine.")
+    idle_connection_seconds: float = _field(
+        2.0,
+        "An idle connection to the engine is closed after this long. Keep it under the engine's own "
+        "keep-alive (vLLM and uvicorn: 5 s), or a request can go out on a connection the engine is closing.",
+    )
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ def default_backend_factory(model: ModelConfig, backend: BackendConfig) -> Backe
             metrics_timeout=model.gate.stale_after_seconds,
             connect_timeout=backend.connect_timeout_seconds,
             max_connections=backend.max_connections,
+            idle_connection_seconds=backend.idle_connection_seconds,
         ),
     )
 

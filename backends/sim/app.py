@@ -96,7 +96,10 @@ async def running_simulator(
 ) -> AsyncIterator[SimServer]:
     """Serve a simulator on `host:port` for the duration of the block (port 0: a free port)."""
     app = create_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+    keep_alive = (config or SimConfig()).keep_alive_seconds
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0, keepalive_timeout=keep_alive
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -51,6 +51,9 @@ class SimConfig:
         "Prefix cache capacity in blocks of kv_block_size tokens (LRU, hash-chained as vLLM's): a cached "
         "prompt prefix skips its prefill time and counts in vllm:prefix_cache_hits_total (0: off).",
     )
+    keep_alive_seconds: float = _field(
+        5.0, "An idle HTTP connection is closed after this long, as vLLM's server does (uvicorn's 5 s)."
+    )
     seed: int = _field(0, "Mixed into the output of requests that bring no seed of their own.")
     eos_probability: float = _field(
         0.0, "Chance that each generated token is EOS (0.0: every request runs to its max tokens)."
@@ -93,6 +96,8 @@ def _problems(config: SimConfig) -> list[str]:
     for name in ("decode_base_ms", "decode_per_seq_ms", "prefill_per_token_ms"):
         if getattr(config, name) < 0:
             out.append(f"{name} must not be negative")
+    if config.keep_alive_seconds <= 0:
+        out.append("keep_alive_seconds must be > 0")
     if config.max_num_queued_reqs is not None and config.max_num_queued_reqs < 0:
         out.append("max_num_queued_reqs must not be negative")
     if not 0.0 <= config.eos_probability <= 1.0:

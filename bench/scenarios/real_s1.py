@@ -43,6 +43,7 @@ import aiohttp
 import grpc
 
 from backends._prom import MetricSamples
+from backends.base import HttpSettings
 from bench import harness
 from bench.clients import Client, DirectClient, RunClock, ScheduledClient
 from bench.configs import scheduler_config, validated_toml
@@ -169,8 +170,13 @@ async def real_engine(kind: str, lay: Layout) -> AsyncIterator[RealEngine]:
 
 
 def _session(kind: str) -> aiohttp.ClientSession:
-    # llama-server closes the connection after each streamed response: no pooled keep-alive there
-    connector = aiohttp.TCPConnector(limit=0, force_close=kind == "llamacpp")
+    # llama-server closes the connection after each streamed response: no pooled keep-alive there. Elsewhere
+    # idle connections close before the engine's keep-alive (vLLM: 5 s) does, as the scheduler's adapters do:
+    # a direct run lost 9 latecomers to that race ("Server disconnected") on a busy machine.
+    if kind == "llamacpp":
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    else:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=HttpSettings().idle_connection_seconds)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
@@ -315,6 +321,15 @@ async def run_once(engine: RealEngine, setup: Setup, plan: Plan, baseline_src: P
             records.append(record)
             tasks.append(asyncio.create_task(client.run(record, prompt, engine_priority=priority)))
 
+        def cpu_now() -> dict[str, float]:
+            """CPU seconds so far by role: where a layout's cores go (the engine's roles, the scheduler, the
+            load generator with its samplers)."""
+            out = {**engine.cpu_by_role(), "load generator": time.process_time()}
+            if setup.scheduled:
+                out["scheduler"] = layout.cpu_seconds(sched.proc.popen.pid)
+            return out
+
+        cpu_before = cpu_now()
         clock.reset()
         samplers = [asyncio.create_task(_engine_sampler(session, engine, clock, engine_samples))]
         if setup.scheduled:
@@ -326,11 +341,13 @@ async def run_once(engine: RealEngine, setup: Setup, plan: Plan, baseline_src: P
                 await asyncio.sleep(max(0.0, offset - clock.now()))
                 send(user, "late", 16, f"User {user} asks a short question.", setup.latecomer_priority)
             await asyncio.wait_for(asyncio.gather(*tasks), timeout=600)
+            cpu_after = cpu_now()
+            cpu = {role: round(cpu_after[role] - cpu_before[role], 2) for role in cpu_after}
         finally:
             for task in [*samplers, *tasks]:
                 task.cancel()
             await asyncio.gather(*samplers, *tasks, return_exceptions=True)
-    return {"idle_ttft": idle, "records": records, "engine": engine_samples, "gates": gates}
+    return {"idle_ttft": idle, "records": records, "engine": engine_samples, "gates": gates, "cpu": cpu}
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -383,6 +400,7 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
         "mean_running": statistics.fmean(s.running for s in inside) if inside else None,
         "decode": _median(decode),
         "samples": len(inside),
+        "cpu": run.get("cpu", {}),
     }
 
 
@@ -483,6 +501,10 @@ def summarise(
             "missing": sum(p["late_missing"] for p in per),
             "errors": sorted({e for p in per for e in p["errors"]}),
             "n": len(pooled),
+            "cpu": {
+                role: _median([p["cpu"][role] for p in per if role in p["cpu"]])
+                for role in sorted({role for p in per for role in p["cpu"]})
+            },
         }
     oracle = agg.get(oracle_key) if oracle_key else None
     for setup in setups:
@@ -504,6 +526,9 @@ def summarise(
                 seconds(a["idle"]),
             ]
         )
+        if a["cpu"]:
+            shares = ", ".join(f"{role} {value:.1f}" for role, value in a["cpu"].items() if value is not None)
+            result.notes.append(f"{setup.label}: CPU seconds per run by role (median over rounds): {shares}")
         if a["missing"] or a["errors"]:
             result.notes.append(f"{setup.label}: {a['missing']} latecomers without a token; errors {a['errors']}")
     result.table = table
