@@ -74,7 +74,7 @@ class TgiBackend(HttpAdapter):
     """Adapter for a TGI server: pure gating, no priorities."""
 
     CAPABILITIES = BackendCapabilities(supports_priority=False, has_tpot=True, has_kv_usage=False)
-    METRICS = (WAITING, RUNNING, TPOT_HISTOGRAM)
+    METRICS = (WAITING, RUNNING, TPOT_HISTOGRAM + "_sum", TPOT_HISTOGRAM + "_count")  # not the buckets
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if request.messages is not None:

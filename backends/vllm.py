@@ -22,7 +22,15 @@ class VllmBackend(HttpAdapter):
     `--scheduling-policy priority`) each request carries `priority` (lower is served first)."""
 
     CAPABILITIES = BackendCapabilities(supports_priority=True, has_tpot=True, has_kv_usage=True)
-    METRICS = (WAITING, RUNNING, *KV_USAGE, *TPOT_HISTOGRAMS, CACHE_CONFIG)
+    # A histogram's _sum and _count only: its buckets would double the parse (about 2.4 ms of CPU a scrape
+    # on vLLM's 55 KB /metrics against 1.1 ms, scraped several times a second).
+    METRICS = (
+        WAITING,
+        RUNNING,
+        *KV_USAGE,
+        *(h + part for h in TPOT_HISTOGRAMS for part in ("_sum", "_count")),
+        CACHE_CONFIG,
+    )
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         path, body = openai_body(request, self._engine_model)

@@ -216,7 +216,9 @@ async def _engine_sampler(
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             async with session.get(engine.url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as response:
                 text = await response.text()
-            samples = MetricSamples.parse(text)
+            # Only the three series used: parsing all of vLLM's 55 KB costs ~15 ms of CPU, every 0.1 s, on
+            # the core the front end and the scheduler share in the GPU-host layout.
+            samples = MetricSamples.parse(text, METRIC_NAMES[engine.kind])
             out.append(
                 Sample(
                     clock.now(),
