@@ -292,6 +292,9 @@ class RequestCounters:
         self._backends = backends
         self._classes = classes
         self._account_of = account_of  # user -> its cost label (named users, or one label for the rest)
+        # account label -> its child series: cost is counted at every streamed chunk, and labels() validates
+        # and locks each time (accounts are the configured ones plus one catch-all, so this stays small)
+        self._cost_series: dict[str, Any] = {}
 
     @_served_here
     def admitted(self, request: QueuedRequest) -> None:
@@ -321,7 +324,11 @@ class RequestCounters:
     def cost(self, request: QueuedRequest, cost: float) -> None:
         """The cost served (the prompt at the first token, so a failover before it costs nothing)."""
         if cost:
-            self._metrics.user_cost.labels(self._model, self._account_of(request.user)).inc(cost)
+            account = self._account_of(request.user)
+            series = self._cost_series.get(account)
+            if series is None:
+                series = self._cost_series[account] = self._metrics.user_cost.labels(self._model, account)
+            series.inc(cost)
 
     @_served_here
     def outcome(self, request: QueuedRequest, outcome: str) -> None:
