@@ -21,6 +21,15 @@ from backends.errors import (
 )
 
 
+def engine_connector(limit: int, *, force_close: bool, idle_seconds: float) -> aiohttp.TCPConnector:
+    """A connection pool towards an engine: `limit` connections (0: no limit), none reused with
+    `force_close` (llama-server closes after each streamed response), else idle ones closed after
+    `idle_seconds`, under the engine's own keep-alive (see `HttpEngine`)."""
+    if force_close:  # no connection is reused: nothing stays idle
+        return aiohttp.TCPConnector(limit=limit, force_close=True)
+    return aiohttp.TCPConnector(limit=limit, keepalive_timeout=idle_seconds)
+
+
 class HttpEngine:
     """An engine's base URL with a lazily created aiohttp session (it must be created inside a loop).
 
@@ -45,12 +54,9 @@ class HttpEngine:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            if self._force_close:  # no connection is reused: nothing stays idle
-                connector = aiohttp.TCPConnector(limit=self._max_connections, force_close=True)
-            else:
-                connector = aiohttp.TCPConnector(
-                    limit=self._max_connections, keepalive_timeout=self._idle_connection_seconds
-                )
+            connector = engine_connector(
+                self._max_connections, force_close=self._force_close, idle_seconds=self._idle_connection_seconds
+            )
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._request_timeout)
         return self._session
 

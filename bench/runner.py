@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import grpc
 
+from backends._http import engine_connector
 from backends.base import HttpSettings
 from bench import harness
 from bench.clients import Client, DirectClient, HttpSchedulerClient, RoundRobinClient, RunClock, ScheduledClient
@@ -159,7 +160,7 @@ async def open_run(
     """Start what `mode` needs, yield the run's context, and stop everything (requests first) afterwards."""
     # Idle connections closed before the engine's keep-alive (5 s) does, as the scheduler's adapters do:
     # the direct runs must not lose requests to that race either.
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=HttpSettings().idle_connection_seconds)
+    connector = engine_connector(0, force_close=False, idle_seconds=HttpSettings().idle_connection_seconds)
     timeout = aiohttp.ClientTimeout(total=None)
     async with (
         provider.engine(mode.engine_policy) as engine,

@@ -42,6 +42,7 @@ from typing import Any, cast
 import aiohttp
 import grpc
 
+from backends._http import engine_connector
 from backends._prom import MetricSamples
 from backends.base import HttpSettings
 from bench import harness
@@ -173,10 +174,7 @@ def _session(kind: str) -> aiohttp.ClientSession:
     # llama-server closes the connection after each streamed response: no pooled keep-alive there. Elsewhere
     # idle connections close before the engine's keep-alive (vLLM: 5 s) does, as the scheduler's adapters do:
     # a direct run lost 9 latecomers to that race ("Server disconnected") on a busy machine.
-    if kind == "llamacpp":
-        connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    else:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=HttpSettings().idle_connection_seconds)
+    connector = engine_connector(0, force_close=kind == "llamacpp", idle_seconds=HttpSettings().idle_connection_seconds)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
