@@ -237,12 +237,9 @@ def test_the_stated_service_bound_holds_on_a_multi_slot_engine(
     served = {"a": 0.0, "b": 0.0}
     running: dict[str, tuple[QueuedRequest, int]] = {}
     for _ in range(1500):
-        for user in ("a", "b"):
-            while user not in h.band.flows or len(h.band.flows[user]) < 2:
-                h.add(user, 1, max_tokens=next(cycle[user]))
         while len(running) < slots:
-            for user in ("a", "b"):
-                if user not in h.band.flows:
+            for user in ("a", "b"):  # two queued before each choice: a flow never empties, so never lifted
+                while user not in h.band.flows or len(h.band.flows[user]) < 2:
                     h.add(user, 1, max_tokens=next(cycle[user]))
             user = p.select(h.band.flow_views)
             assert user is not None
