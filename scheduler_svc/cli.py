@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import grpc
 
 from scheduler_svc.config import ConfigError, describe_fields, load_config
+from scheduler_svc.event_loop import run_on
 from scheduler_svc.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ def _serve(path: str) -> None:
         await stop.wait()
         await server.stop()
 
-    asyncio.run(run())
+    run_on(config.server.event_loop, run)
 
 
 async def _queue_state(args: argparse.Namespace) -> int:

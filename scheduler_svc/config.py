@@ -37,6 +37,7 @@ from scheduler_svc.config_schema import (
     WeightsConfig,
     describe_fields,
 )
+from scheduler_svc.event_loop import EVENT_LOOPS
 from scheduler_svc.identity import user_id_problem
 from scheduler_svc.keys import load_key_digests
 from scheduler_svc.policies import (
@@ -147,6 +148,8 @@ def _validate(config: Config) -> None:
         raise ConfigError("server: unhealthy_after_failed_passes must be >= 1, unhealthy_after_stalled_seconds >= 0")
     if config.server.http_max_body_bytes < 0:
         raise ConfigError("server.http_max_body_bytes must be >= 0 (0: derived from max_prompt_bytes)")
+    if config.server.event_loop not in EVENT_LOOPS:
+        raise ConfigError(f"server.event_loop {config.server.event_loop!r}: one of {', '.join(EVENT_LOOPS)}")
     if not re.fullmatch(r"[a-z0-9-]{1,64}", config.server.http_user_header):
         raise ConfigError("server.http_user_header: 1-64 lower-case letters, digits and dashes")
     FAIRNESS_POLICIES.check(config.scheduling.fairness, "scheduling.fairness")

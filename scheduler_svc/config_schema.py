@@ -68,6 +68,11 @@ class ServerConfig:
         "Health turns NOT_SERVING when a model has had work queued and a gate open for the best queued class "
         "for this long without a single dispatch (a wedged loop); 0 disables the check.",
     )
+    event_loop: str = _field(
+        "uvloop",
+        "The process's event loop: \"uvloop\" (about a fifth less CPU per streamed token than asyncio's own, "
+        'measured on the simulator) or "asyncio" (the standard library\'s, for debugging).',
+    )
     log_format: str = _field("console", 'Log output: "console" (human) or "json" (one object per line).')
     log_level: str = _field("info", "Minimum log level: debug, info, warning, error.")
     tls_cert_file: str = _field(

@@ -147,6 +147,7 @@ class SchedulerServer:
             else None,
             models=[m.name for m in self.config.models],
             tls="off" if self._tls is None else "mutual" if self._tls.mutual else "on",
+            event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
         )
 
     async def _start_metrics(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from backends.base import Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.fake import FakeBackend
+from scheduler_svc.event_loop import run_on
 from scheduler_svc.logs import configure_logging
 from tests.helpers import make_config, serving
 
@@ -42,4 +43,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_on(make_config().server.event_loop, main)  # the loop `llmsched serve` ships with

@@ -139,3 +139,10 @@ def test_config_reference_lists_the_cluster_fields() -> None:
     names = {row[0] for row in cfg.describe_fields()}
     expected = {f"cluster.{f.name}" for f in dataclasses.fields(cfg.ClusterConfig)}
     assert expected <= names
+
+
+def test_the_event_loop_is_one_the_service_can_run() -> None:
+    assert config_from_dict(MINIMAL).server.event_loop == "uvloop"
+    assert config_from_dict({**MINIMAL, "server": {"event_loop": "asyncio"}}).server.event_loop == "asyncio"
+    with pytest.raises(ConfigError, match=r"server\.event_loop 'trio': one of uvloop, asyncio"):
+        config_from_dict({**MINIMAL, "server": {"event_loop": "trio"}})
