@@ -9,7 +9,9 @@ workload: 32-512 tokens); B and C send one each at +1 s and +2 s, and 30 more la
 - the engine's FIFO, straight: the same priority-policy engine with every request at priority 0 is FCFS
   (its queue orders by (priority, arrival)), so one engine serves every setup of a round;
 - scheduler, engine priorities off (pure gating: the TGI path; the only scheduler setup for llama.cpp);
-- optionally the scheduler from another source tree (`--baseline-src`: the code before a fix).
+- optionally the scheduler from another source tree (`--baseline-src`: the code before a fix);
+- on request only (`--setups ...,sched_asyncio`): the scheduler on asyncio's own event loop instead of the
+  shipped uvloop, engine priorities on (what the loop's CPU per token costs on a real engine).
 
 Reported per setup: latecomer TTFT median and p90 (pooled over the rounds, per-round medians for the
 spread), ratios against the oracle of the same rounds, the flood's span (first send to last token) against
@@ -102,6 +104,7 @@ class Setup:
     engine_priorities: bool = False
     latecomer_priority: int | None = None
     baseline: bool = False
+    event_loop: str = "uvloop"  # the scheduler's server.event_loop
 
 
 SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_priorities=True)
@@ -109,6 +112,10 @@ ORACLE = Setup("oracle", "vLLM priority queue, latecomers -1 (oracle)", False, l
 FIFO = Setup("fifo", "engine FIFO, direct", False)
 SCHED_OFF = Setup("sched_off", "scheduler, engine priorities off (pure gating)", True)
 SCHED_BASE = Setup("sched_base", "scheduler before the ledger fix, engine priorities on", True, True, baseline=True)
+SCHED_ASYNCIO = Setup(
+    "sched_asyncio", "scheduler on asyncio's loop, engine priorities on", True, True, event_loop="asyncio"
+)
+ON_REQUEST = (SCHED_ASYNCIO,)  # run only when --setups names them
 
 
 def setups_for(engine: str, baseline: bool) -> list[Setup]:
@@ -294,6 +301,7 @@ def _config(engine: RealEngine, setup: Setup) -> str:
         scrape_interval=SCRAPE_INTERVAL,
     )
     config["models"][0]["backends"][0]["kind"] = "vllm" if engine.kind == "sim" else engine.kind
+    config["server"]["event_loop"] = setup.event_loop
     return validated_toml(config)
 
 
@@ -678,6 +686,7 @@ async def run_layout(
         return [ScenarioResult.unavailable(f"R1 {engine_kind}, {lay.name}", lay.label, "-", why)]
     os.sched_setaffinity(0, lay.load_cpus or layout.all_cpus())  # the load generator (and the scheduler it starts)
     setups = [s for s in setups_for(engine_kind, baseline_src is not None) if not only or s.key in only]
+    setups += [s for s in ON_REQUEST if s.key in only and engine_kind != "llamacpp"]
     out: list[ScenarioResult] = []
     try:
         async with real_engine(engine_kind, lay) as engine:
@@ -739,7 +748,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="flood", help="comma-separated: flood,mixed")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--flood", type=int, default=0, help="flood size (default: the workload's 64)")
-    parser.add_argument("--setups", default="", help="only these setup keys (sched,oracle,fifo,sched_off,sched_base)")
+    parser.add_argument(
+        "--setups", default="", help="only these setup keys (sched,oracle,fifo,sched_off,sched_base; sched_asyncio)"
+    )
     parser.add_argument("--baseline-src", type=Path, help="a source tree for the 'scheduler before the fix' setup")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real")
     args = parser.parse_args(argv)
