@@ -21,6 +21,8 @@ class HttpAdapter:
     CAPABILITIES: ClassVar[BackendCapabilities] = BackendCapabilities()
     FORCE_CLOSE: ClassVar[bool] = False  # never reuse connections (llama.cpp closes them after a response)
     METRICS: ClassVar[tuple[str, ...] | None] = None  # metric name prefixes `_parse` reads; None: all
+    # METRICS are exact sample names the engine selects itself (Prometheus `name[]`): see HttpEngine.scrape
+    SELECT_METRICS_ON_SERVER: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -31,7 +33,13 @@ class HttpAdapter:
         http: HttpSettings | None = None,
         priority_scheduling: bool = False,
     ) -> None:
-        self._engine = HttpEngine(name=name, url=url, settings=http or HttpSettings(), force_close=self.FORCE_CLOSE)
+        self._engine = HttpEngine(
+            name=name,
+            url=url,
+            settings=http or HttpSettings(),
+            force_close=self.FORCE_CLOSE,
+            select_metrics_on_server=self.SELECT_METRICS_ON_SERVER,
+        )
         self._engine_model = engine_model
         self._priority_scheduling = priority_scheduling and self.CAPABILITIES.supports_priority
         self._tpot = RateTracker()

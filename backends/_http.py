@@ -21,6 +21,14 @@ from backends.errors import (
 )
 
 
+class _MetricsStatus(Exception):
+    """The metrics endpoint answered with a status other than 200."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
 def engine_connector(limit: int, *, force_close: bool, idle_seconds: float) -> aiohttp.TCPConnector:
     """A connection pool towards an engine: `limit` connections (0: no limit), none reused with
     `force_close` (llama-server closes after each streamed response), else idle ones closed after
@@ -40,10 +48,21 @@ class HttpEngine:
     gets one retry on another connection (`post_stream`).
     """
 
-    def __init__(self, *, name: str, url: str, settings: HttpSettings, force_close: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        url: str,
+        settings: HttpSettings,
+        force_close: bool = False,
+        select_metrics_on_server: bool = False,
+    ) -> None:
         self.name = name
         self.base_url = url.rstrip("/")
         self._metrics_url = self.base_url + settings.metrics_path
+        self._selected_url = self._metrics_url.rstrip("/") + "/"
+        # whether the engine answers `name[]` selections under `<metrics path>/` (None: not known yet)
+        self.metrics_selected_on_server: bool | None = None if select_metrics_on_server else False
         self._metrics_timeout = aiohttp.ClientTimeout(total=settings.metrics_timeout)
         self._request_timeout = aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout)
         self._max_connections = settings.max_connections
@@ -67,19 +86,41 @@ class HttpEngine:
     async def scrape(
         self, parse: Callable[[MetricSamples, float], BackendLoad], names: tuple[str, ...] | None = None
     ) -> BackendLoad:
-        """Read the metrics endpoint once (only the metrics called `names`, when given); any failure
-        becomes an ok=False reading, never an exception."""
+        """Read the metrics endpoint once (only the samples called `names`, when given); any failure
+        becomes an ok=False reading, never an exception.
+
+        With `select_metrics_on_server`, the samples are asked for by Prometheus' own `name[]` selection
+        at `<metrics path>/` (prometheus-client's exposition app, which vLLM mounts there; its bare
+        `/metrics` route ignores the selection): vLLM's front end then writes about 0.5 KB instead of 50 KB,
+        1.2 ms of its CPU a scrape instead of 10-13 ms (measured on the CPU build, 0.32), several times a
+        second, on the process that also streams every token. An engine that answers the selection with
+        404/405, or without the samples `parse` needs, is read in full from then on."""
         read_at = time.monotonic()
         try:
-            async with self.session.get(self._metrics_url, timeout=self._metrics_timeout) as response:
-                if response.status != 200:
-                    return BackendLoad(ok=False, read_at=read_at, error=f"HTTP {response.status}")
-                text = await response.text()
-            return parse(MetricSamples.parse(text, names), read_at)
+            if names is not None and self.metrics_selected_on_server is not False:
+                try:
+                    text = await self._get_metrics(self._selected_url, [("name[]", name) for name in names])
+                    load = parse(MetricSamples.parse(text, names), read_at)
+                except (_MetricsStatus, KeyError) as exc:
+                    if isinstance(exc, _MetricsStatus) and exc.status not in (404, 405):
+                        raise  # the engine's trouble, not the selection's
+                    self.metrics_selected_on_server = False  # not understood: read in full, now and from now on
+                else:
+                    self.metrics_selected_on_server = True
+                    return load
+            return parse(MetricSamples.parse(await self._get_metrics(self._metrics_url), names), read_at)
         except asyncio.CancelledError:
             raise
+        except _MetricsStatus as exc:
+            return BackendLoad(ok=False, read_at=read_at, error=f"HTTP {exc.status}")
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
             return BackendLoad(ok=False, read_at=read_at, error=f"{type(exc).__name__}: {exc}")
+
+    async def _get_metrics(self, url: str, params: list[tuple[str, str]] | None = None) -> str:
+        async with self.session.get(url, params=params, timeout=self._metrics_timeout) as response:
+            if response.status != 200:
+                raise _MetricsStatus(response.status)
+            return await response.text()
 
     async def post_stream(self, path: str, body: dict[str, Any], request_id: str) -> aiohttp.ClientResponse:
         """POST and return the response once its headers say success; map failures to BackendErrors.

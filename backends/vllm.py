@@ -31,6 +31,7 @@ class VllmBackend(HttpAdapter):
         *(h + part for h in TPOT_HISTOGRAMS for part in ("_sum", "_count")),
         CACHE_CONFIG,
     )
+    SELECT_METRICS_ON_SERVER = True  # its /metrics/ mount is prometheus-client's app: `name[]` works there
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         path, body = openai_body(request, self._engine_model)

@@ -55,7 +55,7 @@ def create_app(config: SimConfig | None = None) -> web.Application:
         TgiApi(config, engine, faults, tgi_metrics).add_routes(app)
         # TGI's Messages API is OpenAI-compatible chat; the shapes are the ones the vLLM flavour serves.
         app.router.add_post("/v1/chat/completions", VllmApi(config, engine, faults).chat_completions)
-    ControlApi(engine, faults, metrics).add_routes(app)
+    ControlApi(engine, faults, metrics, selecting_mount=config.flavor == "vllm").add_routes(app)
     app[ENGINE_KEY] = engine
     app[FAULTS_KEY] = faults
     app.on_startup.append(_start_engine)

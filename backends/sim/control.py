@@ -28,14 +28,19 @@ def _json(payload: object, status: int = 200) -> web.Response:
 class ControlApi:
     """Metrics, fault injection and stats for one simulator."""
 
-    def __init__(self, engine: SimEngine, faults: Faults, metrics: MetricsExporter) -> None:
+    def __init__(
+        self, engine: SimEngine, faults: Faults, metrics: MetricsExporter, *, selecting_mount: bool = False
+    ) -> None:
         self._engine = engine
         self._faults = faults
         self._metrics = metrics
+        self._selecting_mount = selecting_mount
 
     def add_routes(self, app: web.Application) -> None:
         """Register the routes on `app`."""
         app.router.add_get("/metrics", self.metrics)
+        if self._selecting_mount:  # as vLLM: prometheus-client's exposition app mounted under /metrics/
+            app.router.add_get("/metrics/", self.selected_metrics)
         app.router.add_get("/sim/faults", self.get_faults)
         app.router.add_post("/sim/faults", self.set_faults)
         app.router.add_delete("/sim/faults", self.clear_faults)
@@ -46,6 +51,14 @@ class ControlApi:
         if self._faults.metrics_down:
             return web.Response(status=503, text="metrics unavailable (fault injection)")
         body = self._metrics.render(self._engine.snapshot())
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def selected_metrics(self, request: web.Request) -> web.Response:
+        """vLLM's `/metrics/` mount: Prometheus' `name[]` selection (`?name[]=a&name[]=b`: only those
+        samples; none given: everything), which its bare `/metrics` route ignores."""
+        if self._faults.metrics_down:
+            return web.Response(status=503, text="metrics unavailable (fault injection)")
+        body = self._metrics.render(self._engine.snapshot(), request.query.getall("name[]", []))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def get_faults(self, request: web.Request) -> web.Response:

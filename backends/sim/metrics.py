@@ -8,6 +8,7 @@ counters without the `_total` suffix and no `_created` series, so `TgiMetrics` r
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -54,8 +55,9 @@ _VLLM_FINISHED_REASON = {
 class MetricsExporter(EngineObserver, Protocol):
     """An engine observer that can also answer a scrape."""
 
-    def render(self, snapshot: EngineSnapshot) -> bytes:
-        """The Prometheus text for one scrape."""
+    def render(self, snapshot: EngineSnapshot, names: Collection[str] = ()) -> bytes:
+        """The Prometheus text for one scrape; with `names`, only the samples so called (Prometheus'
+        `name[]` selection, where the engine's exposition honours it)."""
         ...
 
 
@@ -215,8 +217,9 @@ class VllmMetrics:
     def on_step(self, prefill_seconds: float | None, decode_seconds: float, batch_size: int) -> None:
         """vLLM exposes no per-step histogram among the ones simulated."""
 
-    def render(self, snapshot: EngineSnapshot) -> bytes:
-        """Set the gauges from `snapshot` and write the registry."""
+    def render(self, snapshot: EngineSnapshot, names: Collection[str] = ()) -> bytes:
+        """Set the gauges from `snapshot` and write the registry (only the samples in `names`, if any, as
+        prometheus-client's exposition app does for `name[]`)."""
         self._running.set(snapshot.running)
         self._waiting.set(snapshot.waiting)
         self._kv_usage.set(snapshot.kv_cache_usage)
@@ -224,7 +227,7 @@ class VllmMetrics:
         self._prefix_queries.inc(snapshot.prefix_cache_queries - queries)
         self._prefix_hits.inc(snapshot.prefix_cache_hits - hits)
         self._prefix_counted = (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits)
-        return generate_latest(self.registry)
+        return generate_latest(self.registry.restricted_registry(names) if names else self.registry)
 
 
 class TgiMetrics:
@@ -294,8 +297,9 @@ class TgiMetrics:
             self._forward_prefill.observe(prefill_seconds)
         self._forward_decode.observe(decode_seconds)
 
-    def render(self, snapshot: EngineSnapshot) -> bytes:
-        """Set the gauges and write text the way TGI's exporter does."""
+    def render(self, snapshot: EngineSnapshot, names: Collection[str] = ()) -> bytes:
+        """Set the gauges and write text the way TGI's exporter does (which has no selection: `names` is
+        not served, `ControlApi` offers no selecting route for TGI)."""
         self._queue_size.set(snapshot.waiting)
         self._batch_size.set(snapshot.running)
         self._batch_max_tokens.set(snapshot.batch_max_tokens)

@@ -26,6 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.sim import SimConfig, SimServer, running_simulator
+from backends.vllm import VllmBackend
 from engines import EngineProcess
 from engines.wire import sse_data
 
@@ -263,6 +264,33 @@ async def test_metric_names_types_and_labels(pair: Pair) -> None:
         assert {labels for _, labels in sample_labels(sim_family)} <= {
             labels for _, labels in sample_labels(real_families[name])
         }, name
+
+
+def sample_names(text: str) -> set[str]:
+    return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+async def test_metric_selection_by_name_under_the_metrics_mount(pair: Pair) -> None:
+    """What the vLLM adapter scrapes: Prometheus' `name[]` selection at `/metrics/` (prometheus-client's
+    exposition app, mounted there) answers only the samples asked for, on both engines; the bare `/metrics`
+    route ignores the selection on both. The adapter, against the real engine, reads its load that way."""
+    query = "?" + "&".join(f"name[]={name}" for name in VllmBackend.METRICS)
+    real, sim = await both(pair, "GET", "/metrics/" + query)
+    assert real.status == sim.status == 200, (real.text[:200], sim.text[:200])
+    assert sample_names(real.text) == sample_names(sim.text)
+    assert sample_names(real.text) <= set(VllmBackend.METRICS)
+    assert {"vllm:num_requests_waiting", "vllm:inter_token_latency_seconds_count"} <= sample_names(real.text)
+    real_bare, sim_bare = await both(pair, "GET", "/metrics" + query)
+    assert sample_names(real_bare.text) > set(sample_names(real.text))
+    assert sample_names(sim_bare.text) > set(sample_names(sim.text))
+
+    backend = VllmBackend(name="real", url=pair.real, engine_model=pair.model)
+    try:
+        load = await backend.load()
+    finally:
+        await backend.aclose()
+    assert load.ok and load.waiting == 0 and load.running == 0, load
+    assert backend._engine.metrics_selected_on_server is True
 
 
 # 3. SSE chunk shapes
