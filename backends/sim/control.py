@@ -8,7 +8,7 @@ GET    /sim/stats    -> the engine's counters and the order requests were admitt
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import structlog
 from aiohttp import web
@@ -48,17 +48,17 @@ class ControlApi:
 
     async def metrics(self, request: web.Request) -> web.Response:
         """Prometheus text, or 503 while the `metrics_down` fault is on."""
-        if self._faults.metrics_down:
-            return web.Response(status=503, text="metrics unavailable (fault injection)")
-        body = self._metrics.render(self._engine.snapshot())
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        return self._scrape(())
 
     async def selected_metrics(self, request: web.Request) -> web.Response:
         """vLLM's `/metrics/` mount: Prometheus' `name[]` selection (`?name[]=a&name[]=b`: only those
         samples; none given: everything), which its bare `/metrics` route ignores."""
+        return self._scrape(request.query.getall("name[]", []))
+
+    def _scrape(self, names: Collection[str]) -> web.Response:
         if self._faults.metrics_down:
             return web.Response(status=503, text="metrics unavailable (fault injection)")
-        body = self._metrics.render(self._engine.snapshot(), request.query.getall("name[]", []))
+        body = self._metrics.render(self._engine.snapshot(), names)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def get_faults(self, request: web.Request) -> web.Response:
