@@ -17,7 +17,8 @@ import pytest
 
 from scheduler_svc.config_schema import ServerConfig
 from scheduler_svc.event_loop import run_on
-from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, serving, until_settled
+from tests.helpers import ControlledEngine, client_for, make_config, serving
+from tests.service import test_rpc
 
 pytest.importorskip("uvloop")
 
@@ -51,18 +52,7 @@ def test_a_stream_completes_on_uvloop() -> None:
 
 
 def test_a_cancelled_stream_aborts_its_engine_request_on_uvloop() -> None:
-    async def body() -> None:
-        engine = ControlledEngine()
-        async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
-            call = client.stream("m", "x", request_id="victim")
-            while (await call.read()).WhichOneof("event") != "delta":
-                pass
-            call.cancel()
-            await engine.wait_for(lambda: "victim" in engine.aborted)
-            await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
-        assert engine.finished == []
-
-    _on_uvloop(body)
+    _on_uvloop(test_rpc.test_cancel_while_running_aborts_the_engine_request)  # the same test, on libuv's loop
 
 
 def test_a_request_held_by_the_gate_goes_when_it_opens_on_uvloop() -> None:
