@@ -62,9 +62,12 @@ async def test_prefix_locality_raises_the_engines_prefix_cache_hits_over_least_l
     dlpm_hits, _ = await run("prefix_locality", {"deficit_bound": 2000.0})
     assert least_queries == local_queries > 0  # the same prompts reached the engines
     print(f"hits: least_loaded {least_hits}, prefix_locality {local_hits}, D-LPM {dlpm_hits} of {least_queries}")
-    # Idle engines: least_loaded sends everything to b0, whose cache (two prompts) sees four prompts in
-    # turn and evicts each before it comes back. prefix_locality spreads the new prompts over both caches,
-    # two each, and sends every later question where its system prompt went: all of them hit.
+    # prefix_locality spreads the new prompts over both caches, two each, and sends every later question
+    # where its system prompt went: all of them hit. least_loaded weighs load alone: with both engines idle
+    # it sends to b0, whose cache (two prompts) sees four prompts in turn and evicts each before it comes
+    # back (no hits), unless a scrape taken while the last answer was still being written makes b0 look
+    # busier and one question goes to b1 (CI saw 480 hit tokens of 12,800 so). Only keeping each user on
+    # one engine hits on every turn, and load alone does that only by chance.
     every_later_turn = len(USERS) * (ROUNDS - 1) * SYSTEM_BLOCKS * 16
-    assert least_hits == 0
     assert local_hits == dlpm_hits == every_later_turn
+    assert least_hits < every_later_turn
