@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from backends._prom import MetricSamples
+from backends._prom import MetricSamples, selected_metrics
 from backends.base import BackendLoad, HttpSettings
 from backends.errors import (
     BackendError,
@@ -60,7 +60,6 @@ class HttpEngine:
         self.name = name
         self.base_url = url.rstrip("/")
         self._metrics_url = self.base_url + settings.metrics_path
-        self._selected_url = self._metrics_url.rstrip("/") + "/"
         # whether the engine answers `name[]` selections under `<metrics path>/` (None: not known yet)
         self.metrics_selected_on_server: bool | None = None if select_metrics_on_server else False
         self._metrics_timeout = aiohttp.ClientTimeout(total=settings.metrics_timeout)
@@ -99,7 +98,7 @@ class HttpEngine:
         try:
             if names is not None and self.metrics_selected_on_server is not False:
                 try:
-                    text = await self._get_metrics(self._selected_url, [("name[]", name) for name in names])
+                    text = await self._get_metrics(*selected_metrics(self._metrics_url, names))
                     load = parse(MetricSamples.parse(text, names), read_at)
                 except (_MetricsStatus, KeyError) as exc:
                     if isinstance(exc, _MetricsStatus) and exc.status not in (404, 405):

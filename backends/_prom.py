@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+
+
+def selected_metrics(metrics_url: str, names: Iterable[str]) -> tuple[str, list[tuple[str, str]]]:
+    """URL and query that ask an engine for only the samples called `names`: Prometheus' own `name[]`
+    selection, which prometheus-client's exposition app honours. vLLM mounts that app at `/metrics/`
+    (trailing slash); its bare `/metrics` route ignores the selection and writes all ~50 KB."""
+    return metrics_url.rstrip("/") + "/", [("name[]", name) for name in names]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from backends._prom import MetricSamples
+from backends._prom import MetricSamples, selected_metrics
 from bench.clients import RunClock
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 GENERATED = "vllm:generation_tokens_total"
+NAMES = (WAITING, RUNNING, GENERATED)
 
 
 @dataclass
@@ -30,7 +31,11 @@ class EngineSample:
 
 @dataclass
 class EngineProbe:
-    """Reads `url/metrics` every `interval` seconds while running (a bounded background task)."""
+    """Reads `url/metrics` every `interval` seconds while running (a bounded background task).
+
+    It asks for its three series only (`name[]` at `/metrics/`, as the vLLM adapter does): the whole
+    text costs vLLM's front end about 12 ms of CPU a read, every 0.1 s, beside the work measured. An
+    engine without that mount (404/405) is read whole from then on."""
 
     session: aiohttp.ClientSession
     url: str
@@ -38,17 +43,21 @@ class EngineProbe:
     interval: float = 0.1
     samples: list[EngineSample] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
+    _selects: bool = True
 
     async def read(self, timeout: float = 2.0) -> EngineSample | None:
         """One reading now; None if the engine did not answer within `timeout` seconds."""
+        whole = self.url + "/metrics"
+        url, params = selected_metrics(whole, NAMES) if self._selects else (whole, [])
         try:
-            async with self.session.get(
-                self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as response:
+            async with self.session.get(url, params=params, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                if response.status in (404, 405) and self._selects:
+                    self._selects = False
+                    return await self.read(timeout)
                 text = await response.text()
         except (aiohttp.ClientError, TimeoutError):
             return None
-        samples = MetricSamples.parse(text)
+        samples = MetricSamples.parse(text, NAMES)
         return EngineSample(
             t=self.clock.now(),
             waiting=samples.total(WAITING) or 0.0,

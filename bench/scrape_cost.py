@@ -23,6 +23,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
+from backends._prom import selected_metrics
 from backends.vllm import VllmBackend
 from bench.harness import cpu_seconds
 from engines import EngineProcess, start_sim, start_vllm
@@ -46,8 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine: EngineProcess = start_vllm() if args.engine == "vllm" else start_sim()
     try:
         assert engine.proc is not None
-        query = urllib.parse.urlencode([("name[]", name) for name in VllmBackend.METRICS])
-        urls = {"whole": f"{engine.url}/metrics", "selected": f"{engine.url}/metrics/?{query}"}
+        selected_url, query = selected_metrics(f"{engine.url}/metrics", VllmBackend.METRICS)
+        urls = {"whole": f"{engine.url}/metrics", "selected": f"{selected_url}?{urllib.parse.urlencode(query)}"}
         costs: dict[str, list[float]] = {way: [] for way in urls}
         sizes: dict[str, int] = {}
         for round_no in range(args.rounds):

@@ -45,7 +45,7 @@ import aiohttp
 import grpc
 
 from backends._http import engine_connector
-from backends._prom import MetricSamples
+from backends._prom import MetricSamples, selected_metrics
 from backends.base import HttpSettings
 from bench import harness
 from bench.clients import Client, DirectClient, RunClock, ScheduledClient
@@ -228,7 +228,7 @@ async def _engine_sampler(
     # core the front end and the scheduler share in the GPU-host layout. Parsing only those three likewise.
     url, params = (engine.url + "/metrics", None)
     if engine.kind in ("vllm", "sim"):
-        url, params = (engine.url + "/metrics/", [("name[]", name) for name in names])
+        url, params = selected_metrics(url, names)
     while True:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             async with session.get(url, params=params, timeout=aiohttp.ClientTimeout(total=5)) as response:

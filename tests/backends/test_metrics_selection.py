@@ -132,3 +132,29 @@ async def test_an_unreachable_engine_is_not_taken_for_one_without_the_mount() ->
     finally:
         await backend.aclose()
     assert not load.ok and backend._engine.metrics_selected_on_server is None
+
+
+async def test_the_bench_probe_selects_its_series_and_reads_an_engine_without_the_mount_whole() -> None:
+    """bench/probe.py (S2's engine sampler) asks for its three series the same way, and gives the selection
+    up on a 404: the recorded vLLM text read whole gives the same figures."""
+    from bench.clients import RunClock
+    from bench.probe import EngineProbe
+
+    async with engine({"/metrics": recorded}) as (url, asked), aiohttp.ClientSession() as session:
+        probe = EngineProbe(session, url, RunClock())
+        whole = [await probe.read(), await probe.read()]
+    assert [path.split("?")[0] for path in asked] == ["/metrics/", "/metrics", "/metrics"]
+    expected = MetricSamples.parse(RECORDED)
+    for sample in whole:
+        assert sample is not None
+        assert (sample.waiting, sample.running) == (
+            expected.total("vllm:num_requests_waiting"),
+            expected.total("vllm:num_requests_running"),
+        )
+        assert sample.generated == expected.total("vllm:generation_tokens_total")
+
+    async with running_simulator(SimConfig()) as sim, aiohttp.ClientSession() as session:
+        probe = EngineProbe(session, sim.url, RunClock())
+        selected = await probe.read()
+        assert probe._selects and selected is not None
+        assert (selected.waiting, selected.running) == (0.0, 0.0)
