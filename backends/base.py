@@ -48,6 +48,10 @@ class GenerationRequest:
     messages: tuple[ChatMessage, ...] | None = None
     params: SamplingParams = field(default_factory=SamplingParams)
     engine_priority: int | None = None
+    # How much later than generated a token may reach the client (0: at once). An engine that can send
+    # its streamed tokens in groups (vLLM's `stream_interval`) is asked to, within this: fewer chunks to
+    # write for its front end and to read for the scheduler. The first token always goes at once.
+    max_token_delay: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ async def stream_openai(
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     chunks = 0
+    counted = 0  # tokens reported in TextDeltas so far
     clean = False
     try:
         try:
@@ -94,7 +95,13 @@ async def stream_openai(
                             finish_reason = choice["finish_reason"]
                 if texts:  # what arrived together leaves together: one delta, one gRPC message
                     chunks += len(texts)
-                    yield TextDelta("".join(texts), tokens=len(texts))
+                    # a chunk's text may hold several tokens (vLLM's stream_interval, a busy engine's
+                    # merge): the usage so far, where the chunks carry it, says how many
+                    tokens = len(texts)
+                    if usage is not None and int(usage.get("completion_tokens") or 0) > counted:
+                        tokens = int(usage["completion_tokens"]) - counted
+                    counted += tokens
+                    yield TextDelta("".join(texts), tokens=tokens)
                 if failure is not None:
                     raise failure
                 if done:

@@ -15,6 +15,16 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the seco
 # time per output token: the inter-token histogram, or its older name before vLLM 0.11
 TPOT_HISTOGRAMS = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 CACHE_CONFIG = "vllm:cache_config_info"  # an info gauge: num_gpu_blocks and block_size are labels
+MAX_CHUNK_TOKENS = 16  # the most tokens asked for in one streamed chunk
+
+
+def tokens_per_chunk(max_token_delay: float, tpot_seconds: float | None) -> int:
+    """How many tokens vLLM may send together (`stream_interval`) so that the first of a group waits at
+    most `max_token_delay`: it waits for the rest of its group, a time per output token each. 1 (every
+    token at once) without a delay allowed or a current time per output token."""
+    if max_token_delay <= 0 or not tpot_seconds or tpot_seconds <= 0:
+        return 1
+    return max(1, min(MAX_CHUNK_TOKENS, 1 + int(max_token_delay / tpot_seconds)))
 
 
 class VllmBackend(HttpAdapter):
@@ -37,6 +47,12 @@ class VllmBackend(HttpAdapter):
         path, body = openai_body(request, self._engine_model)
         if self._priority_scheduling and request.engine_priority is not None:
             body["priority"] = request.engine_priority
+        # Grouped tokens: the engine's front end writes (and the scheduler reads) one chunk per group, not
+        # per token; the usage on every chunk tells how many tokens each carried.
+        group = tokens_per_chunk(request.max_token_delay, self._tpot.value)
+        if group > 1:
+            body["stream_interval"] = group
+            body["stream_options"]["continuous_usage_stats"] = True
         return stream_openai(self._engine, path, body, request.request_id)
 
     def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:

@@ -68,6 +68,17 @@ class ServerConfig:
         "Health turns NOT_SERVING when a model has had work queued and a gate open for the best queued class "
         "for this long without a single dispatch (a wedged loop); 0 disables the check.",
     )
+    stream_read_interval_seconds: float = _field(
+        0.05,
+        "How much later than generated a streamed token may reach its client, to save CPU per token. "
+        "Past its first stream_read_after_tokens tokens, an answer is read from its engine at most this "
+        "often (on one grid for all answers) and what arrived in between leaves in one message; a vLLM "
+        "engine is also asked to group its tokens within it (stream_interval, sized from its time per "
+        "output token). Time to first token is untouched. 0: every token as it arrives.",
+    )
+    stream_read_after_tokens: int = _field(
+        32, "Tokens an answer carries, read as they arrive, before stream_read_interval_seconds applies."
+    )
     event_loop: str = _field(
         "uvloop",
         "The process's event loop: \"uvloop\" (about a fifth less CPU per streamed token than asyncio's own, "

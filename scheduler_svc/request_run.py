@@ -28,6 +28,7 @@ from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest
 from backends.errors import BackendError
 from scheduler_svc.clock import Clock
 from scheduler_svc.errors import SchedulerError
+from scheduler_svc.stream_pacing import NO_PACING, StreamPacing
 from scheduler_svc.ticket import Outcome, Ticket, TicketState
 
 log = structlog.get_logger(__name__)
@@ -117,11 +118,13 @@ class RequestRun:
         *,
         watch_positions: bool = False,
         generate: GenerationSource = adapter_generation,
+        pacing: StreamPacing = NO_PACING,
     ) -> None:
         self.ticket = ticket
         self._host = host
         self._source = generate
         self._watch = watch_positions  # a streaming client hears of position changes
+        self._pacing = pacing  # how often a long answer is read from the engine
 
     async def events(self) -> AsyncGenerator[RunEvent, None]:
         """The run's events (see the module docstring). Closing the iterator early (the caller left) ends
@@ -167,6 +170,7 @@ class RequestRun:
             messages=req.messages,
             params=req.params,
             engine_priority=ticket.engine_priority,
+            max_token_delay=self._pacing.interval,
         )
         shown = False  # whether the caller has seen any of this generation
         if ticket.cut_reason is not None:
@@ -189,6 +193,7 @@ class RequestRun:
                         host.on_generated(ticket, event.tokens)
                         shown = True
                         yield Chunk(event.text, event.tokens)
+                        await self._pacing.pause(ticket.completion_tokens)
                     elif isinstance(event, Finished):
                         # a busy engine merges tokens into one chunk: charge what its usage says was missed
                         missed = event.completion_tokens - ticket.completion_tokens

@@ -26,6 +26,7 @@ from scheduler_svc.metrics import SchedulerMetrics, engine_series
 from scheduler_svc.policies import GATE_POLICIES
 from scheduler_svc.policies.cost import CounterScope
 from scheduler_svc.request import QueuedRequest
+from scheduler_svc.stream_pacing import StreamPacing
 from scheduler_svc.text import client_text
 from scheduler_svc.ticket import Ticket
 
@@ -66,6 +67,8 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.clock = clock or MonotonicClock()
+        # how often every face's runs read a long answer from its engine
+        self.pacing = StreamPacing(config.server.stream_read_interval_seconds, config.server.stream_read_after_tokens)
         self.metrics = metrics or SchedulerMetrics()
         self.health = ServiceHealth()
         self.errors = InternalErrors(lambda component: self.metrics.internal_errors.labels(component).inc())

@@ -77,7 +77,8 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         )
 
     def _run(self, ticket: Ticket, *, watch_positions: bool) -> RequestRun:
-        return RequestRun(ticket, self._scheduler.dispatchers[ticket.request.model], watch_positions=watch_positions)
+        dispatcher = self._scheduler.dispatchers[ticket.request.model]
+        return RequestRun(ticket, dispatcher, watch_positions=watch_positions, pacing=self._scheduler.pacing)
 
     async def Submit(
         self,

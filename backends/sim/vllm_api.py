@@ -32,6 +32,7 @@ from backends.sim.vllm_protocol import (
     new_response_id,
     parse_request,
     system_fingerprint,
+    usage,
 )
 
 _INJECTED_ERROR = "Simulated engine failure (fault injection)"
@@ -142,10 +143,23 @@ class VllmApi:
             await response.write(f"data: {dumps(payload)}\n\n".encode())
 
         buffer = StopBufferedText(parsed.params.stop)
-        tokens_sent = 0
+        tokens_sent = 0  # tokens generated for this stream so far (faults count these)
+        held, held_tokens, chunks = "", 0, 0  # text not sent yet under stream_interval, and its tokens
         try:
+            prompt_tokens = handle.request.params.prompt_tokens
+
+            def usage_so_far(completion_tokens: int) -> dict[str, object]:
+                """`continuous_usage_stats`: vLLM's chat chunks also name completion_tokens_details."""
+                so_far: dict[str, object] = {**usage(prompt_tokens, completion_tokens)}
+                if writer.kind == "chat":
+                    so_far["completion_tokens_details"] = None
+                return so_far
+
             if writer.kind == "chat":
-                await send(writer.role_chunk())
+                role = writer.role_chunk()
+                if parsed.continuous_usage:
+                    role["usage"] = usage_so_far(0)
+                await send(role)
             async for event in watch_events(request, handle):
                 if isinstance(event, Aborted):  # engine shut down: die like a crashed server
                     cut_connection(request)
@@ -162,12 +176,19 @@ class VllmApi:
                 piece = "" if event.token.special else event.token.text
                 finish_reason = stop_reason = None
                 if event.finished is None:
-                    text = buffer.push(piece)
+                    held += buffer.push(piece)
                 else:
-                    text = buffer.finish(piece, event.finished.stop_at)
+                    held += buffer.finish(piece, event.finished.stop_at)
                     finish_reason, stop_reason = finish_fields(event.finished.reason, event.finished.stop_string)
-                await send(writer.delta_chunk(text, finish_reason, stop_reason, usage_follows=parsed.include_usage))
                 tokens_sent += 1
+                held_tokens += 1
+                # vLLM's rule: the first token at once, then every stream_interval tokens, and the last at once
+                if event.finished is not None or chunks == 0 or held_tokens >= parsed.stream_interval:
+                    chunk = writer.delta_chunk(held, finish_reason, stop_reason, usage_follows=parsed.include_usage)
+                    if parsed.continuous_usage:
+                        chunk["usage"] = usage_so_far(tokens_sent)
+                    await send(chunk)
+                    held, held_tokens, chunks = "", 0, chunks + 1
                 if event.finished is not None and parsed.include_usage:
                     fin = event.finished
                     await send(writer.usage_chunk(fin.prompt_tokens, fin.completion_tokens))

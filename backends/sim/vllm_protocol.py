@@ -74,6 +74,10 @@ class ParsedRequest:
     params: GenerateParams
     stream: bool
     include_usage: bool
+    # vLLM's `stream_interval`: tokens per streamed chunk after the first (the last goes at once)
+    stream_interval: int = 1
+    # `stream_options.continuous_usage_stats` (with include_usage): every chunk carries the usage so far
+    continuous_usage: bool = False
 
 
 def parse_request(kind: Kind, body: Any, config: SimConfig) -> ParsedRequest:
@@ -125,6 +129,10 @@ def parse_request(kind: Kind, body: Any, config: SimConfig) -> ParsedRequest:
         if not isinstance(stream_options, Mapping):
             raise ApiError(400, "stream_options must be an object.")
     include_usage = bool(stream_options.get("include_usage")) if stream_options else False
+    continuous_usage = include_usage and bool(stream_options and stream_options.get("continuous_usage_stats"))
+    stream_interval = _opt_int(body, "stream_interval")
+    if stream_interval is not None and stream_interval < 1:
+        raise ApiError(400, f"stream_interval must be at least 1, got {stream_interval}.")
 
     # vLLM 0.32 accepts a priority under fcfs too, and ignores it (so does the engine here).
     priority = _opt_int(body, "priority") or 0
@@ -138,7 +146,14 @@ def parse_request(kind: Kind, body: Any, config: SimConfig) -> ParsedRequest:
         ignore_eos=_opt_bool(body, "ignore_eos") or False,
         priority=priority,
     )
-    return ParsedRequest(kind=kind, params=params, stream=stream, include_usage=include_usage)
+    return ParsedRequest(
+        kind=kind,
+        params=params,
+        stream=stream,
+        include_usage=include_usage,
+        stream_interval=stream_interval or 1,
+        continuous_usage=continuous_usage,
+    )
 
 
 def _prompt(body: Mapping[str, Any]) -> str:

@@ -141,7 +141,7 @@ class HttpDoor:
         done: Done | None = None
         failure: BaseException | None = None
         try:  # the run is consumed to its end: it records the outcome after its last event
-            run = RequestRun(ticket, dispatcher, watch_positions=updates)
+            run = RequestRun(ticket, dispatcher, watch_positions=updates, pacing=self._scheduler.pacing)
             async with contextlib.aclosing(run.events()) as events:
                 async for event in events:
                     if isinstance(event, Queued):

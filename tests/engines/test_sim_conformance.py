@@ -334,6 +334,26 @@ async def test_sse_chunk_shapes(pair: Pair, kind: str, include_usage: bool) -> N
             assert usage_chunk["usage"]["completion_tokens"] == MAX_TOKENS
 
 
+@pytest.mark.parametrize("kind", ["completions", "chat/completions"])
+async def test_stream_interval_groups_tokens_like_vllm(pair: Pair, kind: str) -> None:
+    """What the vLLM adapter asks a busy engine for (`stream_interval` with `continuous_usage_stats`): the
+    first token alone, then groups of that many, the rest with the finish, and the usage so far on every
+    chunk; the same chunk shapes and token counts on both. An interval under 1 is refused alike."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = generation_body(kind, pair.model, stream=True, max_tokens=11, stream_interval=4, stream_options=options)
+    real, sim = await both(pair, "POST", f"/v1/{kind}", body)
+    assert real.status == sim.status == 200, (real.text, sim.text)
+    carried = []
+    for reply in (real, sim):
+        chunks = [json.loads(p) for p in sse_data(reply.text)[:-1]]
+        text_chunks = [c for c in chunks if c["choices"] and "role" not in c["choices"][0].get("delta", {})]
+        carried.append([c["usage"]["completion_tokens"] for c in text_chunks])
+    assert carried[0] == carried[1] == [1, 5, 9, 11], carried
+    assert stream_shape(sim) == stream_shape(real)
+    bad_real, bad_sim = await both(pair, "POST", f"/v1/{kind}", {**body, "stream_interval": 0})
+    assert bad_real.status == bad_sim.status == 400, (bad_real.text, bad_sim.text)
+
+
 # 3b. Error bodies
 
 

@@ -286,3 +286,34 @@ async def test_waiting_queue_limit_answers_503(session: aiohttp.ClientSession) -
         for task in (first, second):
             task.cancel()
         await asyncio.gather(first, second, return_exceptions=True)
+
+
+async def test_stream_interval_groups_tokens_after_the_first_and_sends_the_last_at_once(
+    session: aiohttp.ClientSession,
+) -> None:
+    """vLLM's per-request `stream_interval`: the first token alone, then groups of that many, the remainder
+    with the finish; with `continuous_usage_stats` every chunk carries the usage so far."""
+    async with running_simulator(fast_config()) as sim:
+        body = {
+            "model": "sim-model",
+            "prompt": "Hello there",
+            "max_tokens": 11,
+            "ignore_eos": True,
+            "stream_interval": 4,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+        grouped = [json.loads(p) for p in sse_payloads((await stream(session, sim.url + "/v1/completions", body))[:-1])]
+        whole = {**body, "stream_interval": None, "stream_options": None}
+        single = [json.loads(p) for p in sse_payloads((await stream(session, sim.url + "/v1/completions", whole))[:-1])]
+        status, error = await post_json(
+            session, sim.url + "/v1/completions", {**body, "stream": True, "stream_interval": 0}
+        )
+    token_chunks, usage_chunk = grouped[:-1], grouped[-1]
+    carried = [c["usage"]["completion_tokens"] for c in token_chunks]
+    assert carried == [1, 5, 9, 11]  # 1, then 4 and 4, then the last 2 with the finish
+    assert [c["choices"][0]["finish_reason"] for c in token_chunks] == [None, None, None, "length"]
+    assert "".join(c["choices"][0]["text"] for c in token_chunks) == "".join(c["choices"][0]["text"] for c in single)
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 11
+    assert all("usage" not in c for c in single)  # without the options: one token a chunk, no usage on them
+    assert len(single) == 11
+    assert status == 400 and "stream_interval" in error["error"]["message"]

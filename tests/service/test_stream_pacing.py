@@ -1,0 +1,68 @@
+"""Past its first tokens, a long answer is read from its engine at most once per interval, so the tokens
+that arrive in between leave in one message (server.stream_read_interval_seconds): over real gRPC and HTTP
+against the simulator."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from backends.sim import SimConfig, running_simulator
+from scheduler_svc.stream_pacing import NO_PACING, StreamPacing
+from tests.helpers import client_for, eventually, make_config, outcome_count, serving, until_settled
+
+FAST_ENGINE = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.0)  # a token every 2 ms
+
+
+def test_the_first_tokens_are_never_held_and_later_reads_meet_on_one_grid() -> None:
+    pacing = StreamPacing(interval=0.02, after_tokens=4)
+    assert pacing.delay(3, 10.005) == 0.0  # still among the first tokens
+    assert NO_PACING.delay(10_000, 10.005) == 0.0
+    first, second = 10.005, 10.017  # two answers, read at different moments of one interval
+    assert 0 < pacing.delay(4, first) <= 0.02 and 0 < pacing.delay(500, second) <= 0.02
+    assert first + pacing.delay(4, first) == pytest.approx(second + pacing.delay(500, second))
+
+
+@pytest.mark.parametrize("interval", [0.05, 0.0])
+async def test_a_long_answer_leaves_in_one_message_per_interval_after_its_first_tokens(interval: float) -> None:
+    after, max_tokens = 16, 300
+    server_settings = {"stream_read_interval_seconds": interval, "stream_read_after_tokens": after}
+    async with (
+        running_simulator(FAST_ENGINE) as sim,
+        serving(make_config(backend_url=sim.url, server=server_settings)) as server,
+        client_for(server) as client,
+    ):
+        call = client.stream("m", "a long story", max_tokens=max_tokens, ignore_eos=True)
+        carried, late_messages, late_since = 0, 0, 0.0
+        while (event := await call.read()) is not grpc.aio.EOF:
+            if not event.HasField("delta"):
+                continue
+            if carried >= after:
+                late_messages += 1
+            carried += event.delta.tokens
+            if carried >= after and not late_since:
+                late_since = time.monotonic()
+        late_seconds = time.monotonic() - late_since
+    assert carried == max_tokens
+    if interval:  # one read per tick of the grid, and one more for the end of the answer
+        assert late_messages <= late_seconds / interval + 2, (late_messages, late_seconds)
+    else:  # the control: read as the tokens arrive, many more messages than ticks of 50 ms would allow
+        assert late_messages > late_seconds / 0.05 + 2, (late_messages, late_seconds)
+
+
+async def test_a_client_that_leaves_while_its_answer_is_held_aborts_the_engine_request() -> None:
+    server_settings = {"stream_read_interval_seconds": 0.5, "stream_read_after_tokens": 1}
+    async with (
+        running_simulator(FAST_ENGINE) as sim,
+        serving(make_config(backend_url=sim.url, server=server_settings)) as server,
+        client_for(server) as client,
+    ):
+        call = client.stream("m", "a long story", max_tokens=2000, ignore_eos=True)
+        while not (await call.read()).HasField("delta"):
+            pass
+        call.cancel()  # the run now waits up to half a second before its next read
+        await eventually(lambda: sim.engine.stats()["aborted_total"] == 1, what="engine abort")
+        await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
+        assert sim.engine.stats()["running"] == 0
