@@ -8,8 +8,13 @@ front end's core. This measures the whole scheduler process's CPU time (user + s
 an order that alternates between rounds, against the same engine; the report gives each loop's median
 and range over the rounds and the ratio of the medians.
 
+With `--read-interval S`, the setups are instead the shipped loop reading every token as it arrives
+against the same loop reading a long answer at most every S seconds (`server.stream_read_interval_seconds`,
+past `server.stream_read_after_tokens`).
+
     .venv/bin/python -m bench.stream_cpu                       # 3 rounds, 32 streams x 256 tokens
     .venv/bin/python -m bench.stream_cpu --rounds 5 --streams 64
+    .venv/bin/python -m bench.stream_cpu --read-interval 0.02  # paced reads against every token
 """
 
 from __future__ import annotations
@@ -42,25 +47,38 @@ async def _stream(stub: pb_grpc.SchedulerServiceStub, user: str, tokens: int) ->
     async for event in call:
         if event.HasField("delta"):
             carried += event.delta.tokens
+            MESSAGES[0] += 1
     return carried
 
 
-async def cpu_per_token(engine_url: str, event_loop: str, streams: int, tokens: int, slots: int) -> dict[str, float]:
-    """Start a scheduler on `event_loop`, warm it up, then stream and measure: microseconds of its CPU per token."""
+MESSAGES = [0]  # delta messages received, all streams together
+
+
+async def cpu_per_token(
+    engine_url: str, server: dict[str, object], streams: int, tokens: int, slots: int
+) -> dict[str, float]:
+    """Start a scheduler with the `server` settings, warm it up, then stream and measure: microseconds of
+    its CPU per token, and the delta messages a stream carried on average."""
     config = scheduler_config(engine_url=engine_url, model=MODEL, engine_model=MODEL, max_num_seqs=slots)
-    config["server"]["event_loop"] = event_loop
+    config["server"].update(server)
     async with (
         harness.scheduler_process(validated_toml(config)) as scheduler,
         grpc.aio.insecure_channel(scheduler.target) as channel,
     ):
         stub = pb_grpc.SchedulerServiceStub(channel)
         await asyncio.gather(*(_stream(stub, f"u{i % 8}", 16) for i in range(8)))  # first-use costs
-        cpu, start = scheduler.cpu_seconds(), time.monotonic()
+        cpu, start, MESSAGES[0] = scheduler.cpu_seconds(), time.monotonic(), 0
         carried = sum(await asyncio.gather(*(_stream(stub, f"u{i % 8}", tokens) for i in range(streams))))
         cpu, wall = scheduler.cpu_seconds() - cpu, time.monotonic() - start
     if carried != streams * tokens:
-        raise RuntimeError(f"{event_loop}: {carried} tokens streamed, expected {streams * tokens}")
-    return {"us_per_token": 1e6 * cpu / carried, "cpu_seconds": cpu, "seconds": wall, "tokens": carried}
+        raise RuntimeError(f"{server}: {carried} tokens streamed, expected {streams * tokens}")
+    return {
+        "us_per_token": 1e6 * cpu / carried,
+        "cpu_seconds": cpu,
+        "seconds": wall,
+        "tokens": carried,
+        "messages_per_stream": MESSAGES[0] / streams,
+    }
 
 
 async def main(argv: Sequence[str] | None = None) -> int:
@@ -69,24 +87,35 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--read-interval", type=float, default=0.0, help="compare paced reads (seconds) instead")
     args = parser.parse_args(argv)
-    results: dict[str, list[float]] = {loop: [] for loop in EVENT_LOOPS}
+    setups: dict[str, dict[str, object]]
+    if args.read_interval:
+        setups = {
+            "every token": {"stream_read_interval_seconds": 0.0},
+            f"paced {args.read_interval * 1000:g} ms": {"stream_read_interval_seconds": args.read_interval},
+        }
+    else:  # the event loops, each reading every token
+        setups = {loop: {"event_loop": loop, "stream_read_interval_seconds": 0.0} for loop in reversed(EVENT_LOOPS)}
+    results: dict[str, list[float]] = {name: [] for name in setups}
     flags = ("--max-num-seqs", str(args.slots), "--decode-base-ms", "8", "--decode-per-seq-ms", "0.2")
     async with harness.simulator(*flags, "--model-name", MODEL) as url:
         for round_no in range(args.rounds):
-            order = EVENT_LOOPS if round_no % 2 == 0 else tuple(reversed(EVENT_LOOPS))
-            for loop in order:
-                run = await cpu_per_token(url, loop, args.streams, args.tokens, args.slots)
-                results[loop].append(run["us_per_token"])
+            order = list(setups) if round_no % 2 == 0 else list(reversed(setups))
+            for name in order:
+                run = await cpu_per_token(url, setups[name], args.streams, args.tokens, args.slots)
+                results[name].append(run["us_per_token"])
                 print(
-                    f"round {round_no + 1} {loop:8s}: {run['us_per_token']:6.0f} us of scheduler CPU per token "
-                    f"({run['cpu_seconds']:.2f} s CPU, {run['tokens']:.0f} tokens in {run['seconds']:.1f} s)",
+                    f"round {round_no + 1} {name:12s}: {run['us_per_token']:6.0f} us of scheduler CPU per token "
+                    f"({run['cpu_seconds']:.2f} s CPU, {run['tokens']:.0f} tokens in {run['seconds']:.1f} s, "
+                    f"{run['messages_per_stream']:.0f} delta messages a stream)",
                     flush=True,
                 )
-    medians = {loop: statistics.median(values) for loop, values in results.items()}
-    for loop, values in results.items():
-        print(f"{loop:8s}: median {medians[loop]:.0f} us/token (range {min(values):.0f}-{max(values):.0f})")
-    print(f"uvloop / asyncio: {medians['uvloop'] / medians['asyncio']:.2f}x the CPU per streamed token")
+    medians = {name: statistics.median(values) for name, values in results.items()}
+    for name, values in results.items():
+        print(f"{name:12s}: median {medians[name]:.0f} us/token (range {min(values):.0f}-{max(values):.0f})")
+    base, other = list(setups)
+    print(f"{other} / {base}: {medians[other] / medians[base]:.2f}x the CPU per streamed token")
     return 0
 
 

@@ -11,7 +11,9 @@ workload: 32-512 tokens); B and C send one each at +1 s and +2 s, and 30 more la
 - scheduler, engine priorities off (pure gating: the TGI path; the only scheduler setup for llama.cpp);
 - optionally the scheduler from another source tree (`--baseline-src`: the code before a fix);
 - on request only (`--setups ...,sched_asyncio`): the scheduler on asyncio's own event loop instead of the
-  shipped uvloop, engine priorities on (what the loop's CPU per token costs on a real engine).
+  shipped uvloop, engine priorities on (what the loop's CPU per token costs on a real engine); likewise
+  `sched_every_token` and `sched_paced`: the scheduler reading every token as it arrives, or a long answer
+  every 20 ms (`server.stream_read_interval_seconds`).
 
 Reported per setup: latecomer TTFT median and p90 (pooled over the rounds, per-round medians for the
 spread), ratios against the oracle of the same rounds, the flood's span (first send to last token) against
@@ -105,6 +107,7 @@ class Setup:
     latecomer_priority: int | None = None
     baseline: bool = False
     event_loop: str = "uvloop"  # the scheduler's server.event_loop
+    read_interval: float | None = None  # its server.stream_read_interval_seconds (None: the shipped default)
 
 
 SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_priorities=True)
@@ -115,7 +118,13 @@ SCHED_BASE = Setup("sched_base", "scheduler before the ledger fix, engine priori
 SCHED_ASYNCIO = Setup(
     "sched_asyncio", "scheduler on asyncio's loop, engine priorities on", True, True, event_loop="asyncio"
 )
-ON_REQUEST = (SCHED_ASYNCIO,)  # run only when --setups names them
+SCHED_EVERY_TOKEN = Setup(
+    "sched_every_token", "scheduler reading every token as it arrives, priorities on", True, True, read_interval=0.0
+)
+SCHED_PACED = Setup(
+    "sched_paced", "scheduler reading long answers every 20 ms, priorities on", True, True, read_interval=0.02
+)
+ON_REQUEST = (SCHED_ASYNCIO, SCHED_EVERY_TOKEN, SCHED_PACED)  # run only when --setups names them
 
 
 def setups_for(engine: str, baseline: bool) -> list[Setup]:
@@ -307,6 +316,8 @@ def _config(engine: RealEngine, setup: Setup) -> str:
     )
     config["models"][0]["backends"][0]["kind"] = "vllm" if engine.kind == "sim" else engine.kind
     config["server"]["event_loop"] = setup.event_loop
+    if setup.read_interval is not None:
+        config["server"]["stream_read_interval_seconds"] = setup.read_interval
     return validated_toml(config)
 
 
@@ -754,7 +765,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--flood", type=int, default=0, help="flood size (default: the workload's 64)")
     parser.add_argument(
-        "--setups", default="", help="only these setup keys (sched,oracle,fifo,sched_off,sched_base; sched_asyncio)"
+        "--setups",
+        default="",
+        help="only these setup keys (sched,oracle,fifo,sched_off,sched_base; on request: sched_asyncio, "
+        "sched_every_token, sched_paced)",
     )
     parser.add_argument("--baseline-src", type=Path, help="a source tree for the 'scheduler before the fix' setup")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real")
