@@ -243,12 +243,14 @@ async def test_batch_runs_small_while_interactive_is_around_and_fills_up_after(
 
 async def test_client_cancel_aborts_the_request_inside_the_engine(engine: tuple[str, EngineProcess]) -> None:
     kind, eng = engine
-    max_tokens = 900
+    max_tokens = 990  # near the longest answer the engines' 1,024-token context (a slot's) leaves room for
     async with serving(scheduler_config(kind, eng)) as server, client_for(server) as client:
         generated_before = await engine_gauge(eng, GENERATED[kind])
         call = client.stream("m", "A very long story", max_tokens=max_tokens, ignore_eos=True)
-        await first_delta(call)
-        assert await engine_gauge(eng, RUNNING[kind]) == 1
+        await first_delta(call)  # the engine is generating it
+        # Cancelled at once: alone on the engine the tiny model writes the whole answer in a few seconds, and
+        # a scrape of the engine's whole /metrics in between (CI once: all 900 tokens written) could
+        # outlast that on a loaded machine.
         call.cancel()
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
         running: list[float] = [1.0]
