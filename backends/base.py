@@ -61,10 +61,12 @@ class Accepted:
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
-    """A chunk of generated text; `tokens` is how many tokens it carries (usually 1)."""
+    """A chunk of generated text; `tokens` is how many tokens it carries (usually 1). `last`: the engine
+    has already said the answer is finished (no more text follows, only the end of the stream)."""
 
     text: str
     tokens: int = 1
+    last: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,7 +101,7 @@ async def stream_openai(
                     if usage is not None and int(usage.get("completion_tokens") or 0) > counted:
                         tokens = int(usage["completion_tokens"]) - counted
                     counted += tokens
-                    yield TextDelta("".join(texts), tokens=tokens)
+                    yield TextDelta("".join(texts), tokens=tokens, last=finish_reason is not None)
                 if failure is not None:
                     raise failure
                 if done:

@@ -109,7 +109,7 @@ class TgiBackend(HttpAdapter):
                         if event.get("details"):
                             details = event["details"]
                     if texts:  # tokens that arrived together leave together
-                        yield TextDelta("".join(texts), tokens=len(texts))
+                        yield TextDelta("".join(texts), tokens=len(texts), last=details is not None)
                     if failure is not None:
                         raise failure
             except (aiohttp.ClientError, TimeoutError) as exc:

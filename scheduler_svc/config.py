@@ -148,8 +148,12 @@ def _validate(config: Config) -> None:
         raise ConfigError("server: unhealthy_after_failed_passes must be >= 1, unhealthy_after_stalled_seconds >= 0")
     if config.server.http_max_body_bytes < 0:
         raise ConfigError("server.http_max_body_bytes must be >= 0 (0: derived from max_prompt_bytes)")
-    if not 0 <= config.server.stream_read_interval_seconds <= 1:
-        raise ConfigError("server.stream_read_interval_seconds: 0 (off) to 1")
+    if not (
+        config.server.stream_read_interval_seconds == 0 or 0.005 <= config.server.stream_read_interval_seconds <= 1
+    ):
+        raise ConfigError(
+            "server.stream_read_interval_seconds: 0 (off), or 0.005 to 1 (a shorter grid costs more than it saves)"
+        )
     if config.server.stream_read_after_tokens < 0:
         raise ConfigError("server.stream_read_after_tokens: 0 or more")
     if config.server.event_loop not in EVENT_LOOPS:

@@ -70,14 +70,17 @@ class ServerConfig:
     )
     stream_read_interval_seconds: float = _field(
         0.05,
-        "How much later than generated a streamed token may reach its client, to save CPU per token. "
-        "Past its first stream_read_after_tokens tokens, an answer is read from its engine at most this "
-        "often (on one grid for all answers) and what arrived in between leaves in one message; a vLLM "
-        "engine is also asked to group its tokens within it (stream_interval, sized from its time per "
-        "output token). Time to first token is untouched. 0: every token as it arrives.",
+        "About how much later than generated a streamed token may reach its client, to save CPU per "
+        "token. Past its first stream_read_after_tokens tokens, an answer is read from its engine at most "
+        "this often (on one grid for all answers) and what arrived in between leaves in one message; a "
+        "vLLM engine is also asked to group the tokens of longer answers within it (stream_interval, "
+        "sized from its time per output token; both together can make it up to twice this). Time to "
+        "first token and the end of an answer are untouched. 0: every token as it arrives; else 0.005-1.",
     )
     stream_read_after_tokens: int = _field(
-        32, "Tokens an answer carries, read as they arrive, before stream_read_interval_seconds applies."
+        32,
+        "Tokens an answer carries, read as they arrive, before stream_read_interval_seconds applies; an "
+        "answer asking for at most this many is not grouped by the engine either.",
     )
     event_loop: str = _field(
         "uvloop",

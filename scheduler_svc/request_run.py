@@ -170,7 +170,7 @@ class RequestRun:
             messages=req.messages,
             params=req.params,
             engine_priority=ticket.engine_priority,
-            max_token_delay=self._pacing.interval,
+            max_token_delay=self._pacing.engine_allowance(req.params.max_tokens),
         )
         shown = False  # whether the caller has seen any of this generation
         if ticket.cut_reason is not None:
@@ -193,7 +193,8 @@ class RequestRun:
                         host.on_generated(ticket, event.tokens)
                         shown = True
                         yield Chunk(event.text, event.tokens)
-                        await self._pacing.pause(ticket.completion_tokens)
+                        if not event.last:  # the finish is in hand: its end is read at once
+                            await self._pacing.pause(ticket.completion_tokens)
                     elif isinstance(event, Finished):
                         # a busy engine merges tokens into one chunk: charge what its usage says was missed
                         missed = event.completion_tokens - ticket.completion_tokens

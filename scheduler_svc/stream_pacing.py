@@ -10,10 +10,13 @@ the process, so the runs waiting wake in one loop pass and each read takes every
 since. A token then reaches its client at most `interval` later; the engine's own pace is not touched
 (its socket buffers what is not read yet).
 
-The same allowance goes to the engine with every request (`GenerationRequest.max_token_delay`): one that
-can group its streamed tokens (vLLM's per-request `stream_interval`, sized by the adapter from the
-engine's current time per output token) writes one chunk per group, which saves its own front end the
-per-token work too. Its chunks then come at least `interval` apart, so the reads here add no wait.
+The same allowance goes to the engine with every request that may run past `after_tokens`
+(`GenerationRequest.max_token_delay`): one that can group its streamed tokens (vLLM's per-request
+`stream_interval`, sized by the adapter from the engine's current time per output token, its first token
+always alone) writes one chunk per group, which saves its own front end the per-token work too. Its chunks
+then come about `interval` apart and the reads here add no wait; on an engine faster than 16 tokens an
+interval (the group's cap), or one that speeds up mid-answer, a token can wait for both: up to about twice
+`interval`. A batch that already holds the engine's finish is never held: the end is read at once.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ class StreamPacing:
 
     interval: float = 0.0
     after_tokens: int = 0
+
+    def engine_allowance(self, max_tokens: int) -> float:
+        """How late the engine may send a token of an answer of at most `max_tokens` (its own grouping):
+        nothing for an answer short enough to be read token by token here."""
+        return self.interval if max_tokens > self.after_tokens else 0.0
 
     def delay(self, tokens_so_far: int, now: float) -> float:
         """Seconds to wait before the next read: up to the next tick of the shared grid, or 0."""

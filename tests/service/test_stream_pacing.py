@@ -20,6 +20,8 @@ def test_the_first_tokens_are_never_held_and_later_reads_meet_on_one_grid() -> N
     pacing = StreamPacing(interval=0.02, after_tokens=4)
     assert pacing.delay(3, 10.005) == 0.0  # still among the first tokens
     assert NO_PACING.delay(10_000, 10.005) == 0.0
+    # the engine may group the tokens of an answer that can run past the first ones, not of a short one
+    assert pacing.engine_allowance(4) == 0.0 and pacing.engine_allowance(5) == 0.02
     first, second = 10.005, 10.017  # two answers, read at different moments of one interval
     assert 0 < pacing.delay(4, first) <= 0.02 and 0 < pacing.delay(500, second) <= 0.02
     assert first + pacing.delay(4, first) == pytest.approx(second + pacing.delay(500, second))
@@ -47,7 +49,7 @@ async def test_a_long_answer_leaves_in_one_message_per_interval_after_its_first_
         late_seconds = time.monotonic() - late_since
     assert carried == max_tokens
     if interval:  # one read per tick of the grid, and one more for the end of the answer
-        assert late_messages <= late_seconds / interval + 2, (late_messages, late_seconds)
+        assert late_messages <= late_seconds / interval + 3, (late_messages, late_seconds)
     else:  # the control: read as the tokens arrive, many more messages than ticks of 50 ms would allow
         assert late_messages > late_seconds / 0.05 + 2, (late_messages, late_seconds)
 

@@ -146,3 +146,17 @@ def test_the_event_loop_is_one_the_service_can_run() -> None:
     assert config_from_dict({**MINIMAL, "server": {"event_loop": "asyncio"}}).server.event_loop == "asyncio"
     with pytest.raises(ConfigError, match=r"server\.event_loop 'trio': one of uvloop, asyncio"):
         config_from_dict({**MINIMAL, "server": {"event_loop": "trio"}})
+
+
+@pytest.mark.parametrize("interval", [0.0, 0.005, 0.05, 1.0])
+def test_the_stream_read_interval_is_off_or_a_grid_worth_its_timers(interval: float) -> None:
+    config = config_from_dict({**MINIMAL, "server": {"stream_read_interval_seconds": interval}})
+    assert config.server.stream_read_interval_seconds == interval
+
+
+@pytest.mark.parametrize("interval", [-0.01, 0.0001, 1.5])
+def test_a_stream_read_interval_outside_its_range_is_a_config_error(interval: float) -> None:
+    with pytest.raises(ConfigError, match=r"server\.stream_read_interval_seconds"):
+        config_from_dict({**MINIMAL, "server": {"stream_read_interval_seconds": interval}})
+    with pytest.raises(ConfigError, match=r"server\.stream_read_after_tokens"):
+        config_from_dict({**MINIMAL, "server": {"stream_read_after_tokens": -1}})

@@ -11,6 +11,7 @@ from backends.errors import BackendError, BackendUnavailable
 from backends.fake import FakeBackend
 from scheduler_svc.errors import ShuttingDown
 from scheduler_svc.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun, RunEvent
+from scheduler_svc.stream_pacing import StreamPacing
 from scheduler_svc.ticket import Outcome, TicketState
 from tests.unit.dispatch_harness import Harness
 
@@ -114,3 +115,26 @@ async def test_closing_the_run_early_cancels_the_request_and_closes_the_engine_s
     assert await anext(events) == Chunk("he", 1)
     await events.aclose()  # the caller left
     assert ticket.outcome is Outcome.CANCELLED and engine.closed == 1 and h.handle.estimator.in_flight == 0
+
+
+async def test_paced_reads_never_hold_the_end_of_an_answer() -> None:
+    """Between two chunks the run waits for the pacing grid, but not after a chunk the engine sent with its
+    finish: the end of the answer (Done, the ticket's outcome, the freed slot) is read at once."""
+    pauses: list[int] = []
+
+    class RecordingPacing(StreamPacing):
+        async def pause(self, tokens_so_far: int) -> None:
+            pauses.append(tokens_so_far)
+
+    answer: list[GenerationEvent | Exception] = [
+        Accepted(),
+        TextDelta("he"),
+        TextDelta("llo", last=True),
+        Finished("stop", 3, 2),
+    ]
+    h = harness(Engine(answer))
+    ticket = h.submit("u")
+    h.dispatch()
+    events = [event async for event in RequestRun(ticket, h.dispatcher, pacing=RecordingPacing(0.05, 0)).events()]
+    assert events[-1] == Done("stop", 3, 2) and ticket.outcome is Outcome.COMPLETED
+    assert pauses == [1]  # after "he" only
