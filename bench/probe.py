@@ -46,24 +46,30 @@ class EngineProbe:
     _selects: bool = True
 
     async def read(self, timeout: float = 2.0) -> EngineSample | None:
-        """One reading now; None if the engine did not answer within `timeout` seconds."""
-        whole = self.url + "/metrics"
-        url, params = selected_metrics(whole, NAMES) if self._selects else (whole, [])
-        try:
-            async with self.session.get(url, params=params, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-                if response.status in (404, 405) and self._selects:
-                    self._selects = False
-                    return await self.read(timeout)
-                text = await response.text()
-        except (aiohttp.ClientError, TimeoutError):
-            return None
-        samples = MetricSamples.parse(text, NAMES)
-        return EngineSample(
-            t=self.clock.now(),
-            waiting=samples.total(WAITING) or 0.0,
-            running=samples.total(RUNNING) or 0.0,
-            generated=samples.total(GENERATED) or 0.0,
-        )
+        """One reading now; None if the engine did not answer within `timeout` seconds (per try)."""
+        for selecting in (True, False) if self._selects else (False,):
+            whole = self.url + "/metrics"
+            url, params = selected_metrics(whole, NAMES) if selecting else (whole, [])
+            try:
+                async with self.session.get(
+                    url, params=params, timeout=aiohttp.ClientTimeout(total=timeout)
+                ) as response:
+                    status, text = response.status, await response.text()
+            except (aiohttp.ClientError, TimeoutError):
+                return None
+            samples = MetricSamples.parse(text, NAMES) if status == 200 else None
+            if selecting and (status in (404, 405) or (samples is not None and samples.total(RUNNING) is None)):
+                self._selects = False  # no mount, or one without the engine's series: read whole from now on
+                continue
+            if samples is None:
+                return None
+            return EngineSample(
+                t=self.clock.now(),
+                waiting=samples.total(WAITING) or 0.0,
+                running=samples.total(RUNNING) or 0.0,
+                generated=samples.total(GENERATED) or 0.0,
+            )
+        return None
 
     async def generated_tokens(self) -> tuple[float, float]:
         """(run time, engine output tokens so far), read now; raises if the engine does not answer.

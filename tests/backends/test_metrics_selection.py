@@ -154,7 +154,10 @@ async def test_the_bench_probe_selects_its_series_and_reads_an_engine_without_th
         assert sample.generated == expected.total("vllm:generation_tokens_total")
 
     async with running_simulator(SimConfig()) as sim, aiohttp.ClientSession() as session:
+        body = {"model": "sim-model", "prompt": "hi", "max_tokens": 5, "ignore_eos": True}
+        async with session.post(sim.url + "/v1/completions", json=body) as response:
+            assert response.status == 200
         probe = EngineProbe(session, sim.url, RunClock())
         selected = await probe.read()
         assert probe._selects and selected is not None
-        assert (selected.waiting, selected.running) == (0.0, 0.0)
+        assert (selected.waiting, selected.running, selected.generated) == (0.0, 0.0, 5.0)

@@ -70,4 +70,4 @@ async def test_prefix_locality_raises_the_engines_prefix_cache_hits_over_least_l
     # one engine hits on every turn, and load alone does that only by chance.
     every_later_turn = len(USERS) * (ROUNDS - 1) * SYSTEM_BLOCKS * 16
     assert local_hits == dlpm_hits == every_later_turn
-    assert least_hits < every_later_turn
+    assert least_hits <= every_later_turn / 4  # CI's worst: 480 of 12,800
