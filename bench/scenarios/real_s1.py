@@ -12,8 +12,8 @@ workload: 32-512 tokens); B and C send one each at +1 s and +2 s, and 30 more la
 - optionally the scheduler from another source tree (`--baseline-src`: the code before a fix);
 - on request only (`--setups ...,sched_asyncio`): the scheduler on asyncio's own event loop instead of the
   shipped uvloop, engine priorities on (what the loop's CPU per token costs on a real engine); likewise
-  `sched_every_token` and `sched_paced`: the scheduler reading every token as it arrives, or a long answer
-  every 20 ms (`server.stream_read_interval_seconds`).
+  `sched_every_token` and `sched_paced`: the scheduler reading every token as it arrives (the default), or
+  with tokens grouped within 50 ms (`server.stream_read_interval_seconds = 0.05`).
 
 Reported per setup: latecomer TTFT median and p90 (pooled over the rounds, per-round medians for the
 spread), ratios against the oracle of the same rounds, the flood's span (first send to last token) against
@@ -122,7 +122,7 @@ SCHED_EVERY_TOKEN = Setup(
     "sched_every_token", "scheduler reading every token as it arrives, priorities on", True, True, read_interval=0.0
 )
 SCHED_PACED = Setup(
-    "sched_paced", "scheduler reading long answers every 20 ms, priorities on", True, True, read_interval=0.02
+    "sched_paced", "scheduler with tokens grouped within 50 ms, priorities on", True, True, read_interval=0.05
 )
 ON_REQUEST = (SCHED_ASYNCIO, SCHED_EVERY_TOKEN, SCHED_PACED)  # run only when --setups names them
 
