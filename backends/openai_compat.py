@@ -61,7 +61,6 @@ async def stream_openai(
     yield Accepted()
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-    chunks = 0
     counted = 0  # tokens reported in TextDeltas so far
     clean = False
     try:
@@ -94,7 +93,6 @@ async def stream_openai(
                         if choice.get("finish_reason"):
                             finish_reason = choice["finish_reason"]
                 if texts:  # what arrived together leaves together: one delta, one gRPC message
-                    chunks += len(texts)
                     # a chunk's text may hold several tokens (vLLM's stream_interval, a busy engine's
                     # merge): the usage so far, where the chunks carry it, says how many
                     tokens = len(texts)
@@ -124,5 +122,5 @@ async def stream_openai(
     yield Finished(
         finish_reason=_FINISH_REASONS[finish_reason],
         prompt_tokens=int(usage["prompt_tokens"]) if usage and "prompt_tokens" in usage else None,
-        completion_tokens=int(usage["completion_tokens"]) if usage and "completion_tokens" in usage else chunks,
+        completion_tokens=int(usage["completion_tokens"]) if usage and "completion_tokens" in usage else counted,
     )

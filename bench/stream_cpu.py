@@ -36,22 +36,19 @@ from scheduler_svc.event_loop import EVENT_LOOPS
 MODEL = "m"
 
 
-async def _stream(stub: pb_grpc.SchedulerServiceStub, user: str, tokens: int) -> int:
-    """One stream to its end; the tokens it carried (delta messages may carry several)."""
+async def _stream(stub: pb_grpc.SchedulerServiceStub, user: str, tokens: int) -> tuple[int, int]:
+    """One stream to its end; the tokens it carried and the delta messages that carried them."""
     params = pb.GenerationParams(model=MODEL, prompt="hello world", max_tokens=tokens, ignore_eos=True)
     call = cast(
         "grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]",
         stub.Stream(pb.StreamRequest(params=params), metadata=(("x-user-id", user),)),
     )
-    carried = 0
+    carried = messages = 0
     async for event in call:
         if event.HasField("delta"):
             carried += event.delta.tokens
-            MESSAGES[0] += 1
-    return carried
-
-
-MESSAGES = [0]  # delta messages received, all streams together
+            messages += 1
+    return carried, messages
 
 
 async def cpu_per_token(
@@ -67,9 +64,10 @@ async def cpu_per_token(
     ):
         stub = pb_grpc.SchedulerServiceStub(channel)
         await asyncio.gather(*(_stream(stub, f"u{i % 8}", 16) for i in range(8)))  # first-use costs
-        cpu, start, MESSAGES[0] = scheduler.cpu_seconds(), time.monotonic(), 0
-        carried = sum(await asyncio.gather(*(_stream(stub, f"u{i % 8}", tokens) for i in range(streams))))
+        cpu, start = scheduler.cpu_seconds(), time.monotonic()
+        runs = await asyncio.gather(*(_stream(stub, f"u{i % 8}", tokens) for i in range(streams)))
         cpu, wall = scheduler.cpu_seconds() - cpu, time.monotonic() - start
+    carried, messages = sum(run[0] for run in runs), sum(run[1] for run in runs)
     if carried != streams * tokens:
         raise RuntimeError(f"{server}: {carried} tokens streamed, expected {streams * tokens}")
     return {
@@ -77,7 +75,7 @@ async def cpu_per_token(
         "cpu_seconds": cpu,
         "seconds": wall,
         "tokens": carried,
-        "messages_per_stream": MESSAGES[0] / streams,
+        "messages_per_stream": messages / streams,
     }
 
 
