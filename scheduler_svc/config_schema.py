@@ -84,6 +84,12 @@ class ServerConfig:
         "Tokens an answer carries, read as they arrive, before stream_read_interval_seconds applies; an "
         "answer asking for at most this many is not grouped by the engine either.",
     )
+    stream_group_at_engine: bool = _field(
+        True,
+        "With stream_read_interval_seconds set, also ask a vLLM engine to group the tokens of longer answers "
+        "(its per-request stream_interval); false: the engine sends every token and only the reads here are "
+        "paced.",
+    )
     event_loop: str = _field(
         "uvloop",
         "The process's event loop: \"uvloop\" (about a fifth less CPU per streamed token than asyncio's own, "

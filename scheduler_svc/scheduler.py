@@ -68,7 +68,11 @@ class Scheduler:
         self.config = config
         self.clock = clock or MonotonicClock()
         # how often every face's runs read a long answer from its engine
-        self.pacing = StreamPacing(config.server.stream_read_interval_seconds, config.server.stream_read_after_tokens)
+        self.pacing = StreamPacing(
+            config.server.stream_read_interval_seconds,
+            config.server.stream_read_after_tokens,
+            config.server.stream_group_at_engine,
+        )
         self.metrics = metrics or SchedulerMetrics()
         self.health = ServiceHealth()
         self.errors = InternalErrors(lambda component: self.metrics.internal_errors.labels(component).inc())

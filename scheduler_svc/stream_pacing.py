@@ -33,11 +33,12 @@ class StreamPacing:
 
     interval: float = 0.0
     after_tokens: int = 0
+    group_at_engine: bool = True  # also ask the engine to group the tokens it streams (where it can)
 
     def engine_allowance(self, max_tokens: int) -> float:
         """How late the engine may send a token of an answer of at most `max_tokens` (its own grouping):
-        nothing for an answer short enough to be read token by token here."""
-        return self.interval if max_tokens > self.after_tokens else 0.0
+        nothing for an answer short enough to be read token by token here, or with engine grouping off."""
+        return self.interval if self.group_at_engine and max_tokens > self.after_tokens else 0.0
 
     def delay(self, tokens_so_far: int, now: float) -> float:
         """Seconds to wait before the next read: up to the next tick of the shared grid, or 0."""

@@ -108,6 +108,7 @@ class Setup:
     baseline: bool = False
     event_loop: str = "uvloop"  # the scheduler's server.event_loop
     read_interval: float | None = None  # its server.stream_read_interval_seconds (None: the shipped default)
+    group_at_engine: bool | None = None  # its server.stream_group_at_engine (None: the shipped default)
 
 
 SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_priorities=True)
@@ -124,7 +125,15 @@ SCHED_EVERY_TOKEN = Setup(
 SCHED_PACED = Setup(
     "sched_paced", "scheduler with tokens grouped within 50 ms, priorities on", True, True, read_interval=0.05
 )
-ON_REQUEST = (SCHED_ASYNCIO, SCHED_EVERY_TOKEN, SCHED_PACED)  # run only when --setups names them
+SCHED_READ_PACED = Setup(
+    "sched_read_paced",
+    "scheduler reading at most every 50 ms, engine sends every token, priorities on",
+    True,
+    True,
+    read_interval=0.05,
+    group_at_engine=False,
+)
+ON_REQUEST = (SCHED_ASYNCIO, SCHED_EVERY_TOKEN, SCHED_PACED, SCHED_READ_PACED)  # run only when --setups names them
 
 
 def setups_for(engine: str, baseline: bool) -> list[Setup]:
@@ -318,6 +327,8 @@ def _config(engine: RealEngine, setup: Setup) -> str:
     config["server"]["event_loop"] = setup.event_loop
     if setup.read_interval is not None:
         config["server"]["stream_read_interval_seconds"] = setup.read_interval
+    if setup.group_at_engine is not None:
+        config["server"]["stream_group_at_engine"] = setup.group_at_engine
     return validated_toml(config)
 
 
@@ -768,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
         "--setups",
         default="",
         help="only these setup keys (sched,oracle,fifo,sched_off,sched_base; on request: sched_asyncio, "
-        "sched_every_token, sched_paced)",
+        "sched_every_token, sched_paced, sched_read_paced)",
     )
     parser.add_argument("--baseline-src", type=Path, help="a source tree for the 'scheduler before the fix' setup")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real")
