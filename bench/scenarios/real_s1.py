@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import json
@@ -404,6 +405,40 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def next_slot_waits(ends: Sequence[float], arrivals: Sequence[float]) -> list[float]:
+    """For each arrival, the seconds until the next request ends after it (a slot frees), as the clients saw
+    the ends; arrivals after the last end are left out."""
+    ordered = sorted(ends)
+    waits = []
+    for t in arrivals:
+        i = bisect.bisect_right(ordered, t)
+        if i < len(ordered):
+            waits.append(ordered[i] - t)
+    return waits
+
+
+def turnover_split(records: Sequence[RequestRecord]) -> tuple[list[float], list[float]]:
+    """A latecomer's time to first token is mostly the wait for the engine's next free slot (every slot
+    busy with the flood, the engine's priority queue puts it first) plus the path to and from the engine.
+    This splits the two: the next-slot wait for an arrival at every 10 ms of the latecomers' window (how
+    often this setup's engine turns a slot over, whatever moments the latecomers happened to pick), and
+    each latecomer's first token after the first slot that freed once it was sent (the path; negative
+    when its client saw that end late)."""
+    late = [r for r in records if r.tag == "late" and r.first_token is not None]
+    if not late:
+        return [], []
+    lo, hi = min(r.sent for r in late), max(r.sent for r in late)
+    grid = [lo + i * 0.01 for i in range(int((hi - lo) / 0.01) + 1)]
+    turnover = next_slot_waits([r.finished for r in records if r.finished is not None], grid)
+    path = []
+    for r in late:
+        others = [o.finished for o in records if o is not r and o.finished is not None]
+        wait = next_slot_waits(others, [r.sent])
+        if wait and r.ttft is not None:
+            path.append(r.ttft - wait[0])
+    return turnover, path
+
+
 def figures(run: dict[str, Any]) -> dict[str, Any]:
     """One run's figures."""
     records: list[RequestRecord] = run["records"]
@@ -428,7 +463,10 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
     full = [s for s in with_work if s.running >= SLOTS]
     decode = [r.finished - r.first_token for r in flood if r.finished is not None and r.first_token is not None]
     late_ttft = [r.ttft for r in late if r.ttft is not None]
+    turnover, path = turnover_split(records)
     return {
+        "turnover_wait": _median(turnover),
+        "late_path": path,
         "idle_ttft": run["idle_ttft"],
         "late_ttft": late_ttft,
         "late_missing": sum(1 for r in late if r.ttft is None),
@@ -543,6 +581,9 @@ def summarise(
             "after_flood": sum(p["late_after_flood"] for p in per),
             "errors": sorted({e for p in per for e in p["errors"]}),
             "n": len(pooled),
+            "turnover_waits": [p["turnover_wait"] for p in per],
+            "path": _median([t for p in per for t in p["late_path"]]),
+            "path_p90": _pct([t for p in per for t in p["late_path"]], 0.9),
             "cpu": {
                 role: _median([p["cpu"][role] for p in per if role in p["cpu"]])
                 for role in sorted({role for p in per for role in p["cpu"]})
@@ -568,6 +609,13 @@ def summarise(
                 seconds(a["idle"]),
             ]
         )
+        if a["path"] is not None:
+            result.notes.append(
+                f"{setup.label}: next free slot {_fmt_list(a['turnover_waits'], seconds)} after a random moment "
+                f"of the latecomers' window (median per round: how often the engine turned a slot over); first "
+                f"token {seconds(a['path'])} (p90 {seconds(a['path_p90'])}) after the first slot that freed once "
+                "a latecomer was sent (the path)"
+            )
         if a["cpu"]:
             shares = ", ".join(f"{role} {value:.1f}" for role, value in a["cpu"].items() if value is not None)
             result.notes.append(f"{setup.label}: CPU seconds per run by role (median over rounds): {shares}")

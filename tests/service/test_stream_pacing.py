@@ -22,6 +22,8 @@ def test_the_first_tokens_are_never_held_and_later_reads_meet_on_one_grid() -> N
     assert NO_PACING.delay(10_000, 10.005) == 0.0
     # the engine may group the tokens of an answer that can run past the first ones, not of a short one
     assert pacing.engine_allowance(4) == 0.0 and pacing.engine_allowance(5) == 0.02
+    # with engine grouping off the engine sends every token and only the reads here are paced
+    assert StreamPacing(interval=0.02, after_tokens=4, group_at_engine=False).engine_allowance(5) == 0.0
     first, second = 10.005, 10.017  # two answers, read at different moments of one interval
     assert 0 < pacing.delay(4, first) <= 0.02 and 0 < pacing.delay(500, second) <= 0.02
     assert first + pacing.delay(4, first) == pytest.approx(second + pacing.delay(500, second))
