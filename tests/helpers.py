@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
+import tomllib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from backends.base import Backend, BackendLoad, Finished, GenerationEvent, GenerationRequest, TextDelta
@@ -19,6 +22,16 @@ from scheduler_svc.server import SchedulerServer
 def client_label(engine_request_id: str) -> str:
     """The client's request_id inside the id an engine sees (`<client id>~<unique>`, or the bare unique id)."""
     return engine_request_id.split("~", 1)[0]
+
+
+def run_engine_config(engine: str) -> dict[str, Any]:
+    """The scheduler config `make run ENGINE=vllm|llamacpp` writes (scripts/run_engine.py), as a dict."""
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("run_engine", root / "scripts" / "run_engine.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return tomllib.loads(module.config_text(engine, "sim-model", 8000))
 
 
 def make_config(

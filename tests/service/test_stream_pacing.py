@@ -10,8 +10,17 @@ import grpc
 import pytest
 
 from backends.sim import SimConfig, running_simulator
+from scheduler_svc.config import Config, config_from_dict
 from scheduler_svc.stream_pacing import NO_PACING, StreamPacing
-from tests.helpers import client_for, eventually, make_config, outcome_count, serving, until_settled
+from tests.helpers import (
+    client_for,
+    eventually,
+    make_config,
+    outcome_count,
+    run_engine_config,
+    serving,
+    until_settled,
+)
 
 FAST_ENGINE = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.0)  # a token every 2 ms
 
@@ -29,16 +38,11 @@ def test_the_first_tokens_are_never_held_and_later_reads_meet_on_one_grid() -> N
     assert first + pacing.delay(4, first) == pytest.approx(second + pacing.delay(500, second))
 
 
-@pytest.mark.parametrize("interval", [0.05, 0.0])
-async def test_a_long_answer_leaves_in_one_message_per_interval_after_its_first_tokens(interval: float) -> None:
-    after, max_tokens = 16, 300
-    server_settings = {"stream_read_interval_seconds": interval, "stream_read_after_tokens": after}
-    async with (
-        running_simulator(FAST_ENGINE) as sim,
-        serving(make_config(backend_url=sim.url, server=server_settings)) as server,
-        client_for(server) as client,
-    ):
-        call = client.stream("m", "a long story", max_tokens=max_tokens, ignore_eos=True)
+async def _late_messages(config: Config, model: str, after: int, max_tokens: int) -> tuple[int, float]:
+    """Stream one long answer through `config`: the messages that carried its tokens after the first
+    `after`, and the seconds they took."""
+    async with serving(config) as server, client_for(server) as client:
+        call = client.stream(model, "a long story", max_tokens=max_tokens, ignore_eos=True)
         carried, late_messages, late_since = 0, 0, 0.0
         while (event := await call.read()) is not grpc.aio.EOF:
             if not event.HasField("delta"):
@@ -50,10 +54,34 @@ async def test_a_long_answer_leaves_in_one_message_per_interval_after_its_first_
                 late_since = time.monotonic()
         late_seconds = time.monotonic() - late_since
     assert carried == max_tokens
+    return late_messages, late_seconds
+
+
+@pytest.mark.parametrize("interval", [0.05, 0.0])
+async def test_a_long_answer_leaves_in_one_message_per_interval_after_its_first_tokens(interval: float) -> None:
+    after, max_tokens = 16, 300
+    server_settings = {"stream_read_interval_seconds": interval, "stream_read_after_tokens": after}
+    async with running_simulator(FAST_ENGINE) as sim:
+        config = make_config(backend_url=sim.url, server=server_settings)
+        late_messages, late_seconds = await _late_messages(config, "m", after, max_tokens)
     if interval:  # one read per tick of the grid, and one more for the end of the answer
         assert late_messages <= late_seconds / interval + 3, (late_messages, late_seconds)
     else:  # the control: read as the tokens arrive, many more messages than ticks of 50 ms would allow
         assert late_messages > late_seconds / 0.05 + 2, (late_messages, late_seconds)
+
+
+async def test_make_run_on_a_cpu_engine_sends_long_answers_in_groups() -> None:
+    """`make run ENGINE=vllm` puts the engine on the scheduler's own cores, where a cycle spent per token is
+    the engine's: its config groups the tokens of long answers (what that config says it does)."""
+    raw = run_engine_config("vllm")
+    async with running_simulator(FAST_ENGINE) as sim:
+        raw["server"].update(listen="127.0.0.1:0", metrics_listen="", http_listen="", log_level="warning")
+        raw["models"][0]["backends"][0]["url"] = sim.url
+        config = config_from_dict(raw)
+        interval, after = config.server.stream_read_interval_seconds, config.server.stream_read_after_tokens
+        assert interval > 0
+        late_messages, late_seconds = await _late_messages(config, config.models[0].name, after, 600)
+    assert late_messages <= late_seconds / interval + 3, (late_messages, late_seconds)
 
 
 async def test_a_client_that_leaves_while_its_answer_is_held_aborts_the_engine_request() -> None:

@@ -13,7 +13,6 @@ gate learned the step time, the example config ran such a flood at 185 ms with 1
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from bench.harness import simulator
 from bench.scenarios.s5 import tpot_flood_config
 from bench.tpot_flood import SLOW_STEPPING, SLOW_STEPPING_FLAGS, FloodStats, limit_batch, measure_flood
 from scheduler_svc.config import config_from_dict
-from tests.helpers import client_for, serving
+from tests.helpers import client_for, run_engine_config, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOOD_REQUESTS = 32
@@ -32,19 +31,11 @@ FLOOD_TOKENS = 40  # about 6 s per request at the limit's batch: three waves, ab
 USERS = 4
 
 
-def _run_engine_config(engine: str) -> dict[str, Any]:
-    spec = importlib.util.spec_from_file_location("run_engine", ROOT / "scripts" / "run_engine.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return tomllib.loads(module.config_text(engine, "sim-model", 8000))
-
-
 def _shipped(name: str) -> dict[str, Any]:
     if name == "configs/example.toml":
         return tomllib.loads((ROOT / name).read_text())
     if name == "make run ENGINE=vllm":
-        return _run_engine_config("vllm")
+        return run_engine_config("vllm")
     if name == "bench S5 tpot flood":
         config = tpot_flood_config("http://127.0.0.1:1", "sim-model")
         config["server"]["listen"] = "127.0.0.1:0"
