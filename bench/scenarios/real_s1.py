@@ -461,6 +461,9 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
 
     with_work = [s for s in inside if queued_at(s.t) > 0]
     full = [s for s in with_work if s.running >= SLOTS]
+    # a slot empty while the engine itself holds waiting work is the engine between a finish and its next
+    # step (every setup shows those); one empty with nothing waiting there is work held back before it
+    starved = [s for s in with_work if s.running < SLOTS and s.waiting == 0]
     decode = [r.finished - r.first_token for r in flood if r.finished is not None and r.first_token is not None]
     late_ttft = [r.ttft for r in late if r.ttft is not None]
     turnover, path = turnover_split(records)
@@ -476,6 +479,7 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
         "tps_flood": rate(start, end),
         "tps_window": rate(start + span * 0.25, start + span * 0.75),
         "full_share": len(full) / len(with_work) if with_work else None,
+        "starved_share": len(starved) / len(with_work) if with_work else None,
         "mean_running": statistics.fmean(s.running for s in inside) if inside else None,
         "decode": _median(decode),
         "samples": len(inside),
@@ -575,6 +579,7 @@ def summarise(
             "tps_window": [p["tps_window"] for p in per],
             "full_share": _median([p["full_share"] for p in per if p["full_share"] is not None]),
             "full_shares": [p["full_share"] for p in per],
+            "starved_shares": [p["starved_share"] for p in per],
             "idle": _median([p["idle_ttft"] for p in per if p["idle_ttft"] is not None]),
             "decode": _median([p["decode"] for p in per if p["decode"] is not None]),
             "missing": sum(p["late_missing"] for p in per),
@@ -615,6 +620,12 @@ def summarise(
                 f"of the latecomers' window (median per round: how often the engine turned a slot over); first "
                 f"token {seconds(a['path'])} (p90 {seconds(a['path_p90'])}) after the first slot that freed once "
                 "a latecomer was sent (the path)"
+            )
+        if any(a["starved_shares"]):
+            result.notes.append(
+                f"{setup.label}: slots empty with nothing waiting at the engine while clients' work was queued "
+                f"(held back before the engine), share of samples per round: "
+                f"{_fmt_list(a['starved_shares'], lambda v: '-' if v is None else f'{v:.1%}')}"
             )
         if a["cpu"]:
             shares = ", ".join(f"{role} {value:.1f}" for role, value in a["cpu"].items() if value is not None)
