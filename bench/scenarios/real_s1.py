@@ -110,6 +110,7 @@ class Setup:
     event_loop: str = "uvloop"  # the scheduler's server.event_loop
     read_interval: float | None = None  # its server.stream_read_interval_seconds (None: the shipped default)
     group_at_engine: bool | None = None  # its server.stream_group_at_engine (None: the shipped default)
+    waiting_target: int = GATE_TARGET  # the gate's waiting target (at an engine without priorities, all it has)
 
 
 SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_priorities=True)
@@ -134,7 +135,11 @@ SCHED_READ_PACED = Setup(
     read_interval=0.05,
     group_at_engine=False,
 )
-ON_REQUEST = (SCHED_ASYNCIO, SCHED_EVERY_TOKEN, SCHED_PACED, SCHED_READ_PACED)  # run only when --setups names them
+SCHED_OFF_TARGET_1 = Setup(
+    "sched_off_target_1", "scheduler, engine priorities off, waiting target 1", True, waiting_target=1
+)
+# run only when --setups names them
+ON_REQUEST = (SCHED_ASYNCIO, SCHED_EVERY_TOKEN, SCHED_PACED, SCHED_READ_PACED, SCHED_OFF_TARGET_1)
 
 
 def setups_for(engine: str, baseline: bool) -> list[Setup]:
@@ -319,7 +324,7 @@ def _config(engine: RealEngine, setup: Setup) -> str:
         engine_model=engine.model,
         max_num_seqs=SLOTS,
         classes=STANDARD_CLASS,
-        waiting_target=GATE_TARGET,
+        waiting_target=setup.waiting_target,
         priority_waiting_target=PRIORITY_GATE_TARGET,
         priority_scheduling=setup.engine_priorities,
         scrape_interval=SCRAPE_INTERVAL,
@@ -838,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
         "--setups",
         default="",
         help="only these setup keys (sched,oracle,fifo,sched_off,sched_base; on request: sched_asyncio, "
-        "sched_every_token, sched_paced, sched_read_paced)",
+        "sched_every_token, sched_paced, sched_read_paced, sched_off_target_1)",
     )
     parser.add_argument("--baseline-src", type=Path, help="a source tree for the 'scheduler before the fix' setup")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real")
