@@ -211,6 +211,8 @@ def _validate(config: Config) -> None:
         GATE_POLICIES.check(model.gate.policy, f"{where}.gate.policy")
         if model.gate.waiting_target < 1 or model.gate.fallback_max_in_flight < 1:
             raise ConfigError(f"{where}.gate: waiting_target and fallback_max_in_flight must be >= 1")
+        if model.gate.waiting_target_adapt_seconds < 0:
+            raise ConfigError(f"{where}.gate: waiting_target_adapt_seconds must be >= 0 (0: always waiting_target)")
         if model.gate.priority_waiting_target < 0:
             raise ConfigError(f"{where}.gate: priority_waiting_target must be >= 0 (0: waiting_target)")
         if model.gate.step_model_half_life_seconds <= 0:

@@ -231,6 +231,14 @@ class GateConfig:
         "the engine's slots full when its HTTP front end hands requests in late (a busy API server), at no "
         "cost to those who jump it. 0: `waiting_target`. A class's own `waiting_target` wins over both.",
     )
+    waiting_target_adapt_seconds: float = _field(
+        2.0,
+        "At an engine without priorities everything in its queue is ahead of the next arrival, so the gate "
+        "keeps that queue only as deep as the engine's slots need (known max_num_seqs only): from "
+        "`waiting_target` one lower after this many seconds of readings with every slot busy, one higher "
+        "(up to `waiting_target`) when a reading shows a slot freed with nothing waiting while the gate held "
+        "work back. 0: always `waiting_target`.",
+    )
     stale_after_seconds: float = _field(
         1.0, "A metrics reading older than this (or a failed scrape) no longer opens the gate."
     )

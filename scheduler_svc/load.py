@@ -162,6 +162,7 @@ class LoadEstimator:
         *,
         better_tpot_limit: float = 0.0,
         candidate_priority: int | None = None,
+        holding_work: bool = False,
     ) -> GateInputs:
         """What a gate decides on at `now`, for a request whose class has better classes active (or not)
         and which would carry `candidate_priority` to a priority engine: the one place they are built."""
@@ -188,6 +189,7 @@ class LoadEstimator:
             unstarted=len(self._unstarted),
             better_tpot_limit=better_tpot_limit,
             candidate_priority=candidate_priority,
+            holding_work=holding_work,
         )
 
     def _waiting_bound(self) -> int | None:

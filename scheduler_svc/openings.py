@@ -106,7 +106,7 @@ class BackendGates:
                 continue
             priority = self.priorities.of(request_class.name, user, handle)
             inputs = handle.estimator.gate_inputs(
-                now, better_active, better_tpot_limit=better_tpot, candidate_priority=priority
+                now, better_active, better_tpot_limit=better_tpot, candidate_priority=priority, holding_work=True
             )
             decision = self._capped(handle) or handle.gate.decide(inputs, gate_class)
             if series is not None:

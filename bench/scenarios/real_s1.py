@@ -111,6 +111,7 @@ class Setup:
     read_interval: float | None = None  # its server.stream_read_interval_seconds (None: the shipped default)
     group_at_engine: bool | None = None  # its server.stream_group_at_engine (None: the shipped default)
     waiting_target: int = GATE_TARGET  # the gate's waiting target (at an engine without priorities, all it has)
+    adapt_seconds: float | None = None  # its gate.waiting_target_adapt_seconds (None: the shipped default)
 
 
 SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_priorities=True)
@@ -138,8 +139,11 @@ SCHED_READ_PACED = Setup(
 SCHED_OFF_TARGET_1 = Setup(
     "sched_off_target_1", "scheduler, engine priorities off, waiting target 1", True, waiting_target=1
 )
+SCHED_OFF_FIXED = Setup(
+    "sched_off_fixed", "scheduler, engine priorities off, waiting target held at 3", True, adapt_seconds=0.0
+)
 # run only when --setups names them
-ON_REQUEST = (SCHED_ASYNCIO, SCHED_EVERY_TOKEN, SCHED_PACED, SCHED_READ_PACED, SCHED_OFF_TARGET_1)
+ON_REQUEST = (SCHED_ASYNCIO, SCHED_EVERY_TOKEN, SCHED_PACED, SCHED_READ_PACED, SCHED_OFF_TARGET_1, SCHED_OFF_FIXED)
 
 
 def setups_for(engine: str, baseline: bool) -> list[Setup]:
@@ -333,6 +337,8 @@ def _config(engine: RealEngine, setup: Setup) -> str:
     config["server"]["event_loop"] = setup.event_loop
     if setup.read_interval is not None:
         config["server"]["stream_read_interval_seconds"] = setup.read_interval
+    if setup.adapt_seconds is not None:
+        config["models"][0]["gate"]["waiting_target_adapt_seconds"] = setup.adapt_seconds
     if setup.group_at_engine is not None:
         config["server"]["stream_group_at_engine"] = setup.group_at_engine
     return validated_toml(config)
@@ -843,7 +849,7 @@ def main(argv: list[str] | None = None) -> int:
         "--setups",
         default="",
         help="only these setup keys (sched,oracle,fifo,sched_off,sched_base; on request: sched_asyncio, "
-        "sched_every_token, sched_paced, sched_read_paced, sched_off_target_1)",
+        "sched_every_token, sched_paced, sched_read_paced, sched_off_target_1, sched_off_fixed)",
     )
     parser.add_argument("--baseline-src", type=Path, help="a source tree for the 'scheduler before the fix' setup")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real")

@@ -18,6 +18,7 @@ from backends.base import BackendLoad
 from scheduler_svc.config_schema import GateConfig, PriorityClassConfig
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.step_model import StepTimeModel
+from scheduler_svc.policies.waiting_depth import WaitingDepth
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class GateInputs:
     unstarted: int = 0  # ours in flight without a first token (waiting, in prefill, or on the way)
     unstarted_priorities: tuple[int, ...] = ()  # the engine priorities those carry, sorted (priority engines)
     candidate_priority: int | None = None  # the engine priority the request asked about would carry
+    holding_work: bool = False  # the dispatcher asks for work it holds (introspection does not): gates may learn
 
     def reading_age(self) -> float | None:
         """Seconds since the reading was taken, None when there is none."""
@@ -176,7 +178,9 @@ def waiting_target(inputs: GateInputs, config: GateConfig) -> int:
     return config.waiting_target
 
 
-def check_waiting(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
+def check_waiting(
+    inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig, fifo_target: int | None = None
+) -> str | None:
     """What the request would queue behind at the engine must stay below the class's target (batch: the
     engine queue must be empty).
 
@@ -186,12 +190,18 @@ def check_waiting(inputs: GateInputs, cls: PriorityClassConfig, config: GateConf
     waiting in our queue for the engine's queue to drain below the target. The queue stays bounded: a
     request goes only while fewer than the target are ahead of it. There the target is the gate's
     `priority_waiting_target` when set: deeper, so that a front end that hands requests in late never
-    leaves a slot empty, and harmless to whoever jumps the queue.
+    leaves a slot empty, and harmless to whoever jumps the queue. At a FIFO engine `fifo_target`, when
+    given, stands for `waiting_target` (the depth the gate learned, see `WaitingSignal`).
     """
     if cls.require_idle_engine:
         waiting = inputs.estimated_waiting()
         return None if waiting == 0 else f"waiting {waiting} > 0 and {cls.name} needs an idle engine queue"
-    target = cls.waiting_target or waiting_target(inputs, config)
+    if cls.waiting_target:
+        target = cls.waiting_target
+    elif inputs.candidate_priority is None and fifo_target is not None:
+        target = fifo_target
+    else:
+        target = waiting_target(inputs, config)
     ahead = inputs.waiting_ahead()
     if ahead < target:
         return None
@@ -227,6 +237,28 @@ def tpot_limit(inputs: GateInputs, cls: PriorityClassConfig) -> float:
     better-ranked active class's when tighter, because every running request shares the engine's step."""
     limits = [limit for limit in (cls.max_tpot_seconds, inputs.better_tpot_limit) if limit > 0]
     return min(limits, default=0.0)
+
+
+class WaitingSignal:
+    """The waiting check, with the depth it keeps at a FIFO engine learned from the engine's readings
+    (`WaitingDepth`: as deep as the slots need, at most `waiting_target`). At a priority engine the
+    learned depth is not used: there a latecomer jumps the queue, and `priority_waiting_target` holds."""
+
+    def __init__(self, config: GateConfig) -> None:
+        self.depth = WaitingDepth(config.waiting_target, config.waiting_target_adapt_seconds)
+
+    def check(self, inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
+        return check_waiting(inputs, cls, config, fifo_target=self.depth.target)
+
+    def learn(self, inputs: GateInputs, cls: PriorityClassConfig, decision: GateDecision) -> None:
+        """Feed the depth one decision the dispatcher asked for with work in hand, where the model's FIFO
+        target applies (no class target, no idle-engine rule, no engine priority)."""
+        if not inputs.holding_work or inputs.candidate_priority is not None:
+            return
+        if cls.waiting_target or cls.require_idle_engine:
+            return
+        held_by_waiting = decision.cause in (GateCause.OPEN, GateCause.ENGINE_WAITING)
+        self.depth.observe(inputs.reading, inputs.engine_slots, held_by_waiting)
 
 
 class TpotSignal:
@@ -296,8 +328,9 @@ class SignalGate:
     def __init__(self, config: GateConfig) -> None:
         self._config = config
         self.tpot = TpotSignal(config.step_model_half_life_seconds)
+        self.waiting = WaitingSignal(config)
         self.checks: tuple[tuple[GateCause, GateCheck], ...] = (
-            (GateCause.ENGINE_WAITING, check_waiting),
+            (GateCause.ENGINE_WAITING, self.waiting.check),
             (GateCause.ENGINE_RUNNING, check_running),
             (GateCause.TPOT, self.tpot.check),
             (GateCause.KV_CACHE, check_kv_cache),
@@ -310,6 +343,11 @@ class SignalGate:
         fallback = _fallback(inputs, self._config, priority_class)
         if fallback is not None:
             return fallback
+        decision = self._decide_fresh(inputs, priority_class)
+        self.waiting.learn(inputs, priority_class, decision)
+        return decision
+
+    def _decide_fresh(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
         for cause, check in self.checks:
             reason = check(inputs, priority_class, self._config)
             if reason is not None:
@@ -330,7 +368,7 @@ class QueueDepthGate(SignalGate):
 
     def __init__(self, config: GateConfig) -> None:
         super().__init__(config)
-        self.checks = ((GateCause.ENGINE_WAITING, check_waiting),)
+        self.checks = ((GateCause.ENGINE_WAITING, self.waiting.check),)
 
 
 GATE_POLICIES: Registry[Gate] = Registry("gate")

@@ -1,0 +1,110 @@
+"""At a FIFO engine the gate keeps the engine's queue only as deep as its slots need (WaitingDepth): lower
+while the slots stay busy, deeper when a freed slot finds nothing waiting while work was held back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from backends.base import BackendLoad
+from scheduler_svc.config import GateConfig, PriorityClassConfig
+from scheduler_svc.policies import SignalGate
+from scheduler_svc.policies.gate import GateCause, GateInputs
+from scheduler_svc.policies.waiting_depth import WaitingDepth
+
+SLOTS = 4
+CLS = PriorityClassConfig()
+
+
+def reading(at: float, running: int, waiting: int) -> BackendLoad:
+    return BackendLoad(ok=True, read_at=at, running=running, waiting=waiting)
+
+
+def feed(depth: WaitingDepth, readings: list[BackendLoad], held: bool = True) -> None:
+    for r in readings:
+        depth.observe(r, SLOTS, held)
+
+
+def busy(start: float, seconds: float, waiting: int = 1, every: float = 0.2) -> list[BackendLoad]:
+    return [reading(start + i * every, SLOTS, waiting) for i in range(int(seconds / every) + 1)]
+
+
+def test_busy_slots_lower_the_depth_one_step_per_period_down_to_one() -> None:
+    depth = WaitingDepth(ceiling=3, lower_after_seconds=2.0)
+    feed(depth, busy(0.0, 1.9))
+    assert depth.target == 3  # not yet a whole period
+    feed(depth, busy(2.0, 0.0))
+    assert depth.target == 2
+    feed(depth, busy(2.2, 10.0))
+    assert depth.target == 1  # never below one
+
+
+def test_a_freed_slot_with_nothing_waiting_while_work_was_held_deepens_the_queue() -> None:
+    depth = WaitingDepth(ceiling=3, lower_after_seconds=2.0)
+    feed(depth, busy(0.0, 4.2))
+    assert depth.target == 1
+    feed(depth, [reading(4.4, SLOTS - 1, 0)])  # the slot freed, the queue had run dry: starved
+    assert depth.target == 2
+    feed(depth, [reading(4.6, SLOTS - 1, 0)])  # still the same gap: one step per freed slot, not per reading
+    assert depth.target == 2
+    feed(depth, [reading(4.8, SLOTS, 0), reading(5.0, SLOTS - 2, 0)])
+    assert depth.target == 3
+    feed(depth, [reading(5.2, SLOTS, 0), reading(5.4, SLOTS - 1, 0)])
+    assert depth.target == 3  # never above the configured target
+
+
+def test_what_is_not_starvation_leaves_the_depth_alone() -> None:
+    depth = WaitingDepth(ceiling=3, lower_after_seconds=2.0)
+    feed(depth, busy(0.0, 4.2))
+    assert depth.target == 1
+    # the engine between a finish and its next step, its own queue about to fill the slot
+    feed(depth, [reading(4.4, SLOTS - 1, 1)])
+    # a free slot the gate left empty on purpose (a TPOT or running limit held the work back)
+    feed(depth, [reading(4.6, SLOTS, 1), reading(4.8, SLOTS - 1, 0)], held=False)
+    # an engine filling up from idle: its last reading was not full
+    feed(depth, [reading(5.0, 0, 0), reading(5.2, 2, 0)])
+    assert depth.target == 1
+
+
+def test_no_slot_count_or_adaptation_off_keeps_the_configured_target() -> None:
+    unknown_slots = WaitingDepth(ceiling=3, lower_after_seconds=2.0)
+    for r in busy(0.0, 10.0):
+        unknown_slots.observe(r, 0, True)
+    off = WaitingDepth(ceiling=3, lower_after_seconds=0.0)
+    feed(off, busy(0.0, 10.0))
+    assert unknown_slots.target == 3 and off.target == 3
+
+
+def _inputs(at: float, running: int, waiting: int, **changes: object) -> GateInputs:
+    base = GateInputs(
+        reading=reading(at, running, waiting),
+        now=at + 0.01,
+        in_flight=running + waiting,
+        sent_unseen=0,
+        started_since_reading=0,
+        engine_slots=SLOTS,
+        started_in_flight=running,
+        unstarted=waiting,
+        holding_work=True,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_the_signal_gate_holds_a_fifo_engine_at_the_learned_depth_once_its_slots_stay_busy() -> None:
+    gate = SignalGate(GateConfig(waiting_target=3, waiting_target_adapt_seconds=2.0))
+    # at first the configured target: a queue of 2 at the engine leaves the gate open
+    assert gate.decide(_inputs(0.0, SLOTS, 2), CLS).open
+    for i in range(1, 22):  # four seconds of busy slots with one waiting, the dispatcher holding work
+        gate.decide(_inputs(i * 0.2, SLOTS, 1), CLS)
+    decision = gate.decide(_inputs(4.4, SLOTS, 1), CLS)
+    assert not decision.open and decision.cause is GateCause.ENGINE_WAITING, decision.reason
+    assert gate.decide(_inputs(4.6, SLOTS, 0), CLS).open  # nothing queued there: one may go
+
+
+def test_introspection_and_priority_engines_do_not_teach_the_depth() -> None:
+    introspected = SignalGate(GateConfig(waiting_target=3, waiting_target_adapt_seconds=2.0))
+    priority = SignalGate(GateConfig(waiting_target=3, waiting_target_adapt_seconds=2.0))
+    for i in range(30):
+        introspected.decide(_inputs(i * 0.2, SLOTS, 1, holding_work=False), CLS)
+        priority.decide(_inputs(i * 0.2, SLOTS, 1, candidate_priority=0), CLS)
+    assert introspected.waiting.depth.target == 3 and priority.waiting.depth.target == 3
+    assert introspected.decide(_inputs(6.2, SLOTS, 2), CLS).open
