@@ -5,8 +5,8 @@ ahead of whoever arrives next: a latecomer waits for each of them to take a slot
 queue is there only to cover the refill lag: when a slot frees, the engine starts the next request it
 holds at once, while the one we send to replace it takes a moment to arrive (our reaction, HTTP, the
 engine's intake). One request queued covers that on an engine whose slots free far apart compared with
-the lag (measured on real vLLM, 4 slots, mixed lengths: a latecomer's first token 0.52 s behind a queue
-of 1 against 0.83 s behind 3, the same span); a busy front end that takes requests in seconds late needs
+the lag (measured on real vLLM, 4 slots, mixed lengths: a latecomer's first token 568 ms behind a queue
+of 1 against 829 ms behind 3, the same span); a busy front end that takes requests in seconds late needs
 more.
 
 So the depth adapts, additive both ways, between 1 and the configured `waiting_target`:
