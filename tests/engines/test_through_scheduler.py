@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -101,6 +102,12 @@ async def test_stream_and_submit_through_the_scheduler(engine: tuple[str, Engine
     assert "".join(text) and finished.usage.completion_tokens == 8
 
 
+def _outcomes(tasks: Sequence[asyncio.Task[Any]]) -> dict[str, int]:
+    """How the done tasks of a load ended: "ok" or the exception's type, counted (failure diagnostics)."""
+    ended = [t for t in tasks if t.done() and not t.cancelled()]
+    return dict(Counter("ok" if t.exception() is None else type(t.exception()).__name__ for t in ended))
+
+
 class EngineSampler:
     """Reads the engine's own waiting and running gauges, one /metrics answer after the other, in the
     background; `until` waits (on each new sample, not a sleep) for a sample that shows a condition."""
@@ -109,6 +116,7 @@ class EngineSampler:
         self._eng = eng
         self._kind = kind
         self.samples: list[tuple[float, float, float]] = []  # (seconds since start, waiting, running)
+        self.generated: list[float] = []  # the engine's generated-tokens counter at each sample (diagnostics)
         self._new = asyncio.Condition()
         self._t0 = time.monotonic()
         self._task: asyncio.Task[None] | None = None
@@ -126,7 +134,8 @@ class EngineSampler:
     async def _run(self) -> None:
         while True:
             text = MetricSamples.parse(
-                await self._eng.ametrics_text(timeout=30.0), (WAITING[self._kind], RUNNING[self._kind])
+                await self._eng.ametrics_text(timeout=30.0),
+                (WAITING[self._kind], RUNNING[self._kind], GENERATED[self._kind]),
             )
             sample = (
                 round(time.monotonic() - self._t0, 2),
@@ -134,6 +143,7 @@ class EngineSampler:
                 text.total(RUNNING[self._kind]) or 0.0,
             )
             async with self._new:
+                self.generated.append(text.total(GENERATED[self._kind]) or 0.0)
                 self.samples.append(sample)
                 self._new.notify_all()
             await asyncio.sleep(0.05)  # sampling another process's gauges: no event to wait on
@@ -144,7 +154,8 @@ class EngineSampler:
             while not any(shows(w, r) for _, w, r in self.samples):
                 assert self._task is not None and not self._task.done(), "the sampler died"
                 assert not all(t.done() for t in load), (
-                    f"the load ended before the engine showed {what}: {self.samples}"
+                    f"the load ended before the engine showed {what}: {self.samples}; its generated-tokens "
+                    f"counter at those samples {self.generated}; the load's outcomes {_outcomes(load)}"
                 )
                 await self._new.wait()
 
