@@ -338,6 +338,7 @@ class SignalGate:
 
     def observe(self, reading: BackendLoad) -> None:
         self.tpot.observe(reading)
+        self.waiting.depth.scraped(reading)
 
     def decide(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
         fallback = _fallback(inputs, self._config, priority_class)

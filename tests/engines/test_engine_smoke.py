@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engines import EngineProcess
+from engines import EngineProcess, llamacpp_process, vllm_process
 from engines.wire import metric_value, post_raw, sse_data
 
 pytestmark = pytest.mark.engines
@@ -29,6 +29,14 @@ def _engine(request: pytest.FixtureRequest, name: str) -> EngineProcess:
     eng = request.getfixturevalue(name)
     assert isinstance(eng, EngineProcess)
     return eng
+
+
+def _dedicated(name: str) -> EngineProcess:
+    """A fresh instance of the engine (not yet started) for a test that kills it. The session's engines
+    are shared by the tests after this module, and on a vLLM killed and restarted here a later flood
+    through the scheduler read 0 running and 0 waiting at every /metrics while its generated-tokens
+    counter moved (fresh-clone CI, twice on 2026-12-02; not reproduced with kill and restart alone)."""
+    return vllm_process() if name == "vllm_engine" else llamacpp_process()
 
 
 def _chunks(raw: str) -> list[dict[str, Any]]:
@@ -134,7 +142,12 @@ async def _gauges_back_to_zero(eng: EngineProcess, waiting_name: str, running_na
 @pytest.mark.parametrize("engine_name", ENGINES)
 async def test_kill_mid_stream_then_restart_same_port(request: pytest.FixtureRequest, engine_name: str) -> None:
     """Killing the engine cuts an open stream; restart() brings it back on the same port."""
-    eng = _engine(request, engine_name)
+    _engine(request, engine_name)  # installed (or the test fails with the install command)
+    with _dedicated(engine_name) as eng:
+        await _kill_mid_stream_then_restart(eng)
+
+
+async def _kill_mid_stream_then_restart(eng: EngineProcess) -> None:
     port = eng.port
     payload = {"model": eng.served_model_name, "prompt": "hello", "max_tokens": 900, "stream": True}
     got: list[bytes] = []

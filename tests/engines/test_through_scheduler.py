@@ -60,7 +60,7 @@ def scheduler_config(
 
 async def engine_gauge(eng: EngineProcess, name: str) -> float:
     """One gauge of the engine's own /metrics (a busy CPU engine may take seconds to answer)."""
-    return MetricSamples.parse(await eng.ametrics_text(timeout=30.0), (name,)).total(name) or 0.0
+    return MetricSamples.parse(await eng.ametrics_text(timeout=30.0, names=(name,)), (name,)).total(name) or 0.0
 
 
 async def engine_idle(eng: EngineProcess, kind: str) -> None:
@@ -68,7 +68,9 @@ async def engine_idle(eng: EngineProcess, kind: str) -> None:
     or two to leave it), so the next test starts on an idle engine."""
     deadline = time.monotonic() + ENGINE_SHOWS_TIMEOUT
     while True:
-        text = MetricSamples.parse(await eng.ametrics_text(timeout=ENGINE_SHOWS_TIMEOUT))
+        text = MetricSamples.parse(
+            await eng.ametrics_text(timeout=ENGINE_SHOWS_TIMEOUT, names=(WAITING[kind], RUNNING[kind]))
+        )
         gauges = (text.total(WAITING[kind]) or 0.0, text.total(RUNNING[kind]) or 0.0)
         if gauges == (0.0, 0.0):
             return
@@ -133,10 +135,8 @@ class EngineSampler:
 
     async def _run(self) -> None:
         while True:
-            text = MetricSamples.parse(
-                await self._eng.ametrics_text(timeout=30.0),
-                (WAITING[self._kind], RUNNING[self._kind], GENERATED[self._kind]),
-            )
+            names = (WAITING[self._kind], RUNNING[self._kind], GENERATED[self._kind])
+            text = MetricSamples.parse(await self._eng.ametrics_text(timeout=30.0, names=names), names)
             sample = (
                 round(time.monotonic() - self._t0, 2),
                 text.total(WAITING[self._kind]) or 0.0,

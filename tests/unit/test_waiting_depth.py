@@ -8,7 +8,7 @@ import dataclasses
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
 from scheduler_svc.policies import SignalGate
-from scheduler_svc.policies.gate import GateCause, GateInputs
+from scheduler_svc.policies.gate import GateCause, GateDecision, GateInputs
 from scheduler_svc.policies.waiting_depth import WaitingDepth
 
 SLOTS = 4
@@ -20,7 +20,9 @@ def reading(at: float, running: int, waiting: int) -> BackendLoad:
 
 
 def feed(depth: WaitingDepth, readings: list[BackendLoad], held: bool = True) -> None:
+    """Each reading scraped and then looked at by a dispatch decision (an unbroken run)."""
     for r in readings:
+        depth.scraped(r)
         depth.observe(r, SLOTS, held)
 
 
@@ -44,12 +46,25 @@ def test_a_freed_slot_with_nothing_waiting_while_work_was_held_deepens_the_queue
     assert depth.target == 1
     feed(depth, [reading(4.4, SLOTS - 1, 0)])  # the slot freed, the queue had run dry: starved
     assert depth.target == 2
-    feed(depth, [reading(4.6, SLOTS - 1, 0)])  # still the same gap: one step per freed slot, not per reading
-    assert depth.target == 2
-    feed(depth, [reading(4.8, SLOTS, 0), reading(5.0, SLOTS - 2, 0)])
+    feed(depth, [reading(4.6, SLOTS - 1, 0)])  # still starved: one more per starved reading
     assert depth.target == 3
-    feed(depth, [reading(5.2, SLOTS, 0), reading(5.4, SLOTS - 1, 0)])
+    feed(depth, [reading(4.8, SLOTS, 0), reading(5.0, SLOTS - 2, 0)])
     assert depth.target == 3  # never above the configured target
+
+
+def test_only_an_unbroken_run_of_readings_teaches_the_depth() -> None:
+    depth = WaitingDepth(ceiling=3, lower_after_seconds=2.0)
+    feed(depth, busy(0.0, 1.0))
+    for r in busy(1.2, 5.0):  # five seconds of scrapes no decision looked at (nothing was held)
+        depth.scraped(r)
+    feed(depth, busy(6.4, 0.0))
+    assert depth.target == 3  # the unseen seconds are not taken for busy slots
+    lowered = WaitingDepth(ceiling=3, lower_after_seconds=2.0)
+    feed(lowered, busy(0.0, 4.2))
+    assert lowered.target == 1
+    lowered.scraped(reading(4.4, 0, 0))  # the engine drained unseen...
+    feed(lowered, [reading(4.6, 0, 0), reading(4.8, 2, 0)])  # ...and fills again for a new flood
+    assert lowered.target == 1  # filling up from idle is not starving
 
 
 def test_what_is_not_starvation_leaves_the_depth_alone() -> None:
@@ -60,7 +75,9 @@ def test_what_is_not_starvation_leaves_the_depth_alone() -> None:
     feed(depth, [reading(4.4, SLOTS - 1, 1)])
     # a free slot the gate left empty on purpose (a TPOT or running limit held the work back)
     feed(depth, [reading(4.6, SLOTS, 1), reading(4.8, SLOTS - 1, 0)], held=False)
-    # an engine filling up from idle: its last reading was not full
+    assert depth.target == 1
+    # an engine filling up from idle (after scrapes nobody looked at) has not been full in this run
+    depth.scraped(reading(4.9, 0, 0))
     feed(depth, [reading(5.0, 0, 0), reading(5.2, 2, 0)])
     assert depth.target == 1
 
@@ -68,6 +85,7 @@ def test_what_is_not_starvation_leaves_the_depth_alone() -> None:
 def test_no_slot_count_or_adaptation_off_keeps_the_configured_target() -> None:
     unknown_slots = WaitingDepth(ceiling=3, lower_after_seconds=2.0)
     for r in busy(0.0, 10.0):
+        unknown_slots.scraped(r)
         unknown_slots.observe(r, 0, True)
     off = WaitingDepth(ceiling=3, lower_after_seconds=0.0)
     feed(off, busy(0.0, 10.0))
@@ -89,22 +107,31 @@ def _inputs(at: float, running: int, waiting: int, **changes: object) -> GateInp
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
+def _decide(gate: SignalGate, inputs: GateInputs) -> GateDecision:
+    """The reading scraped (the gate observes every scrape), then a decision on it."""
+    assert inputs.reading is not None
+    gate.observe(inputs.reading)
+    return gate.decide(inputs, CLS)
+
+
 def test_the_signal_gate_holds_a_fifo_engine_at_the_learned_depth_once_its_slots_stay_busy() -> None:
-    gate = SignalGate(GateConfig(waiting_target=3, waiting_target_adapt_seconds=2.0))
+    gate = SignalGate(GateConfig(waiting_target=3, priority_waiting_target=6, waiting_target_adapt_seconds=2.0))
     # at first the configured target: a queue of 2 at the engine leaves the gate open
-    assert gate.decide(_inputs(0.0, SLOTS, 2), CLS).open
+    assert _decide(gate, _inputs(0.0, SLOTS, 2)).open
     for i in range(1, 22):  # four seconds of busy slots with one waiting, the dispatcher holding work
-        gate.decide(_inputs(i * 0.2, SLOTS, 1), CLS)
-    decision = gate.decide(_inputs(4.4, SLOTS, 1), CLS)
+        _decide(gate, _inputs(i * 0.2, SLOTS, 1))
+    decision = _decide(gate, _inputs(4.4, SLOTS, 1))
     assert not decision.open and decision.cause is GateCause.ENGINE_WAITING, decision.reason
-    assert gate.decide(_inputs(4.6, SLOTS, 0), CLS).open  # nothing queued there: one may go
+    assert gate.decide(_inputs(4.4, SLOTS, 0), CLS).open  # nothing queued there: one may go
+    # a request bound for a priority engine still queues behind its own target, not the learned depth
+    assert gate.decide(_inputs(4.4, SLOTS, 2, candidate_priority=5, unstarted_priorities=(5, 5)), CLS).open
 
 
 def test_introspection_and_priority_engines_do_not_teach_the_depth() -> None:
     introspected = SignalGate(GateConfig(waiting_target=3, waiting_target_adapt_seconds=2.0))
     priority = SignalGate(GateConfig(waiting_target=3, waiting_target_adapt_seconds=2.0))
     for i in range(30):
-        introspected.decide(_inputs(i * 0.2, SLOTS, 1, holding_work=False), CLS)
-        priority.decide(_inputs(i * 0.2, SLOTS, 1, candidate_priority=0), CLS)
+        _decide(introspected, _inputs(i * 0.2, SLOTS, 1, holding_work=False))
+        _decide(priority, _inputs(i * 0.2, SLOTS, 1, candidate_priority=0))
     assert introspected.waiting.depth.target == 3 and priority.waiting.depth.target == 3
     assert introspected.decide(_inputs(6.2, SLOTS, 2), CLS).open
