@@ -90,6 +90,10 @@ class GateInputs:
             started_unseen = self.unseen_in_flight - self.sent_unseen
             running = max(self._seen_running() + started_unseen, self.started_in_flight)  # see estimated_running
             waiting = max(0, waiting - max(0, self.engine_slots - running))
+        if self.engine_slots:
+            # ours without a first token beyond the slots ours with one leave free are waiting, whatever a
+            # reading says (a vLLM front end was seen reading 0 waiting through a whole queued flood)
+            waiting = max(waiting, self.unstarted - max(0, self.engine_slots - self.started_in_flight))
         return waiting if self.waiting_bound is None else min(waiting, self.waiting_bound)
 
     def waiting_ahead(self) -> int:

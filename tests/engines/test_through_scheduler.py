@@ -51,7 +51,7 @@ def scheduler_config(
             "gate": {"waiting_target": waiting_target, "stale_after_seconds": 2.0},
             "backends": [
                 {"name": f"{kind}-0", "kind": kind, "url": eng.url, "engine_model": eng.served_model_name,
-                 "scrape_interval_seconds": 0.1, **backend},
+                 "scrape_interval_seconds": 0.1, "max_num_seqs": 4, **backend},
             ],
         }
     ]  # fmt: skip
@@ -226,7 +226,7 @@ async def test_batch_runs_small_while_interactive_is_around_and_fills_up_after(
         quiet_since = time.monotonic()  # interactive is done: batch is contended until the window passes
         calls = [
             asyncio.create_task(
-                client.submit("m", f"batch {i}", max_tokens=256, ignore_eos=True, priority_class="batch")
+                client.submit("m", f"batch {i}", max_tokens=900, ignore_eos=True, priority_class="batch")
             )
             for i in range(24)
         ]
