@@ -440,13 +440,15 @@ def turnover_split(records: Sequence[RequestRecord]) -> tuple[list[float], list[
         return [], []
     lo, hi = min(r.sent for r in late), max(r.sent for r in late)
     grid = [lo + i * 0.01 for i in range(int((hi - lo) / 0.01) + 1)]
-    turnover = next_slot_waits([r.finished for r in records if r.finished is not None], grid)
+    ends = sorted(r.finished for r in records if r.finished is not None)
+    turnover = next_slot_waits(ends, grid)
     path = []
     for r in late:
-        others = [o.finished for o in records if o is not r and o.finished is not None]
-        wait = next_slot_waits(others, [r.sent])
-        if wait and r.ttft is not None:
-            path.append(r.ttft - wait[0])
+        i = bisect.bisect_right(ends, r.sent)
+        if i < len(ends) and ends[i] == r.finished:  # its own end is no slot freed for it
+            i += 1
+        if i < len(ends) and r.ttft is not None:
+            path.append(r.ttft - (ends[i] - r.sent))
     return turnover, path
 
 
