@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from backends._prom import selected_metrics
 from engines.paths import ROOT, cache
 
 
@@ -207,7 +208,8 @@ class EngineProcess:
         answer in full."""
         url = self.url + "/metrics"
         if names and self.name.startswith("vllm"):
-            url += "/?" + urllib.parse.urlencode([("name[]", name) for name in names])
+            selected, query = selected_metrics(url, names)
+            url = selected + "?" + urllib.parse.urlencode(query)
         status, body = http_get(url, timeout=timeout)
         if status != 200:
             raise EngineError(f"{self.name}: GET /metrics -> {status}; log: {self.log_path}")
