@@ -72,6 +72,24 @@ def place(process: EngineProcess, kind: str, layout: Layout) -> None:
         process.argv = ["taskset", "-c", ",".join(map(str, sorted(layout.compute_cpus))), *process.argv]
 
 
+def lay_out(process: EngineProcess, layout: Layout) -> EngineProcess:
+    """Run a vLLM engine (not yet started) in `layout` at every start and restart: placed now, its front end
+    and compute pinned each time it is ready. Returns the process.
+
+    The session engines of the tests use this with the GPU-host layout: sharing two cores with its own
+    compute (the worker's OpenMP threads and the engine core poll while they wait on each other), vLLM's
+    HTTP front end ran so little that it read the engine's outputs, took in requests and answered /metrics
+    only when the engine had drained: every sample of a flood read 0 running (fresh-clone CI)."""
+    place(process, "vllm", layout)
+
+    def pin(started: EngineProcess) -> None:
+        if started.pid is not None:
+            pin_vllm(started.pid, layout)
+
+    process.on_ready = pin
+    return process
+
+
 def all_cpus() -> frozenset[int]:
     """Every core of the machine (what "no pinning" pins to)."""
     return frozenset(range(os.cpu_count() or 1))

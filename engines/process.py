@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -76,6 +76,9 @@ class EngineProcess:
     log_path: Path = field(init=False)
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     last_startup_s: float | None = field(default=None, init=False)
+    # Called once the engine answers /health, at every start and restart (its processes are new each time):
+    # :func:`engines.layout.lay_out` pins them here.
+    on_ready: Callable[[EngineProcess], object] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         """Derive the log file path."""
@@ -117,6 +120,8 @@ class EngineProcess:
             )
         try:
             self.wait_ready(timeout if timeout is not None else self.startup_timeout)
+            if self.on_ready is not None:
+                self.on_ready(self)
         except BaseException:
             self.stop()
             raise

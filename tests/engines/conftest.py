@@ -8,6 +8,14 @@ Session-scoped fixtures, each yielding a started :class:`EngineProcess` (``.url`
 * ``vllm_priority_engine``  vLLM CPU, ``--scheduling-policy priority``, model "tiny-llama-prio"
 * ``llamacpp_engine``       llama-server, 4 slots (``-np 4``), ``--metrics``, model "tiny-llama-gguf"
 
+The vLLM engines run laid out like a GPU host (``engines.layout``: engine core and worker on core 1, the
+HTTP front end on core 0, where the tests' scheduler and clients run too), as the product is deployed and
+the bench measures. Sharing both cores with its own compute, vLLM's front end read the engine's outputs
+and answered /metrics only once the engine had drained, so a flood's every sample read 0 running (a
+fresh-clone CI, three times). ``LLMSCHED_ENGINE_LAYOUT=shared`` runs them unpinned instead; a machine
+without two cores runs them unpinned anyway. llama-server runs one compute thread (``--threads 1``) and is
+not pinned.
+
 An engine that is not installed makes the fixture FAIL with the install command. Set
 ``LLMSCHED_SKIP_ENGINES=1`` to skip every test marked ``engines`` instead. Tests marked
 ``engines`` get a default timeout of ``ENGINE_TEST_TIMEOUT`` seconds (600; the fixture start-up,
@@ -31,6 +39,7 @@ if str(_ROOT) not in sys.path:
 from engines import (  # noqa: E402
     EngineError,
     EngineProcess,
+    layout,
     llamacpp_missing_reason,
     llamacpp_process,
     vllm_missing_reason,
@@ -38,6 +47,7 @@ from engines import (  # noqa: E402
 )
 
 SKIP_ENV = "LLMSCHED_SKIP_ENGINES"
+LAYOUT_ENV = "LLMSCHED_ENGINE_LAYOUT"
 ENGINE_TEST_TIMEOUT = int(os.environ.get("ENGINE_TEST_TIMEOUT", "600"))
 
 _started: list[EngineProcess] = []
@@ -81,10 +91,17 @@ def _engine_fixture(
         eng.stop()
 
 
+def laid_out(process: EngineProcess) -> EngineProcess:
+    """A vLLM engine in the layout LLMSCHED_ENGINE_LAYOUT names (default ``gpu_host``), where this machine
+    has the cores for it."""
+    chosen = layout.LAYOUTS[os.environ.get(LAYOUT_ENV, "").strip() or "gpu_host"]
+    return layout.lay_out(process, chosen) if layout.available(chosen) is None else process
+
+
 @pytest.fixture(scope="session")
 def vllm_engine() -> Iterator[EngineProcess]:
     """vLLM (CPU) with the default FCFS scheduler, 4 concurrent sequences."""
-    yield from _engine_fixture(vllm_missing_reason, lambda: vllm_process(scheduling_policy="fcfs"))
+    yield from _engine_fixture(vllm_missing_reason, lambda: laid_out(vllm_process(scheduling_policy="fcfs")))
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +109,7 @@ def vllm_priority_engine() -> Iterator[EngineProcess]:
     """vLLM (CPU) with ``--scheduling-policy priority`` (lower ``priority`` value runs first)."""
     yield from _engine_fixture(
         vllm_missing_reason,
-        lambda: vllm_process(scheduling_policy="priority", served_model_name="tiny-llama-prio"),
+        lambda: laid_out(vllm_process(scheduling_policy="priority", served_model_name="tiny-llama-prio")),
     )
 
 

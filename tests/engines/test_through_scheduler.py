@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from backends._prom import MetricSamples
-from engines import EngineProcess
+from engines import EngineProcess, layout
 from tests.helpers import client_for, eventually, make_config, outcome_count, serving, until_settled
 
 pytestmark = pytest.mark.engines
@@ -121,7 +121,21 @@ class EngineSampler:
         self.generated: list[float] = []  # the engine's generated-tokens counter at each sample (diagnostics)
         self._new = asyncio.Condition()
         self._t0 = time.monotonic()
+        self._cpu0 = self._cpu_seconds()
         self._task: asyncio.Task[None] | None = None
+
+    def _cpu_seconds(self) -> tuple[float, float]:
+        """CPU seconds the engine's front end (its main process) and everything below it have used so far."""
+        pid = self._eng.pid or 0
+        return layout.cpu_seconds(pid), sum(layout.cpu_seconds(child) for child in layout.descendants(pid))
+
+    def cpu_used(self) -> str:
+        """Cores the front end and the rest of the engine used on average since the sampler began (failure
+        diagnostics: a front end starved by its own compute reads its outputs late)."""
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        now = self._cpu_seconds()
+        front, rest = ((b - a) / elapsed for a, b in zip(self._cpu0, now, strict=True))
+        return f"front end {front:.2f} cores, engine core and worker {rest:.2f} cores"
 
     async def __aenter__(self) -> EngineSampler:
         self._task = asyncio.create_task(self._run())
@@ -155,7 +169,8 @@ class EngineSampler:
                 assert self._task is not None and not self._task.done(), "the sampler died"
                 assert not all(t.done() for t in load), (
                     f"the load ended before the engine showed {what}: {self.samples}; its generated-tokens "
-                    f"counter at those samples {self.generated}; the load's outcomes {_outcomes(load)}"
+                    f"counter at those samples {self.generated}; the load's outcomes {_outcomes(load)}; CPU: "
+                    f"{self.cpu_used()}"
                 )
                 await self._new.wait()
 
