@@ -10,6 +10,7 @@ from scheduler_svc.config import GateConfig, PriorityClassConfig
 from scheduler_svc.policies import SignalGate
 from scheduler_svc.policies.gate import GateCause, GateDecision, GateInputs
 from scheduler_svc.policies.waiting_depth import WaitingDepth
+from tests.unit.dispatch_harness import Harness
 
 SLOTS = 4
 CLS = PriorityClassConfig()
@@ -135,3 +136,34 @@ def test_introspection_and_priority_engines_do_not_teach_the_depth() -> None:
         _decide(priority, _inputs(i * 0.2, SLOTS, 1, candidate_priority=0))
     assert introspected.waiting.depth.target == 3 and priority.waiting.depth.target == 3
     assert introspected.decide(_inputs(6.2, SLOTS, 2), CLS).open
+
+
+def _flooded_engine_readings(teach: bool) -> int:
+    """A flood held at a FIFO engine whose every reading for 2.4 s shows its slots full and its queue at the
+    target: each reading followed by a dispatch round (`teach`) or only by introspection (GetQueueState).
+    Returns the depth the gate keeps afterwards."""
+    h = Harness(cap=None, model={"gate": {"waiting_target": 3}})
+    h.handle.estimator.engine_slots = SLOTS
+    for _ in range(12):
+        h.submit("flood", max_tokens=1000)
+    h.reading()
+    h.dispatch()
+    h.step(0.1)  # the first go start
+    h.reading(running=SLOTS, waiting=len(h.running()) - SLOTS, tpot=0.01)  # far under the class's limit
+    h.dispatch()
+    assert len(h.running()) == SLOTS + 3  # the slots and the queue at the target filled; the rest held
+    for _ in range(13):
+        h.step(0.2)
+        h.reading(running=SLOTS, waiting=3, tpot=0.01)
+        if teach:
+            h.dispatch()
+        else:
+            h.dispatcher.backend_states()
+    gate = h.handle.gate
+    assert isinstance(gate, SignalGate)
+    return gate.waiting.depth.target
+
+
+def test_the_dispatcher_holding_work_teaches_the_depth_and_introspection_does_not() -> None:
+    assert _flooded_engine_readings(teach=True) == 2
+    assert _flooded_engine_readings(teach=False) == 3
