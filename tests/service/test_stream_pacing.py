@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from backends.sim import SimConfig, running_simulator
+from bench.scenarios import real_s1
 from scheduler_svc.config import Config, config_from_dict
 from scheduler_svc.stream_pacing import NO_PACING, StreamPacing
 from tests.helpers import (
@@ -98,3 +99,12 @@ async def test_a_client_that_leaves_while_its_answer_is_held_aborts_the_engine_r
         await eventually(lambda: sim.engine.stats()["aborted_total"] == 1, what="engine abort")
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
         assert sim.engine.stats()["running"] == 0
+
+
+def test_the_bench_measures_the_all_shared_layout_with_make_runs_interval() -> None:
+    """R1's all-shared layout stands for `make run ENGINE=vllm`: its scheduler setups read the engine as that
+    config does unless a setup names an interval; the other layouts keep the shipped default."""
+    shipped = run_engine_config("vllm")["server"]["stream_read_interval_seconds"]
+    assert real_s1.read_interval("shared", real_s1.SCHED) == shipped == real_s1.SHARED_LAYOUT_READ_INTERVAL
+    assert real_s1.read_interval("gpu_host", real_s1.SCHED) is None
+    assert real_s1.read_interval("shared", real_s1.SCHED_EVERY_TOKEN) == 0.0
