@@ -126,7 +126,9 @@ class EngineSampler:
 
     def _cpu_seconds(self) -> tuple[float, float]:
         """CPU seconds the engine's front end (its main process) and everything below it have used so far."""
-        pid = self._eng.pid or 0
+        pid = self._eng.pid
+        if pid is None:  # not started: nothing to count (pid 0's descendants would be every process)
+            return 0.0, 0.0
         return layout.cpu_seconds(pid), sum(layout.cpu_seconds(child) for child in layout.descendants(pid))
 
     def cpu_used(self) -> str:

@@ -148,7 +148,7 @@ def _flooded_engine_readings(teach: bool) -> int:
         h.submit("flood", max_tokens=1000)
     h.reading()
     h.dispatch()
-    h.step(0.1)  # the first go start
+    h.step(0.1)  # the requests sent so far start
     h.reading(running=SLOTS, waiting=len(h.running()) - SLOTS, tpot=0.01)  # far under the class's limit
     h.dispatch()
     assert len(h.running()) == SLOTS + 3  # the slots and the queue at the target filled; the rest held
