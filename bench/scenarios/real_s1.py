@@ -19,7 +19,8 @@ workload: 32-512 tokens); B and C send one each at +1 s and +2 s, and 30 more la
 Reported per setup: latecomer TTFT median and p90 (pooled over the rounds, per-round medians for the
 spread), ratios against the oracle of the same rounds, the flood's span (first send to last token) against
 FIFO's in the same round, engine output tokens/s over the whole flood and in its middle half, the share of
-engine-metric samples with every slot busy while requests wait for their first token, and for scheduler
+engine-metric samples with every slot busy while requests wait for their first token, the flood's span split
+into the engine's own step count and its time per step (each against FIFO's), and for scheduler
 runs the gate's decisions sampled through GetQueueState (where the slots go empty, and why).
 
     python -m bench.scenarios.real_s1 --engine vllm --layouts gpu_host --workload flood --rounds 3
@@ -68,10 +69,27 @@ GATE_TARGET = 3
 PRIORITY_GATE_TARGET = 6  # as configs/example.toml ships it: the queue a latecomer jumps at a priority engine
 SCRAPE_INTERVAL = 0.1
 
+# waiting, running, generated tokens, engine steps (vLLM: its per-step token histogram's count; llama.cpp:
+# its llama_decode() calls; the simulator exports no step series, so its step figures read "-")
 METRIC_NAMES = {
-    "sim": ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:generation_tokens_total"),
-    "vllm": ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:generation_tokens_total"),
-    "llamacpp": ("llamacpp:requests_deferred", "llamacpp:requests_processing", "llamacpp:tokens_predicted_total"),
+    "sim": (
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:generation_tokens_total",
+        "vllm:iteration_tokens_total_count",
+    ),
+    "vllm": (
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:generation_tokens_total",
+        "vllm:iteration_tokens_total_count",
+    ),
+    "llamacpp": (
+        "llamacpp:requests_deferred",
+        "llamacpp:requests_processing",
+        "llamacpp:tokens_predicted_total",
+        "llamacpp:n_decode_total",
+    ),
 }
 
 
@@ -245,13 +263,14 @@ class Sample:
     waiting: float
     running: float
     generated: float
+    steps: float | None = None  # the engine's step counter (None where it exports none)
 
 
 async def _engine_sampler(
     session: aiohttp.ClientSession, engine: RealEngine, clock: RunClock, out: list[Sample]
 ) -> None:
     names = METRIC_NAMES[engine.kind]
-    waiting_name, running_name, generated_name = names
+    waiting_name, running_name, generated_name, steps_name = names
     # vLLM (and the simulator) select the three series themselves at /metrics/ (Prometheus `name[]`, as the
     # vLLM adapter reads them): writing all 50 KB costs its front end 10-13 ms of CPU, every 0.1 s, on the
     # core the front end and the scheduler share in the GPU-host layout. Parsing only those three likewise.
@@ -269,6 +288,7 @@ async def _engine_sampler(
                     samples.total(waiting_name) or 0.0,
                     samples.total(running_name) or 0.0,
                     samples.total(generated_name) or 0.0,
+                    samples.total(steps_name),
                 )
             )
         await asyncio.sleep(SCRAPE_INTERVAL)  # sampling period of a time series
@@ -466,6 +486,31 @@ def turnover_split(records: Sequence[RequestRecord]) -> tuple[list[float], list[
     return turnover, path
 
 
+@dataclass(frozen=True)
+class EngineSteps:
+    """The engine's own step count through the flood, from its step counter: a flood's span is the steps the
+    engine took times the time each took. Steps are what a scheduler controls (a thin batch needs more of
+    them for the same tokens); the time per step is the engine's speed (here, on a shared noisy host, it
+    varied 3.4-4.9 ms between rounds of one setup at the same batch)."""
+
+    steps: float  # steps over the sampled part of the flood
+    tokens_per_step: float  # output tokens per step: the engine's mean batch, by its own count
+    seconds_per_step: float
+
+
+def engine_steps(samples: Sequence[Sample], start: float, end: float) -> EngineSteps | None:
+    """Steps between the first and the last sample inside [start, end] (None without a step series)."""
+    inside = [s for s in samples if start <= s.t <= end and s.steps is not None]
+    if len(inside) < 2:
+        return None
+    first, last = inside[0], inside[-1]
+    assert first.steps is not None and last.steps is not None
+    steps = last.steps - first.steps
+    if steps <= 0:
+        return None
+    return EngineSteps(steps, (last.generated - first.generated) / steps, (last.t - first.t) / steps)
+
+
 def figures(run: dict[str, Any]) -> dict[str, Any]:
     """One run's figures."""
     records: list[RequestRecord] = run["records"]
@@ -494,6 +539,7 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
     decode = [r.finished - r.first_token for r in flood if r.finished is not None and r.first_token is not None]
     late_ttft = [r.ttft for r in late if r.ttft is not None]
     turnover, path = turnover_split(records)
+    steps = engine_steps(samples, start, end)
     return {
         "turnover_wait": _median(turnover),
         "late_path": path,
@@ -510,6 +556,8 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
         "mean_running": statistics.fmean(s.running for s in inside) if inside else None,
         "decode": _median(decode),
         "samples": len(inside),
+        "tokens_per_step": steps.tokens_per_step if steps else None,
+        "step_seconds": steps.seconds_per_step if steps else None,
         "cpu": run.get("cpu", {}),
     }
 
@@ -569,6 +617,10 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _decimal(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def summarise(
     engine: str, lay: Layout, workload: Workload, setups: list[Setup], rounds: list[dict[str, dict[str, Any]]]
 ) -> ScenarioResult:
@@ -595,6 +647,10 @@ def summarise(
         per = [f[setup.key] for f in figs if setup.key in f]
         pooled = [t for p in per for t in p["late_ttft"]]
         spans = [_ratio(f[setup.key]["span"], f["fifo"]["span"]) for f in figs if setup.key in f and "fifo" in f]
+        paired = [f for f in figs if setup.key in f and "fifo" in f]
+        step_times = [_ratio(f[setup.key]["step_seconds"], f["fifo"]["step_seconds"]) for f in paired]
+        # span ÷ FIFO's = (steps ÷ FIFO's) * (time per step ÷ FIFO's), round by round
+        step_counts = [_ratio(span, step) for span, step in zip(spans, step_times, strict=True)]
         agg[setup.key] = {
             "median": _median(pooled),
             "p90": _pct(pooled, 0.9),
@@ -602,6 +658,11 @@ def summarise(
             "span_ratios": spans,
             "span_ratio": _median([s for s in spans if s is not None]),
             "spans": [p["span"] for p in per],
+            "step_count_ratios": step_counts,
+            "step_count_ratio": _median([r for r in step_counts if r is not None]),
+            "step_time_ratios": step_times,
+            "step_time_ratio": _median([r for r in step_times if r is not None]),
+            "tokens_per_step": [p["tokens_per_step"] for p in per],
             "tps_flood": [p["tps_flood"] for p in per],
             "tps_window": [p["tps_window"] for p in per],
             "full_share": _median([p["full_share"] for p in per if p["full_share"] is not None]),
@@ -648,6 +709,13 @@ def summarise(
                 f"token {seconds(a['path'])} (p90 {seconds(a['path_p90'])}) after the first slot that freed once "
                 "a latecomer was sent (the path)"
             )
+        if any(a["tokens_per_step"]):
+            result.notes.append(
+                f"{setup.label}: the engine's own step count over the flood ÷ FIFO's {_x(a['step_count_ratio'])} "
+                f"({_fmt_list(a['step_count_ratios'], _x)}), time per step ÷ FIFO's {_x(a['step_time_ratio'])} "
+                f"({_fmt_list(a['step_time_ratios'], _x)}): span ÷ FIFO's is their product; output tokens per "
+                f"step (the engine's mean batch) {_fmt_list(a['tokens_per_step'], _decimal)}"
+            )
         if any(a["starved_shares"]):
             result.notes.append(
                 f"{setup.label}: slots empty with nothing waiting at the engine while clients' work was queued "
@@ -674,7 +742,7 @@ def summarise(
             {
                 key: {
                     "records": [r.summary() for r in run["records"]],
-                    "engine": [[s.t, s.waiting, s.running, s.generated] for s in run["engine"]],
+                    "engine": [[s.t, s.waiting, s.running, s.generated, s.steps] for s in run["engine"]],
                     "gates": run["gates"],
                 }
                 for key, run in rnd.items()
