@@ -94,7 +94,10 @@ def _engine_fixture(
 def laid_out(process: EngineProcess) -> EngineProcess:
     """A vLLM engine in the layout LLMSCHED_ENGINE_LAYOUT names (default ``gpu_host``), where this machine
     has the cores for it."""
-    chosen = layout.LAYOUTS[os.environ.get(LAYOUT_ENV, "").strip() or "gpu_host"]
+    name = os.environ.get(LAYOUT_ENV, "").strip() or "gpu_host"
+    if name not in layout.LAYOUTS:
+        raise pytest.UsageError(f"{LAYOUT_ENV}={name!r}: not a layout; one of {', '.join(sorted(layout.LAYOUTS))}")
+    chosen = layout.LAYOUTS[name]
     return layout.lay_out(process, chosen) if layout.available(chosen) is None else process
 
 
