@@ -498,17 +498,25 @@ class EngineSteps:
     seconds_per_step: float
 
 
-def engine_steps(samples: Sequence[Sample], start: float, end: float) -> EngineSteps | None:
-    """Steps between the first and the last sample inside [start, end] (None without a step series)."""
+# the samples must have seen this share of the flood's tokens counted, or their counters lagged the engine
+STEP_COVERAGE = 0.95
+
+
+def engine_steps(samples: Sequence[Sample], start: float, end: float, flood_tokens: int) -> EngineSteps | None:
+    """Steps between the first and the last sample inside [start, end]. None without a step series, and
+    when those samples counted less than `STEP_COVERAGE` of the flood's tokens: a front end starved of CPU
+    (the all-shared layout) updates its counters in bursts seconds late, and answers /metrics late too,
+    so its counts say when it caught up, not when the engine stepped."""
     inside = [s for s in samples if start <= s.t <= end and s.steps is not None]
     if len(inside) < 2:
         return None
     first, last = inside[0], inside[-1]
     assert first.steps is not None and last.steps is not None
     steps = last.steps - first.steps
-    if steps <= 0:
+    generated = last.generated - first.generated
+    if steps <= 0 or generated < STEP_COVERAGE * flood_tokens:
         return None
-    return EngineSteps(steps, (last.generated - first.generated) / steps, (last.t - first.t) / steps)
+    return EngineSteps(steps, generated / steps, (last.t - first.t) / steps)
 
 
 def figures(run: dict[str, Any]) -> dict[str, Any]:
@@ -539,7 +547,7 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
     decode = [r.finished - r.first_token for r in flood if r.finished is not None and r.first_token is not None]
     late_ttft = [r.ttft for r in late if r.ttft is not None]
     turnover, path = turnover_split(records)
-    steps = engine_steps(samples, start, end)
+    steps = engine_steps(samples, start, end, sum(r.tokens for r in flood))
     return {
         "turnover_wait": _median(turnover),
         "late_path": path,
