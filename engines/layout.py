@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,19 +73,27 @@ def place(process: EngineProcess, kind: str, layout: Layout) -> None:
         process.argv = ["taskset", "-c", ",".join(map(str, sorted(layout.compute_cpus))), *process.argv]
 
 
-def lay_out(process: EngineProcess, layout: Layout) -> EngineProcess:
-    """Run a vLLM engine (not yet started) in `layout` at every start and restart: placed now, its front end
-    and compute pinned each time it is ready. Returns the process.
+def lay_out(
+    process: EngineProcess,
+    layout: Layout,
+    kind: str = "vllm",
+    on_pinned: Callable[[list[dict[str, object]]], object] | None = None,
+) -> EngineProcess:
+    """Run a vLLM engine (or the simulator standing in for one; not yet started) in `layout` at every start
+    and restart: placed now, its front end and compute pinned each time it is ready, `on_pinned` then given
+    the process table as pinned (the bench reports CPU by role from it). Returns the process.
 
     The session engines of the tests use this with the GPU-host layout: sharing two cores with its own
     compute (the worker's OpenMP threads and the engine core poll while they wait on each other), vLLM's
     HTTP front end ran so little that it read the engine's outputs, took in requests and answered /metrics
     only when the engine had drained: every sample of a flood read 0 running (fresh-clone CI)."""
-    place(process, "vllm", layout)
+    place(process, kind, layout)
 
     def pin(started: EngineProcess) -> None:
         if started.pid is not None:
-            pin_vllm(started.pid, layout)
+            table = pin_vllm(started.pid, layout)
+            if on_pinned is not None:
+                on_pinned(table)
 
     process.on_ready = pin
     return process

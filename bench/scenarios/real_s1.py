@@ -207,14 +207,18 @@ async def real_engine(kind: str, lay: Layout) -> AsyncIterator[RealEngine]:
     else:  # the simulator, to try the bench itself quickly (its figures mean nothing for the layouts)
         flags = ["--decode-base-ms", "12", "--decode-per-seq-ms", "1"]
         process = sim_process(max_num_seqs=SLOTS, scheduling_policy="priority", extra_args=flags)
-    layout.place(process, kind, lay)  # started on the compute cores; vLLM's OpenMP threads bound
+    pinned: list[list[dict[str, object]]] = []
+    if kind in ("vllm", "sim"):  # as the tests' engines: started on the compute cores, pinned once ready
+        layout.lay_out(process, lay, kind, on_pinned=pinned.append)
+    else:
+        layout.place(process, kind, lay)
     await asyncio.to_thread(process.start)
     engine = RealEngine(kind, process.url, process.served_model_name, process, lay)
     try:
         pid = process.pid
         assert pid is not None
         if kind in ("vllm", "sim"):
-            engine.processes = layout.pin_vllm(pid, lay)
+            engine.processes = pinned[-1]  # the table as pinned when it was ready
         else:
             async with _session(kind) as session:
                 await _direct_once(session, engine, 64)  # warm-up: makes the compute thread the busiest

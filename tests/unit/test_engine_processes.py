@@ -214,6 +214,21 @@ def test_layouts_bind_openmp_for_vllm_only_and_shared_changes_nothing() -> None:
     assert layout.available(wide) == f"needs cores [4096], this machine has {sorted(layout.all_cpus())}"
 
 
+def test_lay_out_hands_the_process_table_as_pinned_to_its_caller_at_every_start() -> None:
+    """The bench reads CPU by role from this table: a restarted engine has new pids, pinned again."""
+    eng = engines.sim_process(port=engines.free_port())
+    tables: list[list[dict[str, object]]] = []
+    assert layout.lay_out(eng, layout.LAYOUTS["shared"], "sim", on_pinned=tables.append) is eng
+    eng.start()
+    try:
+        first = eng.pid
+        assert [row["role"] for row in tables[0]][:1] == ["HTTP front end"] and tables[0][0]["pid"] == first
+        eng.restart()
+        assert len(tables) == 2 and tables[1][0]["pid"] == eng.pid != first
+    finally:
+        eng.stop()
+
+
 def test_process_tree_and_pinning_helpers() -> None:
     proc = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
