@@ -10,7 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from backends._prom import MetricSamples, selected_metrics
+from backends._metrics_reader import MetricsReader, MetricsStatus
+from backends._prom import MetricSamples
 from backends.base import BackendLoad, HttpSettings
 from backends.errors import (
     BackendError,
@@ -19,14 +20,6 @@ from backends.errors import (
     BackendRejectedRequest,
     BackendUnavailable,
 )
-
-
-class _MetricsStatus(Exception):
-    """The metrics endpoint answered with a status other than 200."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status = status
 
 
 def engine_connector(limit: int, *, force_close: bool, idle_seconds: float) -> aiohttp.TCPConnector:
@@ -59,15 +52,18 @@ class HttpEngine:
     ) -> None:
         self.name = name
         self.base_url = url.rstrip("/")
-        self._metrics_url = self.base_url + settings.metrics_path
-        # whether the engine answers `name[]` selections under `<metrics path>/` (None: not known yet)
-        self.metrics_selected_on_server: bool | None = None if select_metrics_on_server else False
+        self._metrics = MetricsReader(self.base_url + settings.metrics_path, select_on_server=select_metrics_on_server)
         self._metrics_timeout = aiohttp.ClientTimeout(total=settings.metrics_timeout)
         self._request_timeout = aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout)
         self._max_connections = settings.max_connections
         self._idle_connection_seconds = settings.idle_connection_seconds
         self._force_close = force_close
         self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def metrics_selected_on_server(self) -> bool | None:
+        """Whether the engine answers `name[]` selections under `<metrics path>/` (None: not known yet)."""
+        return self._metrics.selected_on_server
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -96,30 +92,15 @@ class HttpEngine:
         404/405, or without the samples `parse` needs, is read in full from then on."""
         read_at = time.monotonic()
         try:
-            if names is not None and self.metrics_selected_on_server is not False:
-                try:
-                    text = await self._get_metrics(*selected_metrics(self._metrics_url, names))
-                    load = parse(MetricSamples.parse(text, names), read_at)
-                except (_MetricsStatus, KeyError) as exc:
-                    if isinstance(exc, _MetricsStatus) and exc.status not in (404, 405):
-                        raise  # the engine's trouble, not the selection's
-                    self.metrics_selected_on_server = False  # not understood: read in full, now and from now on
-                else:
-                    self.metrics_selected_on_server = True
-                    return load
-            return parse(MetricSamples.parse(await self._get_metrics(self._metrics_url), names), read_at)
+            return await self._metrics.read(
+                self.session, names, lambda samples: parse(samples, read_at), self._metrics_timeout
+            )
         except asyncio.CancelledError:
             raise
-        except _MetricsStatus as exc:
+        except MetricsStatus as exc:
             return BackendLoad(ok=False, read_at=read_at, error=f"HTTP {exc.status}")
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
             return BackendLoad(ok=False, read_at=read_at, error=f"{type(exc).__name__}: {exc}")
-
-    async def _get_metrics(self, url: str, params: list[tuple[str, str]] | None = None) -> str:
-        async with self.session.get(url, params=params, timeout=self._metrics_timeout) as response:
-            if response.status != 200:
-                raise _MetricsStatus(response.status)
-            return await response.text()
 
     async def post_stream(self, path: str, body: dict[str, Any], request_id: str) -> aiohttp.ClientResponse:
         """POST and return the response once its headers say success; map failures to BackendErrors.

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from backends._prom import MetricSamples, selected_metrics
+from backends._metrics_reader import MetricsReader, MetricsStatus
+from backends._prom import MetricSamples
 from bench.clients import RunClock
 
 WAITING = "vllm:num_requests_waiting"
@@ -33,9 +34,9 @@ class EngineSample:
 class EngineProbe:
     """Reads `url/metrics` every `interval` seconds while running (a bounded background task).
 
-    It asks for its three series only (`name[]` at `/metrics/`, as the vLLM adapter does): the whole
-    text costs vLLM's front end about 12 ms of CPU a read, every 0.1 s, beside the work measured. An
-    engine without that mount (404/405) is read whole from then on."""
+    It asks for its three series only (`name[]` at `/metrics/`, through the adapters' own
+    `MetricsReader`): the whole text costs vLLM's front end about 12 ms of CPU a read, every 0.1 s, beside
+    the work measured. An engine without that mount (404/405) is read whole from then on."""
 
     session: aiohttp.ClientSession
     url: str
@@ -43,33 +44,33 @@ class EngineProbe:
     interval: float = 0.1
     samples: list[EngineSample] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
-    _selects: bool = True
+    _reader: MetricsReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._reader = MetricsReader(self.url + "/metrics", select_on_server=True)
+
+    @property
+    def selects_on_server(self) -> bool | None:
+        """Whether the engine answered the `name[]` selection (None: not read yet)."""
+        return self._reader.selected_on_server
 
     async def read(self, timeout: float = 2.0) -> EngineSample | None:
         """One reading now; None if the engine did not answer within `timeout` seconds (per try)."""
-        for selecting in (True, False) if self._selects else (False,):
-            whole = self.url + "/metrics"
-            url, params = selected_metrics(whole, NAMES) if selecting else (whole, [])
-            try:
-                async with self.session.get(
-                    url, params=params, timeout=aiohttp.ClientTimeout(total=timeout)
-                ) as response:
-                    status, text = response.status, await response.text()
-            except (aiohttp.ClientError, TimeoutError):
-                return None
-            samples = MetricSamples.parse(text, NAMES) if status == 200 else None
-            if selecting and (status in (404, 405) or (samples is not None and samples.total(RUNNING) is None)):
-                self._selects = False  # no mount, or one without the engine's series: read whole from now on
-                continue
-            if samples is None:
-                return None
+
+        def sample(samples: MetricSamples) -> EngineSample:
+            if samples.total(RUNNING) is None:
+                raise KeyError(RUNNING)  # a mount without the engine's series: read whole (the reader's rule)
             return EngineSample(
                 t=self.clock.now(),
                 waiting=samples.total(WAITING) or 0.0,
                 running=samples.total(RUNNING) or 0.0,
                 generated=samples.total(GENERATED) or 0.0,
             )
-        return None
+
+        try:
+            return await self._reader.read(self.session, NAMES, sample, aiohttp.ClientTimeout(total=timeout))
+        except (aiohttp.ClientError, TimeoutError, MetricsStatus, KeyError, ValueError):
+            return None
 
     async def generated_tokens(self) -> tuple[float, float]:
         """(run time, engine output tokens so far), read now; raises if the engine does not answer.

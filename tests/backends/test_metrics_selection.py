@@ -159,5 +159,5 @@ async def test_the_bench_probe_selects_its_series_and_reads_an_engine_without_th
             assert response.status == 200
         probe = EngineProbe(session, sim.url, RunClock())
         selected = await probe.read()
-        assert probe._selects and selected is not None
+        assert probe.selects_on_server is True and selected is not None
         assert (selected.waiting, selected.running, selected.generated) == (0.0, 0.0, 5.0)
