@@ -55,11 +55,12 @@ class EngineProbe:
         return self._reader.selected_on_server
 
     async def read(self, timeout: float = 2.0) -> EngineSample | None:
-        """One reading now; None if the engine did not answer within `timeout` seconds (per try)."""
+        """One reading now; None if the engine did not answer within `timeout` seconds (per try), answered
+        with a status other than 200, or with text that does not parse."""
 
         def sample(samples: MetricSamples) -> EngineSample:
-            if samples.total(RUNNING) is None:
-                raise KeyError(RUNNING)  # a mount without the engine's series: read whole (the reader's rule)
+            if samples.total(RUNNING) is None and self._reader.selected_on_server is not False:
+                raise KeyError(RUNNING)  # a selection without the engine's series: read whole (the reader's rule)
             return EngineSample(
                 t=self.clock.now(),
                 waiting=samples.total(WAITING) or 0.0,

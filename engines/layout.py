@@ -87,6 +87,8 @@ def lay_out(
     compute (the worker's OpenMP threads and the engine core poll while they wait on each other), vLLM's
     HTTP front end ran so little that it read the engine's outputs, took in requests and answered /metrics
     only when the engine had drained: every sample of a flood read 0 running (fresh-clone CI)."""
+    if kind not in ("vllm", "sim"):
+        raise ValueError(f"lay_out pins vLLM's process tree (or the simulator's), not {kind!r}")
     place(process, kind, layout)
 
     def pin(started: EngineProcess) -> None:

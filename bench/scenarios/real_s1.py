@@ -275,9 +275,9 @@ async def _engine_sampler(
 ) -> None:
     names = METRIC_NAMES[engine.kind]
     waiting_name, running_name, generated_name, steps_name = names
-    # vLLM (and the simulator) select the three series themselves at /metrics/ (Prometheus `name[]`, as the
+    # vLLM (and the simulator) select these series themselves at /metrics/ (Prometheus `name[]`, as the
     # vLLM adapter reads them): writing all 50 KB costs its front end 10-13 ms of CPU, every 0.1 s, on the
-    # core the front end and the scheduler share in the GPU-host layout. Parsing only those three likewise.
+    # core the front end and the scheduler share in the GPU-host layout. Parsing only those likewise.
     url, params = (engine.url + "/metrics", None)
     if engine.kind in ("vllm", "sim"):
         url, params = selected_metrics(url, names)
@@ -492,10 +492,12 @@ def turnover_split(records: Sequence[RequestRecord]) -> tuple[list[float], list[
 
 @dataclass(frozen=True)
 class EngineSteps:
-    """The engine's own step count through the flood, from its step counter: a flood's span is the steps the
-    engine took times the time each took. Steps are what a scheduler controls (a thin batch needs more of
-    them for the same tokens); the time per step is the engine's speed (here, on a shared noisy host, it
-    varied 3.4-4.9 ms between rounds of one setup at the same batch)."""
+    """The engine's own step count through the flood, from its step counter: a flood's span is about the
+    steps the engine took times the wall time each took. Steps are mostly what a scheduler controls (a thin
+    batch needs more of them for the same tokens); the time per step mostly the engine's speed (here, on a
+    shared noisy host, it varied 3.4-4.9 ms between rounds of one setup at the same batch). Only mostly:
+    the time per step is wall time over steps, so an engine left idle inside the flood shows there, and a
+    step's time grows with its batch."""
 
     steps: float  # steps over the sampled part of the flood
     tokens_per_step: float  # output tokens per step: the engine's mean batch, by its own count
@@ -508,7 +510,8 @@ STEP_COVERAGE = 0.95
 
 def engine_steps(samples: Sequence[Sample], start: float, end: float, flood_tokens: int) -> EngineSteps | None:
     """Steps between the first and the last sample inside [start, end]. None without a step series, and
-    when those samples counted less than `STEP_COVERAGE` of the flood's tokens: a front end starved of CPU
+    when those samples counted less than `STEP_COVERAGE` of the flood's tokens (a lower bound: the engine's
+    counter also counts the latecomers' tokens): a front end starved of CPU
     (the all-shared layout) updates its counters in bursts seconds late, and answers /metrics late too,
     so its counts say when it caught up, not when the engine stepped."""
     inside = [s for s in samples if start <= s.t <= end and s.steps is not None]
@@ -568,6 +571,7 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
         "mean_running": statistics.fmean(s.running for s in inside) if inside else None,
         "decode": _median(decode),
         "samples": len(inside),
+        "steps": steps.steps if steps else None,
         "tokens_per_step": steps.tokens_per_step if steps else None,
         "step_seconds": steps.seconds_per_step if steps else None,
         "cpu": run.get("cpu", {}),
@@ -661,8 +665,8 @@ def summarise(
         spans = [_ratio(f[setup.key]["span"], f["fifo"]["span"]) for f in figs if setup.key in f and "fifo" in f]
         paired = [f for f in figs if setup.key in f and "fifo" in f]
         step_times = [_ratio(f[setup.key]["step_seconds"], f["fifo"]["step_seconds"]) for f in paired]
-        # span ÷ FIFO's = (steps ÷ FIFO's) * (time per step ÷ FIFO's), round by round
-        step_counts = [_ratio(span, step) for span, step in zip(spans, step_times, strict=True)]
+        # counted by the engine over each run's sampled window; span ÷ FIFO's is about the product of the two
+        step_counts = [_ratio(f[setup.key]["steps"], f["fifo"]["steps"]) for f in paired]
         agg[setup.key] = {
             "median": _median(pooled),
             "p90": _pct(pooled, 0.9),
@@ -725,7 +729,7 @@ def summarise(
             result.notes.append(
                 f"{setup.label}: the engine's own step count over the flood ÷ FIFO's {_x(a['step_count_ratio'])} "
                 f"({_fmt_list(a['step_count_ratios'], _x)}), time per step ÷ FIFO's {_x(a['step_time_ratio'])} "
-                f"({_fmt_list(a['step_time_ratios'], _x)}): span ÷ FIFO's is their product; output tokens per "
+                f"({_fmt_list(a['step_time_ratios'], _x)}): span ÷ FIFO's is about their product; output tokens per "
                 f"step (the engine's mean batch) {_fmt_list(a['tokens_per_step'], _decimal)}"
             )
         if any(a["starved_shares"]):

@@ -214,8 +214,11 @@ def test_layouts_bind_openmp_for_vllm_only_and_shared_changes_nothing() -> None:
     assert layout.available(wide) == f"needs cores [4096], this machine has {sorted(layout.all_cpus())}"
 
 
+@pytest.mark.usefixtures("fake")  # logs go to the temporary cache
 def test_lay_out_hands_the_process_table_as_pinned_to_its_caller_at_every_start() -> None:
     """The bench reads CPU by role from this table: a restarted engine has new pids, pinned again."""
+    with pytest.raises(ValueError, match="llamacpp"):  # one process, pinned by thread: not this way
+        layout.lay_out(engines.sim_process(port=engines.free_port()), layout.LAYOUTS["shared"], "llamacpp")
     eng = engines.sim_process(port=engines.free_port())
     tables: list[list[dict[str, object]]] = []
     assert layout.lay_out(eng, layout.LAYOUTS["shared"], "sim", on_pinned=tables.append) is eng
