@@ -131,6 +131,7 @@ class Setup:
     group_at_engine: bool | None = None  # its server.stream_group_at_engine (None: the shipped default)
     waiting_target: int = GATE_TARGET  # the gate's waiting target (at an engine without priorities, all it has)
     adapt_seconds: float | None = None  # its gate.waiting_target_adapt_seconds (None: the shipped default)
+    scrape_interval: float = SCRAPE_INTERVAL  # how often the scheduler reads the engine's metrics
 
 
 SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_priorities=True)
@@ -161,8 +162,23 @@ SCHED_OFF_TARGET_1 = Setup(
 SCHED_OFF_FIXED = Setup(
     "sched_off_fixed", "scheduler, engine priorities off, waiting target held at 3", True, adapt_seconds=0.0
 )
+SCHED_SCRAPE_02 = Setup(
+    "sched_scrape_02",
+    "scheduler reading the engine's metrics every 0.2 s (as shipped), priorities on",
+    True,
+    True,
+    scrape_interval=0.2,
+)
 # run only when --setups names them
-ON_REQUEST = (SCHED_ASYNCIO, SCHED_EVERY_TOKEN, SCHED_PACED, SCHED_READ_PACED, SCHED_OFF_TARGET_1, SCHED_OFF_FIXED)
+ON_REQUEST = (
+    SCHED_SCRAPE_02,
+    SCHED_ASYNCIO,
+    SCHED_EVERY_TOKEN,
+    SCHED_PACED,
+    SCHED_READ_PACED,
+    SCHED_OFF_TARGET_1,
+    SCHED_OFF_FIXED,
+)
 
 
 def setups_for(engine: str, baseline: bool) -> list[Setup]:
@@ -369,7 +385,7 @@ def _config(engine: RealEngine, setup: Setup) -> str:
         waiting_target=setup.waiting_target,
         priority_waiting_target=PRIORITY_GATE_TARGET,
         priority_scheduling=setup.engine_priorities,
-        scrape_interval=SCRAPE_INTERVAL,
+        scrape_interval=setup.scrape_interval,
     )
     config["models"][0]["backends"][0]["kind"] = "vllm" if engine.kind == "sim" else engine.kind
     config["server"]["event_loop"] = setup.event_loop
