@@ -50,7 +50,8 @@ import aiohttp
 import grpc
 
 from backends._http import engine_connector
-from backends._prom import MetricSamples, selected_metrics
+from backends._metrics_reader import MetricsReader, MetricsStatus
+from backends._prom import MetricSamples
 from backends.base import HttpSettings
 from bench import harness
 from bench.clients import Client, DirectClient, RunClock, ScheduledClient
@@ -71,19 +72,15 @@ SCRAPE_INTERVAL = 0.1
 
 # waiting, running, generated tokens, engine steps (vLLM: its per-step token histogram's count; llama.cpp:
 # its llama_decode() calls; the simulator exports no step series, so its step figures read "-")
+_VLLM_METRIC_NAMES = (
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:generation_tokens_total",
+    "vllm:iteration_tokens_total_count",
+)
 METRIC_NAMES = {
-    "sim": (
-        "vllm:num_requests_waiting",
-        "vllm:num_requests_running",
-        "vllm:generation_tokens_total",
-        "vllm:iteration_tokens_total_count",
-    ),
-    "vllm": (
-        "vllm:num_requests_waiting",
-        "vllm:num_requests_running",
-        "vllm:generation_tokens_total",
-        "vllm:iteration_tokens_total_count",
-    ),
+    "sim": _VLLM_METRIC_NAMES,
+    "vllm": _VLLM_METRIC_NAMES,
     "llamacpp": (
         "llamacpp:requests_deferred",
         "llamacpp:requests_processing",
@@ -291,26 +288,23 @@ async def _engine_sampler(
 ) -> None:
     names = METRIC_NAMES[engine.kind]
     waiting_name, running_name, generated_name, steps_name = names
-    # vLLM (and the simulator) select these series themselves at /metrics/ (Prometheus `name[]`, as the
-    # vLLM adapter reads them): writing all 50 KB costs its front end 10-13 ms of CPU, every 0.1 s, on the
-    # core the front end and the scheduler share in the GPU-host layout. Parsing only those likewise.
-    url, params = (engine.url + "/metrics", None)
-    if engine.kind in ("vllm", "sim"):
-        url, params = selected_metrics(url, names)
+    # vLLM (and the simulator) select these series themselves at /metrics/ (Prometheus `name[]`, through the
+    # adapters' own reader): writing all 50 KB costs its front end 10-13 ms of CPU, every 0.1 s, on the core
+    # the front end and the scheduler share in the GPU-host layout. Parsing only those likewise.
+    reader = MetricsReader(engine.url + "/metrics", select_on_server=engine.kind in ("vllm", "sim"))
+
+    def sample(samples: MetricSamples) -> Sample:
+        return Sample(
+            clock.now(),
+            samples.total(waiting_name) or 0.0,
+            samples.total(running_name) or 0.0,
+            samples.total(generated_name) or 0.0,
+            samples.total(steps_name),
+        )
+
     while True:
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with session.get(url, params=params, timeout=aiohttp.ClientTimeout(total=5)) as response:
-                text = await response.text()
-            samples = MetricSamples.parse(text, names)
-            out.append(
-                Sample(
-                    clock.now(),
-                    samples.total(waiting_name) or 0.0,
-                    samples.total(running_name) or 0.0,
-                    samples.total(generated_name) or 0.0,
-                    samples.total(steps_name),
-                )
-            )
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, MetricsStatus):
+            out.append(await reader.read(session, names, sample, aiohttp.ClientTimeout(total=5)))
         await asyncio.sleep(SCRAPE_INTERVAL)  # sampling period of a time series
 
 
@@ -678,8 +672,8 @@ def summarise(
     for setup in setups:
         per = [f[setup.key] for f in figs if setup.key in f]
         pooled = [t for p in per for t in p["late_ttft"]]
-        spans = [_ratio(f[setup.key]["span"], f["fifo"]["span"]) for f in figs if setup.key in f and "fifo" in f]
-        paired = [f for f in figs if setup.key in f and "fifo" in f]
+        paired = [f for f in figs if setup.key in f and "fifo" in f]  # the rounds with FIFO to compare against
+        spans = [_ratio(f[setup.key]["span"], f["fifo"]["span"]) for f in paired]
         step_times = [_ratio(f[setup.key]["step_seconds"], f["fifo"]["step_seconds"]) for f in paired]
         # counted by the engine over each run's sampled window; span ÷ FIFO's is about the product of the two
         step_counts = [_ratio(f[setup.key]["steps"], f["fifo"]["steps"]) for f in paired]
