@@ -27,6 +27,9 @@ class RequestRecord:
     replica: int = 0  # which scheduler replica the call went to (cluster runs; 0 otherwise)
     stream: str = ""  # the closed-loop worker that sent it ("" for a one-off send)
     token_times: list[tuple[float, int]] = field(default_factory=list)  # (when, tokens) per delta
+    # the scheduler's own time to first token, from its admission of the request (gRPC runs: its `Finished`
+    # timings); the client's TTFT minus this is what the hop through the scheduler cost on either side
+    scheduler_ttft: float | None = None
 
     def received(self, now: float, tokens: int) -> None:
         """A chunk of `tokens` tokens arrived at `now` (the first one is the request's first token)."""
@@ -38,6 +41,13 @@ class RequestRecord:
     @property
     def ttft(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.sent
+
+    @property
+    def scheduler_hop(self) -> float | None:
+        """The client's TTFT minus the scheduler's own: its request's way in and its first token's way out."""
+        if self.ttft is None or self.scheduler_ttft is None:
+            return None
+        return self.ttft - self.scheduler_ttft
 
     @property
     def completed(self) -> bool:
@@ -60,6 +70,7 @@ class RequestRecord:
             "tag": self.tag,
             "sent": _round(self.sent),
             "ttft": _round(self.ttft),
+            "scheduler_ttft": _round(self.scheduler_ttft),
             "finished": _round(self.finished),
             "tokens": self.tokens,
             "max_tokens": self.max_tokens,

@@ -568,6 +568,7 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
     return {
         "turnover_wait": _median(turnover),
         "late_path": path,
+        "late_hop": [h for r in late if (h := r.scheduler_hop) is not None],
         "idle_ttft": run["idle_ttft"],
         "late_ttft": late_ttft,
         "late_missing": sum(1 for r in late if r.ttft is None),
@@ -703,6 +704,8 @@ def summarise(
             "turnover_waits": [p["turnover_wait"] for p in per],
             "path": _median([t for p in per for t in p["late_path"]]),
             "path_p90": _pct([t for p in per for t in p["late_path"]], 0.9),
+            "hop": _median([t for p in per for t in p["late_hop"]]),
+            "hop_p90": _pct([t for p in per for t in p["late_hop"]], 0.9),
             "cpu": {
                 role: _median([p["cpu"][role] for p in per if role in p["cpu"]])
                 for role in sorted({role for p in per for role in p["cpu"]})
@@ -734,6 +737,12 @@ def summarise(
                 f"of the latecomers' window (median per round: how often the engine turned a slot over); first "
                 f"token {seconds(a['path'])} (p90 {seconds(a['path_p90'])}) after the first slot that freed once "
                 "a latecomer was sent (the path)"
+            )
+        if a["hop"] is not None:
+            result.notes.append(
+                f"{setup.label}: a latecomer's time to first token at its client minus at the scheduler (from "
+                f"admitting it): {seconds(a['hop'])} (p90 {seconds(a['hop_p90'])}), the request's way in and its "
+                "first token's way out through the scheduler"
             )
         if any(a["tokens_per_step"]):
             result.notes.append(
