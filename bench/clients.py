@@ -125,8 +125,12 @@ class ScheduledClient:
             async for event in call:
                 if event.HasField("delta"):
                     record.received(self.clock.now(), event.delta.tokens or 1)
-                elif event.HasField("finished") and event.finished.timings.HasField("time_to_first_token"):
-                    record.scheduler_ttft = event.finished.timings.time_to_first_token.ToTimedelta().total_seconds()
+                elif event.HasField("finished"):
+                    timings = event.finished.timings
+                    if timings.HasField("time_to_first_token"):
+                        record.scheduler_ttft = timings.time_to_first_token.ToTimedelta().total_seconds()
+                    if timings.HasField("queue_wait"):
+                        record.scheduler_queue_wait = timings.queue_wait.ToTimedelta().total_seconds()
             record.finished = self.clock.now()
         except asyncio.CancelledError:
             record.error = "cancelled"

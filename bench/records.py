@@ -30,6 +30,7 @@ class RequestRecord:
     # the scheduler's own time to first token, from its admission of the request (gRPC runs: its `Finished`
     # timings); the client's TTFT minus this is what the hop through the scheduler cost on either side
     scheduler_ttft: float | None = None
+    scheduler_queue_wait: float | None = None  # and its time in the scheduler's queue, from admission to dispatch
 
     def received(self, now: float, tokens: int) -> None:
         """A chunk of `tokens` tokens arrived at `now` (the first one is the request's first token)."""
@@ -71,6 +72,7 @@ class RequestRecord:
             "sent": _round(self.sent),
             "ttft": _round(self.ttft),
             "scheduler_ttft": _round(self.scheduler_ttft),
+            "scheduler_queue_wait": _round(self.scheduler_queue_wait),
             "finished": _round(self.finished),
             "tokens": self.tokens,
             "max_tokens": self.max_tokens,

@@ -569,6 +569,7 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
         "turnover_wait": _median(turnover),
         "late_path": path,
         "late_hop": [h for r in late if (h := r.scheduler_hop) is not None],
+        "late_queue_wait": [r.scheduler_queue_wait for r in late if r.scheduler_queue_wait is not None],
         "idle_ttft": run["idle_ttft"],
         "late_ttft": late_ttft,
         "late_missing": sum(1 for r in late if r.ttft is None),
@@ -706,6 +707,8 @@ def summarise(
             "path_p90": _pct([t for p in per for t in p["late_path"]], 0.9),
             "hop": _median([t for p in per for t in p["late_hop"]]),
             "hop_p90": _pct([t for p in per for t in p["late_hop"]], 0.9),
+            "queue_wait": _median([t for p in per for t in p["late_queue_wait"]]),
+            "queue_wait_p90": _pct([t for p in per for t in p["late_queue_wait"]], 0.9),
             "cpu": {
                 role: _median([p["cpu"][role] for p in per if role in p["cpu"]])
                 for role in sorted({role for p in per for role in p["cpu"]})
@@ -742,7 +745,8 @@ def summarise(
             result.notes.append(
                 f"{setup.label}: a latecomer's time to first token at its client minus at the scheduler (from "
                 f"admitting it): {seconds(a['hop'])} (p90 {seconds(a['hop_p90'])}), the request's way in and its "
-                "first token's way out through the scheduler"
+                f"first token's way out through the scheduler; held in the scheduler's queue "
+                f"{seconds(a['queue_wait'])} (p90 {seconds(a['queue_wait_p90'])})"
             )
         if any(a["tokens_per_step"]):
             result.notes.append(
