@@ -63,12 +63,17 @@ from bench.scenarios._common import STANDARD_CLASS, jsonable, seconds
 from clients import pb, pb_grpc
 from engines import EngineProcess, layout, llamacpp_process, sim_process, vllm_process
 from engines.layout import Layout
+from scheduler_svc.config_schema import BackendConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = 4
 GATE_TARGET = 3
 PRIORITY_GATE_TARGET = 6  # as configs/example.toml ships it: the queue a latecomer jumps at a priority engine
-SCRAPE_INTERVAL = 0.1
+SAMPLE_INTERVAL = 0.1  # the bench's own engine sampler: the sampling period of its time series
+# the scheduler setups read the engine's metrics as the shipped config does (BackendConfig's default, as
+# configs/example.toml sets it): reading every 0.1 s, as R1 did before 2026-12-03, put a GPU-host
+# latecomer's first token about 20 ms further from the slot that freed for it (sched_scrape_01)
+SHIPPED_SCRAPE_INTERVAL = BackendConfig.scrape_interval_seconds
 
 # waiting, running, generated tokens, engine steps (vLLM: its per-step token histogram's count; llama.cpp:
 # its llama_decode() calls; the simulator exports no step series, so its step figures read "-")
@@ -128,7 +133,7 @@ class Setup:
     group_at_engine: bool | None = None  # its server.stream_group_at_engine (None: the shipped default)
     waiting_target: int = GATE_TARGET  # the gate's waiting target (at an engine without priorities, all it has)
     adapt_seconds: float | None = None  # its gate.waiting_target_adapt_seconds (None: the shipped default)
-    scrape_interval: float = SCRAPE_INTERVAL  # how often the scheduler reads the engine's metrics
+    scrape_interval: float = SHIPPED_SCRAPE_INTERVAL  # how often the scheduler reads the engine's metrics
 
 
 SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_priorities=True)
@@ -159,16 +164,16 @@ SCHED_OFF_TARGET_1 = Setup(
 SCHED_OFF_FIXED = Setup(
     "sched_off_fixed", "scheduler, engine priorities off, waiting target held at 3", True, adapt_seconds=0.0
 )
-SCHED_SCRAPE_02 = Setup(
-    "sched_scrape_02",
-    "scheduler reading the engine's metrics every 0.2 s (as shipped), priorities on",
+SCHED_SCRAPE_01 = Setup(
+    "sched_scrape_01",
+    "scheduler reading the engine's metrics every 0.1 s (R1's setups before 2026-12-03), priorities on",
     True,
     True,
-    scrape_interval=0.2,
+    scrape_interval=0.1,
 )
 # run only when --setups names them
 ON_REQUEST = (
-    SCHED_SCRAPE_02,
+    SCHED_SCRAPE_01,
     SCHED_ASYNCIO,
     SCHED_EVERY_TOKEN,
     SCHED_PACED,
@@ -305,7 +310,7 @@ async def _engine_sampler(
     while True:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, MetricsStatus):
             out.append(await reader.read(session, names, sample, aiohttp.ClientTimeout(total=5)))
-        await asyncio.sleep(SCRAPE_INTERVAL)  # sampling period of a time series
+        await asyncio.sleep(SAMPLE_INTERVAL)
 
 
 async def _gate_sampler(stub: pb_grpc.SchedulerServiceStub, clock: RunClock, out: list[dict[str, Any]]) -> None:

@@ -1,0 +1,19 @@
+"""R1's scheduler setups measure the scheduler as it ships: reading the engine's metrics as often as the
+shipped config does (the bench's own sampler keeps its 0.1 s period)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from bench.scenarios import real_s1
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_scheduler_setups_read_the_engine_as_the_shipped_config_does() -> None:
+    shipped = tomllib.loads((ROOT / "configs" / "example.toml").read_text())
+    intervals = {b["scrape_interval_seconds"] for m in shipped["models"] for b in m["backends"]}
+    assert intervals == {real_s1.SCHED.scrape_interval}
+    assert real_s1.SCHED_OFF.scrape_interval == real_s1.SCHED.scrape_interval
+    assert real_s1.SCHED_SCRAPE_01.scrape_interval == real_s1.SAMPLE_INTERVAL != real_s1.SCHED.scrape_interval
