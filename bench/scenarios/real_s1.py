@@ -71,8 +71,8 @@ GATE_TARGET = 3
 PRIORITY_GATE_TARGET = 6  # as configs/example.toml ships it: the queue a latecomer jumps at a priority engine
 SAMPLE_INTERVAL = 0.1  # the bench's own engine sampler: the sampling period of its time series
 # the scheduler setups read the engine's metrics as the shipped config does (BackendConfig's default, as
-# configs/example.toml sets it): reading every 0.1 s, as R1 did before 2026-12-03, put a GPU-host
-# latecomer's first token about 20 ms further from the slot that freed for it (sched_scrape_01)
+# configs/example.toml sets it); R1 read every 0.1 s before 2026-12-03 (sched_scrape_01: no difference
+# measured on the GPU host, 2026-12-03)
 SHIPPED_SCRAPE_INTERVAL = BackendConfig.scrape_interval_seconds
 
 # waiting, running, generated tokens, engine steps (vLLM: its per-step token histogram's count; llama.cpp:
