@@ -194,7 +194,10 @@ class ModelDispatcher:
     def on_accepted(self, ticket: Ticket) -> None:
         """The engine took the request (its response started)."""
         assert ticket.backend is not None
-        ticket.backend.estimator.accepted(ticket.request.request_id, self.clock.now())
+        now = self.clock.now()
+        ticket.backend.estimator.accepted(ticket.request.request_id, now)
+        if ticket.dispatched_at is not None:
+            self._counters.accepted(ticket.request, ticket.backend.name, now - ticket.dispatched_at)
         if self.observer is not None:
             self.observer.on_accepted(ticket)
 

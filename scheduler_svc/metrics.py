@@ -14,6 +14,8 @@ from scheduler_svc.policies.gate import GateCause
 from scheduler_svc.request import QueuedRequest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# an engine's front end takes a request in within milliseconds when it has the CPU, tens of them when not
+_ACCEPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class SchedulerMetrics:
@@ -64,6 +66,15 @@ class SchedulerMetrics:
             "Time from admission to the first generated token.",
             ["model", "priority_class"],
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.engine_accept = Histogram(
+            "llmsched_engine_accept_seconds",
+            "Time from dispatch until the engine answered (its response headers): how long its HTTP front "
+            "end took to take the request in. Tens of milliseconds mean a front end short of CPU, which "
+            "delays every request's start there (a request that misses a freed slot waits for the next).",
+            ["model", "backend"],
+            buckets=_ACCEPT_BUCKETS,
             registry=r,
         )
         self.user_cost = Counter(
@@ -203,6 +214,7 @@ class BackendSeries:
 
     dispatched: Any
     failovers: Any
+    accept: Any
     generated_tokens: Any
     in_flight: Any
     gate_open: Any
@@ -235,6 +247,7 @@ def backend_series(metrics: SchedulerMetrics, model: str, backend: str, classes:
     return BackendSeries(
         dispatched=metrics.dispatched.labels(*labels),
         failovers=metrics.failovers.labels(*labels),
+        accept=metrics.engine_accept.labels(*labels),
         generated_tokens=metrics.generated_tokens.labels(*labels),
         in_flight=metrics.in_flight.labels(*labels),
         gate_open=metrics.gate_open.labels(*labels),
@@ -306,6 +319,11 @@ class RequestCounters:
         self._backends[backend].dispatched.inc()
         if waited is not None:
             self._classes[request.priority_class].queue_wait.observe(waited)
+
+    @_served_here
+    def accepted(self, request: QueuedRequest, backend: str, seconds: float) -> None:
+        """`backend` answered the request `seconds` after its dispatch (its front end took it in)."""
+        self._backends[backend].accept.observe(seconds)
 
     @_served_here
     def failed_over(self, request: QueuedRequest, backend: str) -> None:

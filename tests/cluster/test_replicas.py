@@ -79,6 +79,7 @@ async def test_a_request_at_a_follower_is_counted_once_over_all_replicas() -> No
         assert counted(servers, "llmsched_request_outcomes_total") == 1
         assert counted(servers, "llmsched_time_to_first_token_seconds_count") == 1
         assert counted(servers, "llmsched_queue_wait_seconds_count") == 1
+        assert counted(servers, "llmsched_engine_accept_seconds_count") == 1
         assert counted(servers, "llmsched_generated_tokens_total") == 5
         assert counted([follower], "llmsched_request_outcomes_total") == 1, "the owner counts it"
 

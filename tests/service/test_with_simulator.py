@@ -8,11 +8,13 @@ import contextlib
 import grpc
 import pytest
 
+from backends._http import HttpEngine
 from backends.sim import SimConfig, running_simulator
 from clients import pb
 from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.dispatcher import ModelDispatcher
 from scheduler_svc.request import QueuedRequest
+from scheduler_svc.server import SchedulerServer
 from scheduler_svc.ticket import Ticket
 from tests.helpers import client_for, client_label, eventually, make_config, outcome_count, serving, until_settled
 
@@ -82,6 +84,39 @@ async def test_client_cancel_aborts_the_request_inside_the_engine() -> None:
         await eventually(lambda: sim.engine.stats()["aborted_total"] == 1, what="engine abort")
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
         assert sim.engine.stats()["running"] == 0
+
+
+def _accept_series(server: SchedulerServer) -> tuple[float, float]:
+    """(count, sum) of llmsched_engine_accept_seconds for model m, backend b0."""
+    registry = server.scheduler.metrics.registry
+    labels = {"model": "m", "backend": "b0"}
+    count = registry.get_sample_value("llmsched_engine_accept_seconds_count", labels)
+    total = registry.get_sample_value("llmsched_engine_accept_seconds_sum", labels)
+    return count or 0.0, total or 0.0
+
+
+async def test_the_engines_intake_is_timed_from_dispatch_to_its_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llmsched_engine_accept_seconds: an engine that answers 0.3 s after the request went out shows it
+    there (a front end short of CPU); one that answers at once does not."""
+    post, delay = HttpEngine.post_stream, [0.0]
+
+    async def late_post(engine: HttpEngine, path: str, body: dict[str, object], request_id: str) -> object:
+        await asyncio.sleep(delay[0])
+        return await post(engine, path, body, request_id)
+
+    monkeypatch.setattr(HttpEngine, "post_stream", late_post)
+    async with (
+        running_simulator(SimConfig(**FAST)) as sim,
+        serving(make_config(backend_url=sim.url)) as server,
+        client_for(server) as client,
+    ):
+        await client.submit("m", "at once", max_tokens=2)
+        prompt = _accept_series(server)
+        delay[0] = 0.3
+        await client.submit("m", "late", max_tokens=2)
+        late = _accept_series(server)
+    assert prompt[0] == 1 and prompt[1] < 0.3
+    assert late[0] == 2 and late[1] - prompt[1] >= 0.3
 
 
 async def test_engine_killed_mid_stream_gives_unavailable_and_service_resumes_when_it_is_back() -> None:
