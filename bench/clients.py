@@ -78,6 +78,7 @@ class DirectClient(_CompletionsClient):
         record.sent = self.clock.now()
         try:
             async with self._session.post(self._url, json=body) as response:
+                record.intake = self.clock.now() - record.sent
                 if response.status != 200:
                     record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
                     return
@@ -131,6 +132,8 @@ class ScheduledClient:
                         record.scheduler_ttft = timings.time_to_first_token.ToTimedelta().total_seconds()
                     if timings.HasField("queue_wait"):
                         record.scheduler_queue_wait = timings.queue_wait.ToTimedelta().total_seconds()
+                    if timings.HasField("engine_accept"):
+                        record.intake = timings.engine_accept.ToTimedelta().total_seconds()
             record.finished = self.clock.now()
         except asyncio.CancelledError:
             record.error = "cancelled"

@@ -31,6 +31,9 @@ class RequestRecord:
     # timings); the client's TTFT minus this is what the hop through the scheduler cost on either side
     scheduler_ttft: float | None = None
     scheduler_queue_wait: float | None = None  # and its time in the scheduler's queue, from admission to dispatch
+    # how long the engine's front end took to take the request in: from the request on the wire to the
+    # engine's response headers (a direct client's own figure; through the scheduler, its `engine_accept`)
+    intake: float | None = None
 
     def received(self, now: float, tokens: int) -> None:
         """A chunk of `tokens` tokens arrived at `now` (the first one is the request's first token)."""
@@ -73,6 +76,7 @@ class RequestRecord:
             "ttft": _round(self.ttft),
             "scheduler_ttft": _round(self.scheduler_ttft),
             "scheduler_queue_wait": _round(self.scheduler_queue_wait),
+            "intake": _round(self.intake),
             "finished": _round(self.finished),
             "tokens": self.tokens,
             "max_tokens": self.max_tokens,

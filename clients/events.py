@@ -24,16 +24,19 @@ def _seconds(duration: duration_pb2.Duration) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Timings:
-    """Where the time went, in seconds: queue wait, time to first token (None: no token), total."""
+    """Where the time went, in seconds: queue wait, time to first token (None: no token), total, and how long
+    the engine took to take the request in once sent (None: it never answered)."""
 
     queue_wait: float
     time_to_first_token: float | None
     total: float
+    engine_accept: float | None = None
 
     @classmethod
     def from_pb(cls, timings: pb.Timings) -> Timings:
         ttft = _seconds(timings.time_to_first_token) if timings.HasField("time_to_first_token") else None
-        return cls(_seconds(timings.queue_wait), ttft, _seconds(timings.total))
+        accept = _seconds(timings.engine_accept) if timings.HasField("engine_accept") else None
+        return cls(_seconds(timings.queue_wait), ttft, _seconds(timings.total), accept)
 
 
 @dataclass(frozen=True, slots=True)

@@ -194,7 +194,7 @@ class ModelDispatcher:
     def on_accepted(self, ticket: Ticket) -> None:
         """The engine took the request (its response started)."""
         assert ticket.backend is not None
-        now = self.clock.now()
+        now = ticket.accepted_at = self.clock.now()
         ticket.backend.estimator.accepted(ticket.request.request_id, now)
         if ticket.dispatched_at is not None:
             self._counters.accepted(ticket.request, ticket.backend.name, now - ticket.dispatched_at)

@@ -575,6 +575,7 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
         "late_path": path,
         "late_hop": [h for r in late if (h := r.scheduler_hop) is not None],
         "late_queue_wait": [r.scheduler_queue_wait for r in late if r.scheduler_queue_wait is not None],
+        "late_intake": [r.intake for r in late if r.intake is not None],
         "idle_ttft": run["idle_ttft"],
         "late_ttft": late_ttft,
         "late_missing": sum(1 for r in late if r.ttft is None),
@@ -714,6 +715,8 @@ def summarise(
             "hop_p90": _pct([t for p in per for t in p["late_hop"]], 0.9),
             "queue_wait": _median([t for p in per for t in p["late_queue_wait"]]),
             "queue_wait_p90": _pct([t for p in per for t in p["late_queue_wait"]], 0.9),
+            "intake": _median([t for p in per for t in p["late_intake"]]),
+            "intake_p90": _pct([t for p in per for t in p["late_intake"]], 0.9),
             "cpu": {
                 role: _median([p["cpu"][role] for p in per if role in p["cpu"]])
                 for role in sorted({role for p in per for role in p["cpu"]})
@@ -752,6 +755,12 @@ def summarise(
                 f"admitting it): {seconds(a['hop'])} (p90 {seconds(a['hop_p90'])}), the request's way in and its "
                 f"first token's way out through the scheduler; held in the scheduler's queue "
                 f"{seconds(a['queue_wait'])} (p90 {seconds(a['queue_wait_p90'])})"
+            )
+        if a["intake"] is not None:
+            result.notes.append(
+                f"{setup.label}: the engine's front end took a latecomer's request in (from the request on the "
+                f"wire to its response headers) in {seconds(a['intake'])} (p90 {seconds(a['intake_p90'])}); one "
+                "that arrives after a slot turned over waits for the next turnover"
             )
         if any(a["tokens_per_step"]):
             result.notes.append(

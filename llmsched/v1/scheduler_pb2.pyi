@@ -536,6 +536,7 @@ class Timings(_message.Message):
     QUEUE_WAIT_FIELD_NUMBER: _builtins.int
     TIME_TO_FIRST_TOKEN_FIELD_NUMBER: _builtins.int
     TOTAL_FIELD_NUMBER: _builtins.int
+    ENGINE_ACCEPT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def queue_wait(self) -> _duration_pb2.Duration:
         """From admission to dispatch."""
@@ -548,16 +549,23 @@ class Timings(_message.Message):
     def total(self) -> _duration_pb2.Duration:
         """From admission to the end of the generation."""
 
+    @_builtins.property
+    def engine_accept(self) -> _duration_pb2.Duration:
+        """From the (last) dispatch until the engine answered, having taken the request in (unset when it never
+        did): milliseconds with CPU to spare at the engine's front end, tens of them when it is short of CPU.
+        """
+
     def __init__(
         self,
         *,
         queue_wait: _duration_pb2.Duration | None = ...,
         time_to_first_token: _duration_pb2.Duration | None = ...,
         total: _duration_pb2.Duration | None = ...,
+        engine_accept: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["queue_wait", b"queue_wait", "time_to_first_token", b"time_to_first_token", "total", b"total"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["engine_accept", b"engine_accept", "queue_wait", b"queue_wait", "time_to_first_token", b"time_to_first_token", "total", b"total"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_wait", b"queue_wait", "time_to_first_token", b"time_to_first_token", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine_accept", b"engine_accept", "queue_wait", b"queue_wait", "time_to_first_token", b"time_to_first_token", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

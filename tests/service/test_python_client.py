@@ -91,6 +91,8 @@ async def test_stream_follows_the_event_order_contract_async_and_sync() -> None:
         assert isinstance(finished, Finished) and finished.completion_tokens == 6
         assert sum(e.tokens for e in run if isinstance(e, Delta)) == 6
         assert finished.timings.time_to_first_token is not None
+        accepted = finished.timings.engine_accept  # the simulator answers over real HTTP
+        assert accepted is not None and 0 <= accepted <= finished.timings.time_to_first_token
     for done in (completion, sync_completion):
         assert done.completion_tokens == 4 and done.backend == "b0" and done.finish_reason == "length"
 

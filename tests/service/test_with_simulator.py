@@ -96,8 +96,9 @@ def _accept_series(server: SchedulerServer) -> tuple[float, float]:
 
 
 async def test_the_engines_intake_is_timed_from_dispatch_to_its_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """llmsched_engine_accept_seconds: an engine that answers 0.3 s after the request went out shows it
-    there (a front end short of CPU); one that answers at once does not."""
+    """llmsched_engine_accept_seconds and the call's own `engine_accept` timing: an engine that answers
+    0.3 s after the request went out shows it there (a front end short of CPU); one that answers at once
+    does not."""
     post, delay = HttpEngine.post_stream, [0.0]
 
     async def late_post(engine: HttpEngine, path: str, body: dict[str, object], request_id: str) -> object:
@@ -110,13 +111,17 @@ async def test_the_engines_intake_is_timed_from_dispatch_to_its_answer(monkeypat
         serving(make_config(backend_url=sim.url)) as server,
         client_for(server) as client,
     ):
-        await client.submit("m", "at once", max_tokens=2)
+        at_once = await client.submit("m", "at once", max_tokens=2)
         prompt = _accept_series(server)
         delay[0] = 0.3
-        await client.submit("m", "late", max_tokens=2)
+        answered_late = await client.submit("m", "late", max_tokens=2)
         late = _accept_series(server)
     assert prompt[0] == 1 and prompt[1] < 0.3
     assert late[0] == 2 and late[1] - prompt[1] >= 0.3
+    assert at_once.timings.HasField("engine_accept") and answered_late.timings.HasField("engine_accept")
+    assert at_once.timings.engine_accept.ToTimedelta().total_seconds() < 0.3
+    accepted_late = answered_late.timings.engine_accept.ToTimedelta().total_seconds()
+    assert 0.3 <= accepted_late <= answered_late.timings.time_to_first_token.ToTimedelta().total_seconds()
 
 
 async def test_engine_killed_mid_stream_gives_unavailable_and_service_resumes_when_it_is_back() -> None:

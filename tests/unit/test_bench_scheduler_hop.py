@@ -3,10 +3,11 @@ split a latecomer's wait into the scheduler's hop (the client's TTFT minus the s
 
 from __future__ import annotations
 
+import aiohttp
 import grpc
 
 from bench import harness
-from bench.clients import RunClock, ScheduledClient
+from bench.clients import DirectClient, RunClock, ScheduledClient
 from bench.configs import scheduler_config, validated_toml
 from bench.records import RequestRecord
 from clients import pb_grpc
@@ -26,7 +27,16 @@ async def test_a_scheduled_request_records_the_schedulers_ttft_inside_its_own() 
     assert record.scheduler_ttft is not None and 0 < record.scheduler_ttft <= record.ttft
     assert record.scheduler_hop is not None and record.scheduler_hop == record.ttft - record.scheduler_ttft
     assert record.scheduler_queue_wait is not None and 0 <= record.scheduler_queue_wait <= record.scheduler_ttft
+    assert record.intake is not None and 0 < record.intake <= record.scheduler_ttft - record.scheduler_queue_wait
     assert record.summary()["scheduler_ttft"] is not None
+
+
+async def test_a_direct_request_records_the_engines_intake_before_its_first_token() -> None:
+    async with harness.fake_engine(16) as engine_url, aiohttp.ClientSession() as session:
+        record = RequestRecord(user="alice", tag="late", sent=0.0, max_tokens=16)
+        await DirectClient(session, engine_url, "fake-model", RunClock(), "direct").run(record, "hi")
+    assert record.completed and record.ttft is not None
+    assert record.intake is not None and 0 < record.intake <= record.ttft
 
 
 def test_a_record_without_the_schedulers_figure_has_no_hop() -> None:
