@@ -78,10 +78,10 @@ class DirectClient(_CompletionsClient):
         record.sent = self.clock.now()
         try:
             async with self._session.post(self._url, json=body) as response:
-                record.intake = self.clock.now() - record.sent
                 if response.status != 200:
                     record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
                     return
+                record.intake = self.clock.now() - record.sent
                 async for line in response.content:
                     if not line.startswith(b"data: {"):
                         continue

@@ -30,9 +30,9 @@ class RequestRecord:
     # the scheduler's own time to first token, from its admission of the request (gRPC runs: its `Finished`
     # timings); the client's TTFT minus this is what the hop through the scheduler cost on either side
     scheduler_ttft: float | None = None
-    scheduler_queue_wait: float | None = None  # and its time in the scheduler's queue, from admission to dispatch
-    # how long the engine's front end took to take the request in: from the request on the wire to the
-    # engine's response headers (a direct client's own figure; through the scheduler, its `engine_accept`)
+    scheduler_queue_wait: float | None = None  # admission to (last) dispatch: with a failover, the failed try too
+    # how long the engine's front end took to take the request in: from sending it to the engine's response
+    # headers (a direct client's own figure; through the scheduler, the scheduler's `engine_accept`)
     intake: float | None = None
 
     def received(self, now: float, tokens: int) -> None:

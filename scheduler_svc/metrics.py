@@ -70,9 +70,9 @@ class SchedulerMetrics:
         )
         self.engine_accept = Histogram(
             "llmsched_engine_accept_seconds",
-            "Time from dispatch until the engine answered (its response headers): how long its HTTP front "
-            "end took to take the request in. Tens of milliseconds mean a front end short of CPU, which "
-            "delays every request's start there (a request that misses a freed slot waits for the next).",
+            "Time from sending a request to the engine until the engine answered (its response headers): how "
+            "long its HTTP front end took to take the request in. Tens of milliseconds mean a front end short "
+            "of CPU, which delays every request's start there (one that misses a freed slot waits for the next).",
             ["model", "backend"],
             buckets=_ACCEPT_BUCKETS,
             registry=r,
@@ -322,7 +322,7 @@ class RequestCounters:
 
     @_served_here
     def accepted(self, request: QueuedRequest, backend: str, seconds: float) -> None:
-        """`backend` answered the request `seconds` after its dispatch (its front end took it in)."""
+        """`backend` answered the request `seconds` after it was sent there (its front end took it in)."""
         self._backends[backend].accept.observe(seconds)
 
     @_served_here

@@ -177,6 +177,7 @@ class RequestRun:
             ticket.close(Outcome.FAILED)
             raise ticket.cut_reason
         ticket.runner = asyncio.current_task()
+        ticket.sent_at = host.clock.now()  # the adapter's first step is the request to the engine
         try:
             # Closed as soon as this generator is: the adapter's own close aborts the engine request. Left
             # to the garbage collector, it could go on generating for seconds after the client left.

@@ -75,9 +75,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             time_to_first_token=to_duration(None if ticket.first_token_at is None else ticket.first_token_at - start),
             total=to_duration(end - start),
             engine_accept=to_duration(
-                None
-                if ticket.accepted_at is None or ticket.dispatched_at is None
-                else ticket.accepted_at - ticket.dispatched_at
+                None if ticket.accepted_at is None or ticket.sent_at is None else ticket.accepted_at - ticket.sent_at
             ),
         )
 

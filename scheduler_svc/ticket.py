@@ -74,7 +74,8 @@ class Ticket:
         self.dispatched_at: float | None = None
         self.dispatched_wall: float | None = None
         self.first_token_at: float | None = None
-        self.accepted_at: float | None = None  # when the engine answered the (last) dispatch
+        self.sent_at: float | None = None  # when the (last) dispatch's request left for the engine
+        self.accepted_at: float | None = None  # when the engine answered it
         self.finished_at: float | None = None
         self.completion_tokens = 0
         self.engine_priority: int | None = None
@@ -94,7 +95,7 @@ class Ticket:
         self.engine_priority = engine_priority
         self.dispatched_at = now
         self.dispatched_wall = time.time()
-        self.accepted_at = None
+        self.sent_at = self.accepted_at = None
         self.attempts += 1
         self._woken.set()
 
@@ -103,7 +104,7 @@ class Ticket:
         self.state = TicketState.QUEUED
         self.backend = None
         self.engine_priority = None
-        self.dispatched_at = self.dispatched_wall = self.accepted_at = None
+        self.dispatched_at = self.dispatched_wall = self.sent_at = self.accepted_at = None
         self._woken.clear()
 
     def nudge(self) -> None:

@@ -758,8 +758,8 @@ def summarise(
             )
         if a["intake"] is not None:
             result.notes.append(
-                f"{setup.label}: the engine's front end took a latecomer's request in (from the request on the "
-                f"wire to its response headers) in {seconds(a['intake'])} (p90 {seconds(a['intake_p90'])}); one "
+                f"{setup.label}: the engine's front end took a latecomer's request in (from its sending to the "
+                f"engine's response headers) in {seconds(a['intake'])} (p90 {seconds(a['intake_p90'])}); one "
                 "that arrives after a slot turned over waits for the next turnover"
             )
         if any(a["tokens_per_step"]):

@@ -551,8 +551,9 @@ class Timings(_message.Message):
 
     @_builtins.property
     def engine_accept(self) -> _duration_pb2.Duration:
-        """From the (last) dispatch until the engine answered, having taken the request in (unset when it never
-        did): milliseconds with CPU to spare at the engine's front end, tens of them when it is short of CPU.
+        """From sending the request to the engine (its last dispatch) until the engine answered, having taken it
+        in (unset when it never did): milliseconds with CPU to spare at the engine's front end, tens of them
+        when it is short of CPU.
         """
 
     def __init__(

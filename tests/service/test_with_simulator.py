@@ -7,9 +7,10 @@ import contextlib
 
 import grpc
 import pytest
+from aiohttp import web
 
-from backends._http import HttpEngine
 from backends.sim import SimConfig, running_simulator
+from backends.sim.vllm_api import VllmApi
 from clients import pb
 from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.dispatcher import ModelDispatcher
@@ -95,17 +96,16 @@ def _accept_series(server: SchedulerServer) -> tuple[float, float]:
     return count or 0.0, total or 0.0
 
 
-async def test_the_engines_intake_is_timed_from_dispatch_to_its_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """llmsched_engine_accept_seconds and the call's own `engine_accept` timing: an engine that answers
-    0.3 s after the request went out shows it there (a front end short of CPU); one that answers at once
-    does not."""
-    post, delay = HttpEngine.post_stream, [0.0]
+async def test_the_engines_intake_is_timed_from_sending_to_its_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llmsched_engine_accept_seconds and the call's own `engine_accept` timing: an engine whose front end
+    answers 0.3 s after the request reached it shows it there; one that answers at once does not."""
+    completions, delay = VllmApi.completions, [0.0]
 
-    async def late_post(engine: HttpEngine, path: str, body: dict[str, object], request_id: str) -> object:
-        await asyncio.sleep(delay[0])
-        return await post(engine, path, body, request_id)
+    async def slow_front_end(api: VllmApi, request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(delay[0])  # the engine's side: before its response headers
+        return await completions(api, request)
 
-    monkeypatch.setattr(HttpEngine, "post_stream", late_post)
+    monkeypatch.setattr(VllmApi, "completions", slow_front_end)
     async with (
         running_simulator(SimConfig(**FAST)) as sim,
         serving(make_config(backend_url=sim.url)) as server,

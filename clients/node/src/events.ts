@@ -25,6 +25,8 @@ export interface Timings {
   /** Undefined when no token was generated. */
   timeToFirstTokenMs: number | undefined;
   totalMs: number | undefined;
+  /** From sending the request to the engine until it answered (its front end took it in); undefined when it never did. */
+  engineAcceptMs?: number;
 }
 
 /** The request waits in the scheduler's queue (first at admission, then whenever its position changes). */
@@ -100,6 +102,7 @@ function timings(t: Timings__Output | null): Timings {
     queueWaitMs: durationMs(t?.queueWait),
     timeToFirstTokenMs: durationMs(t?.timeToFirstToken),
     totalMs: durationMs(t?.total),
+    engineAcceptMs: durationMs(t?.engineAccept),
   };
 }
 
