@@ -21,6 +21,7 @@ import grpc
 
 from bench.records import RequestRecord
 from clients import pb, pb_grpc
+from clients.events import Timings
 
 
 class RunClock:
@@ -127,13 +128,10 @@ class ScheduledClient:
                 if event.HasField("delta"):
                     record.received(self.clock.now(), event.delta.tokens or 1)
                 elif event.HasField("finished"):
-                    timings = event.finished.timings
-                    if timings.HasField("time_to_first_token"):
-                        record.scheduler_ttft = timings.time_to_first_token.ToTimedelta().total_seconds()
-                    if timings.HasField("queue_wait"):
-                        record.scheduler_queue_wait = timings.queue_wait.ToTimedelta().total_seconds()
-                    if timings.HasField("engine_accept"):
-                        record.intake = timings.engine_accept.ToTimedelta().total_seconds()
+                    timings = Timings.from_pb(event.finished.timings)
+                    record.scheduler_ttft = timings.time_to_first_token
+                    record.scheduler_queue_wait = timings.queue_wait
+                    record.intake = timings.engine_accept
             record.finished = self.clock.now()
         except asyncio.CancelledError:
             record.error = "cancelled"

@@ -196,8 +196,8 @@ class ModelDispatcher:
         assert ticket.backend is not None
         now = ticket.accepted_at = self.clock.now()
         ticket.backend.estimator.accepted(ticket.request.request_id, now)
-        if ticket.sent_at is not None:
-            self._counters.accepted(ticket.request, ticket.backend.name, now - ticket.sent_at)
+        if (accept := ticket.engine_accept) is not None:
+            self._counters.accepted(ticket.request, ticket.backend.name, accept)
         if self.observer is not None:
             self.observer.on_accepted(ticket)
 

@@ -74,9 +74,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             queue_wait=to_duration(None if ticket.dispatched_at is None else ticket.dispatched_at - start),
             time_to_first_token=to_duration(None if ticket.first_token_at is None else ticket.first_token_at - start),
             total=to_duration(end - start),
-            engine_accept=to_duration(
-                None if ticket.accepted_at is None or ticket.sent_at is None else ticket.accepted_at - ticket.sent_at
-            ),
+            engine_accept=to_duration(ticket.engine_accept),
         )
 
     def _run(self, ticket: Ticket, *, watch_positions: bool) -> RequestRun:

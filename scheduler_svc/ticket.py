@@ -107,6 +107,13 @@ class Ticket:
         self.dispatched_at = self.dispatched_wall = self.sent_at = self.accepted_at = None
         self._woken.clear()
 
+    @property
+    def engine_accept(self) -> float | None:
+        """Seconds from the request leaving for the engine until the engine answered (None: not yet)."""
+        if self.sent_at is None or self.accepted_at is None:
+            return None
+        return self.accepted_at - self.sent_at
+
     def nudge(self) -> None:
         """The request's position in its queue changed: wake the waiter, which re-reads it."""
         self._woken.set()
