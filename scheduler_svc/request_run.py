@@ -7,8 +7,9 @@ the request before its first token and the dispatcher queues it again (failover)
 dispatch. Events, in order:
 
     Queued*  (only when positions are watched: at the start, on every move, after a failover)
-    Dispatched, Chunk*, then Done; or Failed, the last event, with the error to report
-    (after a failover: Queued, Dispatched, ... again)
+    Dispatched (once the engine took the request), Chunk*, then Done; or Failed, the last event, with the
+    error to report (after a failover: Queued, Dispatched, ... again; an attempt the engine refused
+    before taking it is not announced)
 
 Errors the client should hear about (scheduler and backend errors) come as a `Failed` event; anything
 else is a bug and propagates. Whatever happens, the ticket records exactly one outcome.
@@ -43,7 +44,7 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class Dispatched:
-    """The request was sent to `backend` (its `attempt`-th dispatch: more than one after a failover)."""
+    """`backend` took the request (its `attempt`-th dispatch: more than one after a failover)."""
 
     backend: str
     attempt: int
@@ -141,8 +142,6 @@ class RequestRun:
                     if self._watch and (new_position := ticket.position()) != position and new_position > 0:
                         position = new_position
                         yield Queued(position)
-                assert ticket.backend is not None
-                yield Dispatched(ticket.backend.name, ticket.attempts)
                 try:
                     # Closed as soon as this run is: closing the generation is what aborts the engine request.
                     async with contextlib.aclosing(self._generate()) as events:
@@ -159,8 +158,14 @@ class RequestRun:
         finally:
             ticket.close()
 
-    async def _generate(self) -> AsyncGenerator[Chunk | Done, None]:
-        """Run the generation on the assigned backend, keeping the accounting as tokens stream."""
+    async def _generate(self) -> AsyncGenerator[Dispatched | Chunk | Done, None]:
+        """Run the generation on the assigned backend, keeping the accounting as tokens stream.
+
+        `Dispatched` comes once the engine has taken the request (its `Accepted`, or its first event from a
+        source that sends none), not before the request leaves: telling the client (a gRPC message, an
+        HTTP response's headers) would otherwise sit between the dispatch decision and the engine on every
+        request's way, and that moment is when a latecomer's slot is won or lost. An attempt the engine
+        refuses outright is never announced; the client hears of the one that got in."""
         ticket, host = self.ticket, self._host
         assert ticket.backend is not None and ticket.state is TicketState.DISPATCHED
         req = ticket.request
@@ -172,7 +177,8 @@ class RequestRun:
             engine_priority=ticket.engine_priority,
             max_token_delay=self._pacing.engine_allowance(req.params.max_tokens),
         )
-        shown = False  # whether the caller has seen any of this generation
+        shown = False  # whether the caller has seen any of this generation's text
+        announced = False  # whether the caller has heard that the engine took it (Dispatched)
         if ticket.cut_reason is not None:
             ticket.close(Outcome.FAILED)
             raise ticket.cut_reason
@@ -183,8 +189,13 @@ class RequestRun:
             # to the garbage collector, it could go on generating for seconds after the client left.
             async with contextlib.aclosing(self._source(ticket, generation)) as events:
                 async for event in events:
-                    if isinstance(event, Accepted):
+                    accepted = isinstance(event, Accepted)
+                    if accepted:
                         host.on_accepted(ticket)
+                    if not announced:
+                        announced = True
+                        yield Dispatched(ticket.backend.name, ticket.attempts)
+                    if accepted:
                         continue
                     if isinstance(event, TextDelta):
                         if ticket.first_token_at is None:

@@ -407,7 +407,10 @@ Global___Queued: _TypeAlias = Queued  # noqa: Y015
 
 @_typing.final
 class Dispatched(_message.Message):
-    """The request left the queue and was sent to an engine."""
+    """The request left the queue and an engine took it: sent once the engine answered the request, so this
+    message never delays the request on its way (an attempt the engine refused is not announced; after a
+    failover the next engine's is).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -418,7 +421,7 @@ class Dispatched(_message.Message):
     """The configured name of the engine."""
     @_builtins.property
     def dispatched_at(self) -> _timestamp_pb2.Timestamp:
-        """When it was sent (wall clock)."""
+        """When it left the queue for the engine (wall clock)."""
 
     @_builtins.property
     def queue_wait(self) -> _duration_pb2.Duration:

@@ -139,6 +139,7 @@ class HttpDoor:
         stream: web.StreamResponse | None = None
         parts: list[str] = []
         done: Done | None = None
+        announced = False  # whether a stream's first chunk (the assistant's role) went out
         failure: BaseException | None = None
         try:  # the run is consumed to its end: it records the outcome after its last event
             run = RequestRun(ticket, dispatcher, watch_positions=updates, pacing=self._scheduler.pacing)
@@ -151,8 +152,9 @@ class HttpDoor:
                     elif isinstance(event, Dispatched) and call.stream:
                         if stream is None:
                             stream = await self._start_stream(request, req.public_id)
-                        if event.attempt == 1 and call.kind == "chat":
+                        if not announced and call.kind == "chat":
                             await stream.write(shapes.event(shape.chunk("", role=True)))
+                        announced = True  # a failover's next dispatch starts no second message
                     elif isinstance(event, Chunk):
                         if stream is not None:
                             await stream.write(shapes.event(shape.chunk(event.text)))

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from backends.base import BackendLoad, GenerationEvent, GenerationRequest, TextDelta
+from backends.base import Accepted, BackendLoad, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.errors import BackendUnavailable
 from backends.fake import FakeBackend
 from backends.sim import SimConfig, running_simulator
@@ -261,12 +261,53 @@ async def test_an_error_after_dispatch_is_an_sse_error_event_and_not_retried_by_
         async with session.post(base + CHAT, json=chat(stream=True), headers=ALICE) as response:
             lines = [line async for line in sse_lines(response)]
         status, _, whole = await _post(session, base + CHAT, chat())
-    assert response.status == 200  # the headers went out at dispatch
+    assert response.status == 200  # the headers went out when the engine took it
     payloads = [json.loads(line.removeprefix("data: ")) for line in lines]
     assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert payloads[1]["choices"][0]["delta"] == {"content": "partial"}
     assert _error(payloads[-1])["code"] == "backend_unavailable" and "data: [DONE]" not in lines
     assert status == 503 and _error(whole)["code"] == "backend_unavailable"  # not streamed: the real status
+
+
+def _refusing_first(refusals: int) -> FakeBackend:
+    """An engine that refuses its first `refusals` requests outright (before taking them), then answers."""
+    calls: list[int] = []
+
+    async def generate(request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        calls.append(1)
+        if len(calls) <= refusals:
+            raise BackendUnavailable("connection refused", backend="b0")
+        yield Accepted()
+        yield TextDelta("hi")
+        yield Finished("stop", prompt_tokens=1, completion_tokens=1)
+
+    return FakeBackend(generate, lambda: BackendLoad(ok=True, read_at=time.monotonic()), name="b0")
+
+
+def _one_backend(failover_attempts: int) -> list[dict[str, Any]]:
+    backend = {"name": "b0", "kind": "vllm", "url": "http://127.0.0.1:1", "scrape_interval_seconds": 0.05}
+    failover = {"failover_attempts": failover_attempts, "failover_cooldown_seconds": 0.0}
+    return [{"name": "m", "default_max_tokens": 16, "backends": [backend], **failover}]
+
+
+async def test_a_stream_starts_once_an_engine_took_the_request() -> None:
+    """The headers go out when an engine has taken the request, not at dispatch: one refused outright
+    gets its real status, and one that got in on its failover starts its answer once (one role chunk)."""
+    async with aiohttp.ClientSession() as session:
+        async with http_serving(lambda model, backend: _refusing_first(1), models=_one_backend(0)) as (_, base):
+            refused = await _post(session, base + CHAT, chat(stream=True))
+        async with (
+            http_serving(lambda model, backend: _refusing_first(1), models=_one_backend(1)) as (_, base),
+            session.post(base + CHAT, json=chat(stream=True), headers=ALICE) as response,
+        ):
+            lines = [line async for line in sse_lines(response)]
+    status, headers, body = refused
+    assert status == 503 and headers["content-type"].startswith("application/json")
+    assert _error(body)["code"] == "backend_unavailable"
+    payloads = [json.loads(line.removeprefix("data: ")) for line in lines if line != "data: [DONE]"]
+    deltas = [p["choices"][0]["delta"] for p in payloads]
+    assert response.status == 200 and deltas[0] == {"role": "assistant", "content": ""}
+    assert sum("role" in delta for delta in deltas) == 1 and {"content": "hi"} in deltas
 
 
 async def test_disconnect_while_queued_leaves_the_queue() -> None:

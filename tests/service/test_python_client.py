@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from backends.base import BackendLoad, GenerationEvent, GenerationRequest, TextDelta
+from backends.base import Accepted, BackendLoad, GenerationEvent, GenerationRequest, TextDelta
 from backends.base import Finished as EngineFinished
 from backends.errors import BackendUnavailable
 from backends.fake import FakeBackend
@@ -158,6 +158,7 @@ def _flaky_engine(fail_after_tokens: int, failures: int) -> tuple[FakeBackend, l
 
     async def generate(request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         seen.append(request)
+        yield Accepted()  # the engine took it (the client hears `dispatched`), then drops it
         for i in range(fail_after_tokens if len(seen) <= failures else 3):
             yield TextDelta(f"t{i}")
         if len(seen) <= failures:

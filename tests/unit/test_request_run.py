@@ -3,6 +3,7 @@ fake backend and a dispatcher driven by hand (no sockets)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 
@@ -69,14 +70,14 @@ async def test_an_unwatched_run_yields_no_positions() -> None:
 
 
 async def test_a_failure_before_the_first_token_queues_the_request_again() -> None:
-    engine = Engine([BackendUnavailable("refused")], ANSWER)
+    engine = Engine([Accepted(), BackendUnavailable("dropped")], ANSWER)
     h = harness(engine, failover_attempts=1, failover_cooldown_seconds=1.0)
     ticket = h.submit("u")
     events = RequestRun(ticket, h.dispatcher, watch_positions=True).events()
     async with contextlib.aclosing(events):
         assert await anext(events) == Queued(1)
         h.dispatch()
-        assert await anext(events) == Dispatched("b0", 1)
+        assert await anext(events) == Dispatched("b0", 1)  # the engine took it, then dropped it
         assert await anext(events) == Queued(1)  # back at the head of its queue
         assert ticket.state is TicketState.QUEUED and h.dispatch() == []  # the backend cools down
         h.clock.advance(1.5)
@@ -84,6 +85,58 @@ async def test_a_failure_before_the_first_token_queues_the_request_again() -> No
         rest = [event async for event in events]
     assert rest[0] == Dispatched("b0", 2) and rest[-1] == Done("stop", 3, 2)
     assert ticket.outcome is Outcome.COMPLETED and h.handle.estimator.in_flight == 0
+
+
+async def test_an_attempt_the_engine_refused_is_never_announced() -> None:
+    engine = Engine([BackendUnavailable("refused")], ANSWER)
+    h = harness(engine, failover_attempts=1, failover_cooldown_seconds=1.0)
+    ticket = h.submit("u")
+    events = RequestRun(ticket, h.dispatcher, watch_positions=True).events()
+    async with contextlib.aclosing(events):
+        assert await anext(events) == Queued(1)
+        h.dispatch()
+        assert await anext(events) == Queued(1)  # no Dispatched for the refused attempt
+        h.clock.advance(1.5)
+        h.dispatch()
+        rest = [event async for event in events]
+    assert rest == [Dispatched("b0", 2), Chunk("he", 1), Chunk("llo", 1), Done("stop", 3, 2)]
+
+
+async def test_dispatched_waits_for_the_engine_to_take_the_request() -> None:
+    """The client hears `Dispatched` once the engine answered (not before the request left: that message
+    would sit on the request's way to the engine); the accounting hears of the acceptance first."""
+    sent = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def slow_front_end(request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        sent.set()
+        await answer.wait()
+        for event in ANSWER:
+            assert not isinstance(event, Exception)
+            yield event
+
+    h = Harness()
+    h.handle.backend = FakeBackend(slow_front_end)
+    ticket = h.submit("u")
+    h.dispatch()
+    events = RequestRun(ticket, h.dispatcher).events()
+    async with contextlib.aclosing(events):
+        first = asyncio.ensure_future(anext(events))
+        await sent.wait()  # the request is at the engine, which has not answered
+        assert not first.done() and ticket.sent_at is not None and ticket.accepted_at is None
+        answer.set()
+        assert await first == Dispatched("b0", 1)
+        assert ticket.accepted_at is not None  # on_accepted ran before the client was told
+        rest = [event async for event in events]
+    assert rest == [Chunk("he", 1), Chunk("llo", 1), Done("stop", 3, 2)]
+
+
+async def test_a_source_without_acceptance_is_announced_before_its_first_event() -> None:
+    h = harness(Engine([TextDelta("he"), Finished("stop", 3, 1)]))
+    ticket = h.submit("u")
+    h.dispatch()
+    events = [event async for event in RequestRun(ticket, h.dispatcher).events()]
+    assert events == [Dispatched("b0", 1), Chunk("he", 1), Done("stop", 3, 1)]
 
 
 async def test_a_failure_after_text_is_the_last_event_and_fails_the_request() -> None:
