@@ -53,7 +53,7 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class Dispatched:
-    """The request went to `backend` after `queue_wait` seconds in the queue."""
+    """The request went to `backend`, which took it in, after `queue_wait` seconds in the queue."""
 
     backend: str
     dispatched_at: datetime | None

@@ -28,7 +28,7 @@ from scheduler_svc.event_loop import run_on
 from scheduler_svc.logs import configure_logging
 
 if TYPE_CHECKING:
-    from clients import Queued, SchedulerClient
+    from clients import Queued, SchedulerClient, Timings
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,6 +223,14 @@ class _QueueLine:
             self._shown = False
 
 
+def _timings_text(timings: Timings) -> str:
+    """A call's timings for a person: its queue wait, time to first token, and how long the engine took to
+    take the request in (where its front end's delay shows)."""
+    ttft = "-" if timings.time_to_first_token is None else f"{timings.time_to_first_token:.3f}s"
+    accept = "-" if timings.engine_accept is None else f"{timings.engine_accept * 1000:.1f}ms"
+    return f"queued {timings.queue_wait:.3f}s, first token {ttft}, engine took it in {accept}"
+
+
 async def _call(args: argparse.Namespace) -> int:
     from clients import AsyncClient, Delta, Dispatched, Finished, Queued, SchedulerError
 
@@ -249,11 +257,9 @@ async def _call(args: argparse.Namespace) -> int:
                     args.model, args.prompt, messages=messages, timeout=args.timeout, **fields
                 )
                 print(response.text)
-                t = response.timings
-                ttft = f"{t.time_to_first_token:.3f}s" if t.time_to_first_token is not None else "-"
                 print(
                     f"[{response.request_id} via {response.backend}: {response.completion_tokens} tokens, "
-                    f"queued {t.queue_wait:.3f}s, first token {ttft}, total {time.monotonic() - started:.3f}s]",
+                    f"{_timings_text(response.timings)}, total {time.monotonic() - started:.3f}s]",
                     file=sys.stderr,
                 )
             else:
@@ -269,7 +275,8 @@ async def _call(args: argparse.Namespace) -> int:
                         line.clear()
                         print(f"[dispatched to {event.backend}]", file=sys.stderr)
                     elif isinstance(event, Finished):
-                        print(f"\n[finished: {event.completion_tokens} tokens]", file=sys.stderr)
+                        timings = _timings_text(event.timings)
+                        print(f"\n[finished: {event.completion_tokens} tokens, {timings}]", file=sys.stderr)
         except SchedulerError as exc:
             print(f"\nerror: {exc}", file=sys.stderr)
             return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import sys
 
@@ -83,6 +84,9 @@ async def test_cli_submit_and_stream_against_a_running_service() -> None:
         state = await _run(*cli, "queue-state", "--target", server.address, "--user", "dave")
     assert "hello t1 t2" in submitted and "hello t1 t2" in streamed
     assert "[dispatched to b0]" in streamed
+    # both print the call's timings (this fake engine sends no acceptance: its intake reads "-")
+    assert re.search(r"via b0: 3 tokens, queued \d+\.\d{3}s, first token \d+\.\d{3}s, engine took it in -", submitted)
+    assert re.search(r"\[finished: 3 tokens, queued \d+\.\d{3}s, first token \d+\.\d{3}s, engine took", streamed)
     assert json.loads(state)["models"][0]["model"] == "m"
 
 
@@ -169,3 +173,12 @@ async def test_engine_priority_lets_a_latecomer_overtake_a_flood_inside_a_priori
     assert sorted(p for rid, p in priorities.items() if rid != "latecomer")[-1] >= 2  # the flood's later ones
     late_index = [client_label(e["request_id"]) for e in served].index("latecomer")
     assert late_index < len(served) - 2, "the latecomer waited behind the whole flood"
+
+
+def test_the_cli_shows_how_long_the_engine_took_the_request_in() -> None:
+    from clients import Timings
+    from scheduler_svc.cli import _timings_text
+
+    text = _timings_text(Timings(queue_wait=0.012, time_to_first_token=0.25, total=1.0, engine_accept=0.0042))
+    assert text == "queued 0.012s, first token 0.250s, engine took it in 4.2ms"
+    assert _timings_text(Timings(0.0, None, 0.1)).endswith("first token -, engine took it in -")
