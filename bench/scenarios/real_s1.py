@@ -33,6 +33,7 @@ import asyncio
 import bisect
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -481,6 +482,29 @@ def next_slot_waits(ends: Sequence[float], arrivals: Sequence[float]) -> list[fl
     return waits
 
 
+# two ends closer than this came out of the same engine step (one step takes 2.5-5 ms on the CPU engine)
+SAME_STEP = 0.003
+
+
+def first_fill_spread(flood: Sequence[RequestRecord]) -> float | None:
+    """How far apart the flood's first `SLOTS` requests got their first tokens: about 0 when the engine's
+    first batch filled at once. Equal-length answers keep each slot on the phase it started on, so a first
+    batch filled one request at a time leaves the slots ending apart for the whole flood."""
+    firsts = sorted(r.first_token for r in flood if r.first_token is not None)[:SLOTS]
+    return firsts[-1] - firsts[0] if len(firsts) == SLOTS else None
+
+
+def ends_apart(records: Sequence[RequestRecord]) -> float | None:
+    """The share of request ends that came out of a step of their own (more than `SAME_STEP` after the
+    previous end). After each such step the engine's running count reads one or more short until its next
+    step admits waiting work, so a sample can read a slot empty that no step ran empty."""
+    ends = sorted(r.finished for r in records if r.finished is not None)
+    if not ends:
+        return None
+    apart = 1 + sum(1 for before, end in itertools.pairwise(ends) if end - before > SAME_STEP)
+    return apart / len(ends)
+
+
 def turnover_split(records: Sequence[RequestRecord]) -> tuple[list[float], list[float]]:
     """A latecomer's time to first token is mostly the wait for the engine's next free slot (every slot
     busy with the flood, the engine's priority queue puts it first) plus the path to and from the engine.
@@ -566,6 +590,7 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
     # a slot empty while the engine itself holds waiting work is the engine between a finish and its next
     # step (every setup shows those); one empty with nothing waiting there is work held back before it
     starved = [s for s in with_work if s.running < SLOTS and s.waiting == 0]
+    between_steps = [s for s in with_work if s.running < SLOTS and s.waiting > 0]  # see `ends_apart`
     decode = [r.finished - r.first_token for r in flood if r.finished is not None and r.first_token is not None]
     late_ttft = [r.ttft for r in late if r.ttft is not None]
     turnover, path = turnover_split(records)
@@ -586,6 +611,9 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
         "tps_window": rate(start + span * 0.25, start + span * 0.75),
         "full_share": len(full) / len(with_work) if with_work else None,
         "starved_share": len(starved) / len(with_work) if with_work else None,
+        "between_steps_share": len(between_steps) / len(with_work) if with_work else None,
+        "ends_apart": ends_apart(records),
+        "first_fill_spread": first_fill_spread(flood),
         "mean_running": statistics.fmean(s.running for s in inside) if inside else None,
         "decode": _median(decode),
         "samples": len(inside),
@@ -597,6 +625,10 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
 
 
 _NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def gate_summary(run: dict[str, Any]) -> dict[str, Any]:
@@ -702,6 +734,9 @@ def summarise(
             "full_share": _median([p["full_share"] for p in per if p["full_share"] is not None]),
             "full_shares": [p["full_share"] for p in per],
             "starved_shares": [p["starved_share"] for p in per],
+            "between_steps_shares": [p["between_steps_share"] for p in per],
+            "ends_apart": [p["ends_apart"] for p in per],
+            "first_fill_spreads": [p["first_fill_spread"] for p in per],
             "idle": _median([p["idle_ttft"] for p in per if p["idle_ttft"] is not None]),
             "decode": _median([p["decode"] for p in per if p["decode"] is not None]),
             "missing": sum(p["late_missing"] for p in per),
@@ -774,6 +809,14 @@ def summarise(
                 f"{setup.label}: slots empty with nothing waiting at the engine while clients' work was queued "
                 f"(held back before the engine), share of samples per round: "
                 f"{_fmt_list(a['starved_shares'], lambda v: '-' if v is None else f'{v:.1%}')}"
+            )
+        if any(share is not None for share in a["between_steps_shares"]):
+            result.notes.append(
+                f"{setup.label}: slots read short while the engine itself held waiting work (a finish read "
+                "before the engine's next step admits a waiting request), share of samples "
+                f"per round: {_fmt_list(a['between_steps_shares'], _percent)}; ends out of a step of their own: "
+                f"{_fmt_list(a['ends_apart'], _percent)} of all (each one such reading); the flood's first "
+                f"{SLOTS} first tokens spread over {_fmt_list(a['first_fill_spreads'], seconds)} (the slots' phases)"
             )
         if a["cpu"]:
             shares = ", ".join(f"{role} {value:.1f}" for role, value in a["cpu"].items() if value is not None)
