@@ -3,7 +3,8 @@
 A stream yields, in order (protos/llmsched/v1/scheduler.proto, Stream): `Queued` once at admission, more
 `Queued` while the position changes, `Dispatched` once, `Delta`s, then `Finished`; a failure raises a
 `SchedulerError` instead of `Finished`. After a failover before the first token (the server's, or a retry
-of this client's) the request waits again: `Queued`, then `Dispatched` once more, as on the wire.
+of this client's) the request waits again: `Queued`, then `Dispatched` once more when an engine takes it, as
+on the wire (the server announces only attempts an engine took).
 """
 
 from __future__ import annotations

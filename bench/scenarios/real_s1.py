@@ -482,8 +482,9 @@ def next_slot_waits(ends: Sequence[float], arrivals: Sequence[float]) -> list[fl
     return waits
 
 
-# two ends closer than this came out of the same engine step (one step takes 2.5-5 ms on the CPU engine)
-SAME_STEP = 0.003
+# two ends closer than this came out of the same engine step: under the shortest step R1 has seen on the CPU
+# engine (2.2 ms), so that ends of consecutive steps never chain into one
+SAME_STEP = 0.0015
 
 
 def first_fill_spread(flood: Sequence[RequestRecord]) -> float | None:

@@ -333,8 +333,9 @@ class StreamResponse(_message.Message):
 
     @_builtins.property
     def dispatched(self) -> Global___Dispatched:
-        """The request was sent to an engine. It comes again (after a new `queued`) when an engine failed the
-        request before its first token and the scheduler sent it on (see the model's failover_attempts).
+        """An engine took the request. It comes again (after a new `queued`) when an engine failed the request
+        before its first token and the next one took it (see the model's failover_attempts); an attempt an
+        engine refused outright is not announced.
         """
 
     @_builtins.property

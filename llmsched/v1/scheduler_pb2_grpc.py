@@ -67,7 +67,7 @@ class SchedulerServiceServicer:
         """The same request, streamed. Events arrive in this order:
         1. `queued`      once, as soon as the request is admitted;
         2. `queued`      zero or more updates while it waits (sent when its position changes);
-        3. `dispatched`  once, when it is sent to an engine;
+        3. `dispatched`  once, when an engine has taken it (answered the request the scheduler sent);
         4. `delta`       zero or more chunks of generated text;
         5. `finished`    once, on success.
         A failure ends the stream with a gRPC status instead of `finished`. Cancelling the call removes a

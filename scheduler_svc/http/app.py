@@ -6,7 +6,7 @@ caps, TTLs and outcome counters. Its life:
 
     identify (headers) -> read and parse the body -> admit          any error: its HTTP status, nothing sent
     queued ...                                                       an error here: still its real status
-    dispatched: the response headers go out (streams)                an error after this: an SSE error event
+    an engine took it: the response headers go out (streams)         an error after this: an SSE error event
     text ... finished                                                non-streamed: one JSON body at the end
 
 With `x-queue-updates: true` a stream starts at admission instead and carries `: queued ...` comment lines
@@ -196,7 +196,7 @@ class HttpDoor:
         return stream
 
     async def _start_stream(self, request: web.Request, request_id: str) -> web.StreamResponse:
-        """Send the headers of a stream (at dispatch, or at admission for queue updates)."""
+        """Send the headers of a stream (once an engine took the request, or at admission for queue updates)."""
         stream = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",

@@ -168,7 +168,7 @@ async def test_deadline_header_ends_a_queued_request_with_504_and_no_retry() -> 
         status, headers, body = await _post(session, base + CHAT, chat(stream=True), {"x-request-timeout-ms": "200"})
         bad = await _post(session, base + CHAT, chat(), {"x-request-timeout-ms": "soon"})
         await until_settled(server, lambda: outcome_count(server, "expired") == 1)
-    # a stream that failed while queued still gets its real status: the headers go out at dispatch
+    # a stream that failed while queued still gets its real status: the headers go out once an engine took it
     assert status == 504 and headers["x-should-retry"] == "false" and _error(body)["code"] == "queue_timeout"
     assert bad[0] == 400 and engine.started == []
 

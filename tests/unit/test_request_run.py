@@ -122,13 +122,27 @@ async def test_dispatched_waits_for_the_engine_to_take_the_request() -> None:
     events = RequestRun(ticket, h.dispatcher).events()
     async with contextlib.aclosing(events):
         first = asyncio.ensure_future(anext(events))
-        await sent.wait()  # the request is at the engine, which has not answered
+        async with asyncio.timeout(5):  # told before the request left (the old order), this would never come
+            await sent.wait()  # the request is at the engine, which has not answered
         assert not first.done() and ticket.sent_at is not None and ticket.accepted_at is None
         answer.set()
         assert await first == Dispatched("b0", 1)
         assert ticket.accepted_at is not None  # on_accepted ran before the client was told
         rest = [event async for event in events]
     assert rest == [Chunk("he", 1), Chunk("llo", 1), Done("stop", 3, 2)]
+
+
+async def test_a_caller_that_leaves_at_dispatched_aborts_the_engine_request() -> None:
+    """`Dispatched` now comes with the engine request open: leaving there must close it."""
+    engine = Engine(ANSWER)
+    h = harness(engine)
+    ticket = h.submit("u")
+    h.dispatch()
+    events = RequestRun(ticket, h.dispatcher).events()
+    assert await anext(events) == Dispatched("b0", 1)
+    assert engine.closed == 0  # the engine's stream is open
+    await events.aclose()
+    assert ticket.outcome is Outcome.CANCELLED and engine.closed == 1 and h.handle.estimator.in_flight == 0
 
 
 async def test_a_source_without_acceptance_is_announced_before_its_first_event() -> None:

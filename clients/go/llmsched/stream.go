@@ -13,9 +13,10 @@ type EventKind int
 
 // The events of a stream, in the order the service sends them: Queued once at admission and again while the
 // position changes, Dispatched once, Delta zero or more times, Finished once on success. A failure ends the
-// stream with an *Error instead of Finished. Queued and Dispatched come again when the request is sent on
-// after an engine failed it before its first token, or when the client retried a stream that had produced
-// no delta (Event.Attempt then grows).
+// stream with an *Error instead of Finished. Dispatched comes once an engine took the request; Queued and
+// Dispatched come again when the request is sent on after an engine failed it before its first token (an
+// attempt refused outright is not announced), or when the client retried a stream that had produced no
+// delta (Event.Attempt then grows).
 const (
 	EventQueued EventKind = iota + 1
 	EventDispatched

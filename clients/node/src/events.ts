@@ -1,6 +1,7 @@
 // Stream events as plain typed objects, and the event-order contract of SchedulerService.Stream:
 //   queued (once at admission), queued* (updates), dispatched, delta*, finished
-// where a failover before the first token may start again from a new `queued` after `dispatched`.
+// where a failover before the first token may start again from a new `queued` (after `dispatched`, or after
+// `queued` when the engine refused the attempt outright: the server announces only attempts an engine took).
 import { EventOrderError } from "./errors";
 import type { Duration__Output } from "./gen/types/google/protobuf/Duration";
 import type { Timestamp__Output } from "./gen/types/google/protobuf/Timestamp";
@@ -42,7 +43,7 @@ export interface QueuedEvent {
   estimatedWaitMs: number | undefined;
 }
 
-/** The request was sent to an engine. */
+/** An engine took the request (the server sends this once the engine answered it). */
 export interface DispatchedEvent {
   type: "dispatched";
   backend: string;
