@@ -470,6 +470,11 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _median_and_p90(name: str, values: Sequence[float]) -> dict[str, float | None]:
+    """`name` and `name`_p90: the median and 90th percentile of `values` pooled over a setup's rounds."""
+    return {name: _median(values), f"{name}_p90": _pct(values, 0.9)}
+
+
 def next_slot_waits(ends: Sequence[float], arrivals: Sequence[float]) -> list[float]:
     """For each arrival, the seconds until the next request ends after it (a slot frees), as the clients saw
     the ends; arrivals after the last end are left out."""
@@ -745,14 +750,10 @@ def summarise(
             "errors": sorted({e for p in per for e in p["errors"]}),
             "n": len(pooled),
             "turnover_waits": [p["turnover_wait"] for p in per],
-            "path": _median([t for p in per for t in p["late_path"]]),
-            "path_p90": _pct([t for p in per for t in p["late_path"]], 0.9),
-            "hop": _median([t for p in per for t in p["late_hop"]]),
-            "hop_p90": _pct([t for p in per for t in p["late_hop"]], 0.9),
-            "queue_wait": _median([t for p in per for t in p["late_queue_wait"]]),
-            "queue_wait_p90": _pct([t for p in per for t in p["late_queue_wait"]], 0.9),
-            "intake": _median([t for p in per for t in p["late_intake"]]),
-            "intake_p90": _pct([t for p in per for t in p["late_intake"]], 0.9),
+            **_median_and_p90("path", [t for p in per for t in p["late_path"]]),
+            **_median_and_p90("hop", [t for p in per for t in p["late_hop"]]),
+            **_median_and_p90("queue_wait", [t for p in per for t in p["late_queue_wait"]]),
+            **_median_and_p90("intake", [t for p in per for t in p["late_intake"]]),
             "cpu": {
                 role: _median([p["cpu"][role] for p in per if role in p["cpu"]])
                 for role in sorted({role for p in per for role in p["cpu"]})
@@ -809,7 +810,7 @@ def summarise(
             result.notes.append(
                 f"{setup.label}: slots empty with nothing waiting at the engine while clients' work was queued "
                 f"(held back before the engine), share of samples per round: "
-                f"{_fmt_list(a['starved_shares'], lambda v: '-' if v is None else f'{v:.1%}')}"
+                f"{_fmt_list(a['starved_shares'], _percent)}"
             )
         if any(share is not None for share in a["between_steps_shares"]):
             result.notes.append(
