@@ -69,15 +69,15 @@ class ServerConfig:
         "for this long without a single dispatch (a wedged loop); 0 disables the check.",
     )
     stream_read_interval_seconds: float = _field(
-        0.0,
+        0.05,
         "About how much later than generated a streamed token may reach its client, to save CPU per "
         "token. Past its first stream_read_after_tokens tokens, an answer is read from its engine at most "
         "this often (on one grid for all answers) and what arrived in between leaves in one message; a "
         "vLLM engine is also asked to group the tokens of longer answers within it (stream_interval, "
         "sized from its time per output token; both together can make it up to twice this). Time to "
-        "first token and the end of an answer are untouched. 0 (the default): every token as it arrives; "
-        "else 0.005-1. 0.05 halves the scheduler's CPU per token and cuts vLLM's front end's, but measured "
-        "slower latecomers on a GPU-host layout (README, Results, R1): for CPU-bound hosts.",
+        "first token and the end of an answer are untouched. 0: every token as it arrives; else 0.005-1. The "
+        "default 0.05 halves the scheduler's CPU per token and cuts vLLM's front end's (the process that "
+        "takes new requests in, on the scheduler's core on a GPU host): README, Results, R1.",
     )
     stream_read_after_tokens: int = _field(
         32,

@@ -12,9 +12,9 @@ workload: 32-512 tokens); B and C send one each at +1 s and +2 s, and 30 more la
 - optionally the scheduler from another source tree (`--baseline-src`: the code before a fix);
 - on request only (`--setups ...,sched_asyncio`): the scheduler on asyncio's own event loop instead of the
   shipped uvloop, engine priorities on (what the loop's CPU per token costs on a real engine); likewise
-  `sched_every_token` and `sched_paced`: the scheduler reading every token as it arrives (the default), or
-  with tokens grouped within 50 ms (`server.stream_read_interval_seconds = 0.05`). In the all-shared
-  layout the other scheduler setups group within 50 ms too, as `make run ENGINE=vllm|llamacpp` ships.
+  `sched_every_token` and `sched_paced`: the scheduler reading every token as it arrives
+  (`server.stream_read_interval_seconds = 0`), or with tokens grouped within 50 ms (0.05, the shipped
+  default, which the other scheduler setups run with in every layout).
 
 Reported per setup: latecomer TTFT median and p90 (pooled over the rounds, per-round medians for the
 spread), ratios against the oracle of the same rounds, the flood's span (first send to last token) against
@@ -362,19 +362,6 @@ def make_plan(workload: Workload, seed: int, late_until: float) -> Plan:
     return Plan(tokens, sorted(late, key=lambda item: item[1]))
 
 
-# `make run ENGINE=vllm|llamacpp` (scripts/run_engine.py) puts the engine on the scheduler's own cores and
-# ships tokens grouped within 50 ms there: the all-shared layout, labelled "as `make run` ships", measures
-# that unless a setup names its own interval (tests/service/test_stream_pacing.py checks the two agree).
-SHARED_LAYOUT_READ_INTERVAL = 0.05
-
-
-def read_interval(layout_name: str, setup: Setup) -> float | None:
-    """The setup's `server.stream_read_interval_seconds` in this layout (None: the shipped default)."""
-    if setup.read_interval is not None:
-        return setup.read_interval
-    return SHARED_LAYOUT_READ_INTERVAL if layout_name == "shared" else None
-
-
 def _config(engine: RealEngine, setup: Setup) -> str:
     config = scheduler_config(
         engine_url=engine.url,
@@ -389,8 +376,8 @@ def _config(engine: RealEngine, setup: Setup) -> str:
     )
     config["models"][0]["backends"][0]["kind"] = "vllm" if engine.kind == "sim" else engine.kind
     config["server"]["event_loop"] = setup.event_loop
-    if (interval := read_interval(engine.layout.name, setup)) is not None:
-        config["server"]["stream_read_interval_seconds"] = interval
+    if setup.read_interval is not None:
+        config["server"]["stream_read_interval_seconds"] = setup.read_interval
     if setup.adapt_seconds is not None:
         config["models"][0]["gate"]["waiting_target_adapt_seconds"] = setup.adapt_seconds
     if setup.group_at_engine is not None:

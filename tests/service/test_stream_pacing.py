@@ -5,6 +5,8 @@ against the simulator."""
 from __future__ import annotations
 
 import time
+import tomllib
+from pathlib import Path
 
 import grpc
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from backends.sim import SimConfig, running_simulator
 from bench.scenarios import real_s1
 from scheduler_svc.config import Config, config_from_dict
+from scheduler_svc.config_schema import ServerConfig
 from scheduler_svc.stream_pacing import NO_PACING, StreamPacing
 from tests.helpers import (
     client_for,
@@ -23,6 +26,7 @@ from tests.helpers import (
     until_settled,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 FAST_ENGINE = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.0)  # a token every 2 ms
 
 
@@ -101,10 +105,13 @@ async def test_a_client_that_leaves_while_its_answer_is_held_aborts_the_engine_r
         assert sim.engine.stats()["running"] == 0
 
 
-def test_the_bench_measures_the_all_shared_layout_with_make_runs_interval() -> None:
-    """R1's all-shared layout stands for `make run ENGINE=vllm`: its scheduler setups read the engine as that
-    config does unless a setup names an interval; the other layouts keep the shipped default."""
-    shipped = run_engine_config("vllm")["server"]["stream_read_interval_seconds"]
-    assert real_s1.read_interval("shared", real_s1.SCHED) == shipped == real_s1.SHARED_LAYOUT_READ_INTERVAL
-    assert real_s1.read_interval("gpu_host", real_s1.SCHED) is None
-    assert real_s1.read_interval("shared", real_s1.SCHED_EVERY_TOKEN) == 0.0
+def test_the_bench_the_example_config_and_make_run_ship_one_interval() -> None:
+    """R1's scheduler setups run the shipped default in every layout, so its all-shared layout measures what
+    `make run ENGINE=vllm` serves and its GPU-host layout what configs/example.toml does."""
+    default = ServerConfig().stream_read_interval_seconds
+    example = tomllib.loads((ROOT / "configs" / "example.toml").read_text())
+    assert default > 0
+    assert run_engine_config("vllm")["server"]["stream_read_interval_seconds"] == default
+    assert example["server"]["stream_read_interval_seconds"] == default
+    assert real_s1.SCHED.read_interval is None and real_s1.SCHED_PACED.read_interval == default
+    assert real_s1.SCHED_EVERY_TOKEN.read_interval == 0.0
