@@ -24,6 +24,11 @@ def client_label(engine_request_id: str) -> str:
     return engine_request_id.split("~", 1)[0]
 
 
+def example_config() -> dict[str, Any]:
+    """The bundled example config (configs/example.toml, what `make run` serves on the simulator), as a dict."""
+    return tomllib.loads((Path(__file__).resolve().parents[1] / "configs" / "example.toml").read_text())
+
+
 def run_engine_config(engine: str) -> dict[str, Any]:
     """The scheduler config `make run ENGINE=vllm|llamacpp` writes (scripts/run_engine.py), as a dict."""
     root = Path(__file__).resolve().parents[1]

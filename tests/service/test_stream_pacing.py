@@ -5,8 +5,6 @@ against the simulator."""
 from __future__ import annotations
 
 import time
-import tomllib
-from pathlib import Path
 
 import grpc
 import pytest
@@ -19,6 +17,7 @@ from scheduler_svc.stream_pacing import NO_PACING, StreamPacing
 from tests.helpers import (
     client_for,
     eventually,
+    example_config,
     make_config,
     outcome_count,
     run_engine_config,
@@ -26,7 +25,6 @@ from tests.helpers import (
     until_settled,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 FAST_ENGINE = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.0)  # a token every 2 ms
 
 
@@ -109,9 +107,8 @@ def test_the_bench_the_example_config_and_make_run_ship_one_interval() -> None:
     """R1's scheduler setups run the shipped default in every layout, so its all-shared layout measures what
     `make run ENGINE=vllm` serves and its GPU-host layout what configs/example.toml does."""
     default = ServerConfig().stream_read_interval_seconds
-    example = tomllib.loads((ROOT / "configs" / "example.toml").read_text())
     assert default > 0
     assert run_engine_config("vllm")["server"]["stream_read_interval_seconds"] == default
-    assert example["server"]["stream_read_interval_seconds"] == default
+    assert example_config()["server"]["stream_read_interval_seconds"] == default
     assert real_s1.SCHED.read_interval is None and real_s1.SCHED_PACED.read_interval == default
     assert real_s1.SCHED_EVERY_TOKEN.read_interval == 0.0

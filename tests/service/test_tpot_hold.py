@@ -13,8 +13,6 @@ gate learned the step time, the example config ran such a flood at 185 ms with 1
 from __future__ import annotations
 
 import asyncio
-import tomllib
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,9 +21,8 @@ from bench.harness import simulator
 from bench.scenarios.s5 import tpot_flood_config
 from bench.tpot_flood import SLOW_STEPPING, SLOW_STEPPING_FLAGS, FloodStats, limit_batch, measure_flood
 from scheduler_svc.config import config_from_dict
-from tests.helpers import client_for, run_engine_config, serving
+from tests.helpers import client_for, example_config, run_engine_config, serving
 
-ROOT = Path(__file__).resolve().parents[2]
 FLOOD_REQUESTS = 32
 FLOOD_TOKENS = 40  # about 6 s per request at the limit's batch: three waves, about 20 s a config
 USERS = 4
@@ -33,7 +30,7 @@ USERS = 4
 
 def _shipped(name: str) -> dict[str, Any]:
     if name == "configs/example.toml":
-        return tomllib.loads((ROOT / name).read_text())
+        return example_config()
     if name == "make run ENGINE=vllm":
         return run_engine_config("vllm")
     if name == "bench S5 tpot flood":

@@ -3,16 +3,12 @@ shipped config does (the bench's own sampler keeps its 0.1 s period)."""
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
-
 from bench.scenarios import real_s1
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import example_config
 
 
 def test_the_scheduler_setups_read_the_engine_as_the_shipped_config_does() -> None:
-    shipped = tomllib.loads((ROOT / "configs" / "example.toml").read_text())
+    shipped = example_config()
     intervals = {b["scrape_interval_seconds"] for m in shipped["models"] for b in m["backends"]}
     assert intervals == {real_s1.SCHED.scrape_interval}
     assert real_s1.SCHED_OFF.scrape_interval == real_s1.SCHED.scrape_interval
