@@ -18,6 +18,8 @@ from clients import SchedulerClient
 from scheduler_svc.config import BackendConfig, Config, ModelConfig, config_from_dict
 from scheduler_svc.server import SchedulerServer
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 
 def client_label(engine_request_id: str) -> str:
     """The client's request_id inside the id an engine sees (`<client id>~<unique>`, or the bare unique id)."""
@@ -26,13 +28,12 @@ def client_label(engine_request_id: str) -> str:
 
 def example_config() -> dict[str, Any]:
     """The bundled example config (configs/example.toml, what `make run` serves on the simulator), as a dict."""
-    return tomllib.loads((Path(__file__).resolve().parents[1] / "configs" / "example.toml").read_text())
+    return tomllib.loads((REPO_ROOT / "configs" / "example.toml").read_text())
 
 
 def run_engine_config(engine: str) -> dict[str, Any]:
     """The scheduler config `make run ENGINE=vllm|llamacpp` writes (scripts/run_engine.py), as a dict."""
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("run_engine", root / "scripts" / "run_engine.py")
+    spec = importlib.util.spec_from_file_location("run_engine", REPO_ROOT / "scripts" / "run_engine.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
