@@ -19,6 +19,7 @@ P = ParamSpec("P")
 A = TypeVar("A")
 S = TypeVar("S")
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ def generation_call(
 
 def takes(arguments: Callable[P, A]) -> Callable[[Callable[[S, A], R]], Callable[Concatenate[S, P], R]]:
     """Give a method the parameters of `arguments`; it receives what `arguments` returns for them. A coroutine
-    method stays one."""
+    method stays one; its docstring goes on with `arguments`' (which documents the parameters)."""
 
     def decorate(method: Callable[[S, A], R]) -> Callable[Concatenate[S, P], R]:
         def call(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -65,12 +66,11 @@ def takes(arguments: Callable[P, A]) -> Callable[[Callable[[S, A], R]], Callable
             return await cast(Awaitable[object], method(self, arguments(*args, **kwargs)))
 
         wrapper = cast(Callable[Concatenate[S, P], R], call_async if inspect.iscoroutinefunction(method) else call)
-        return like(wrapper, method, parameters_of=arguments, returns=inspect.signature(method).return_annotation)
+        like(wrapper, method, parameters_of=arguments, returns=inspect.signature(method).return_annotation)
+        wrapper.__doc__ = "\n\n".join(inspect.cleandoc(doc) for doc in (method.__doc__, arguments.__doc__) if doc)
+        return wrapper
 
     return decorate
-
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def like(
@@ -88,6 +88,8 @@ def like(
     if not parameters or parameters[0].name != "self":
         parameters.insert(0, inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY))
     wrapper.__name__ = original.__name__
+    if owner is None:
+        wrapper.__module__ = original.__module__
     wrapper.__qualname__ = f"{owner}.{original.__name__}" if owner else original.__qualname__
     wrapper.__doc__ = original.__doc__
     wrapper.__signature__ = inspect.Signature(parameters, return_annotation=returns)  # type: ignore[attr-defined]
