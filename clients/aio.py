@@ -1,24 +1,24 @@
 """`AsyncClient`: the asyncio client (typed events and errors, retries, deadlines). `Client` in
-`clients.sync` has the same surface, blocking."""
+`clients.sync` is this client, blocking."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from types import TracebackType
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
-from clients._connection import aio_channel, channel_credentials, generation_params, identity_metadata
+from clients._arguments import GenerationCall, generation_call, takes
+from clients._connection import Connection
 from clients.errors import from_rpc_error
 from clients.events import Completion, Delta, Event, completion_from_pb, event_from_pb
 from clients.retry import CallDefaults, Retrier, RetryAttempt, RetryPolicy
 from llmsched.v1 import scheduler_pb2 as pb
-from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 
 
-class AsyncClient:
+class AsyncClient(Connection):
     """Talks to one llm-scheduler from asyncio code.
 
     Identity: `api_key` (sent as a bearer key) or `user` (sent as `x-user-id`). `timeout`: the default
@@ -41,37 +41,22 @@ class AsyncClient:
         certificate_chain: bytes | None = None,
         private_key: bytes | None = None,
     ) -> None:
-        credentials = channel_credentials(tls, root_certificates, certificate_chain, private_key)
-        self._channel = aio_channel(target, credentials)
-        self._stub = pb_grpc.SchedulerServiceStub(self._channel)
-        self._metadata = identity_metadata(user, api_key)
+        super().__init__(
+            target,
+            user=user,
+            api_key=api_key,
+            tls=tls,
+            root_certificates=root_certificates,
+            certificate_chain=certificate_chain,
+            private_key=private_key,
+        )
         self._calls = CallDefaults(timeout, retry or RetryPolicy(), on_retry)
 
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self._channel.close(None)
-
-    async def submit(
-        self,
-        model: str,
-        prompt: str = "",
-        *,
-        messages: Sequence[tuple[str, str]] = (),
-        timeout: float | None = None,
-        deadline: float | None = None,
-        **fields: Any,
-    ) -> Completion:
-        """Run one generation and return it whole. `timeout` (seconds) or `deadline` (a `time.monotonic()`
-        value): the call's overall deadline. `fields`: any GenerationParams field. Raises SchedulerError."""
-        request = pb.SubmitRequest(params=generation_params(model, prompt, messages, fields))
-        retrier = self._calls.retrier(timeout, deadline)
+    @takes(generation_call)
+    async def submit(self, call: GenerationCall) -> Completion:
+        """Run one generation and return it whole. Raises SchedulerError."""
+        request = pb.SubmitRequest(params=call.params)
+        retrier = self._calls.retrier(call.timeout, call.deadline)
         while True:
             try:
                 response: pb.SubmitResponse = await self._stub.Submit(
@@ -85,20 +70,12 @@ class AsyncClient:
                     raise error from exc
             await asyncio.sleep(delay)
 
-    def stream(
-        self,
-        model: str,
-        prompt: str = "",
-        *,
-        messages: Sequence[tuple[str, str]] = (),
-        timeout: float | None = None,
-        deadline: float | None = None,
-        **fields: Any,
-    ) -> AsyncEventStream:
+    @takes(generation_call)
+    def stream(self, call: GenerationCall) -> AsyncEventStream:
         """Start a streamed generation: iterate the result for typed events (see `clients.events` for their
         order), `cancel()` it (or leave the loop) to abort. Raises SchedulerError while iterating."""
-        request = pb.StreamRequest(params=generation_params(model, prompt, messages, fields))
-        retrier = self._calls.retrier(timeout, deadline)
+        request = pb.StreamRequest(params=call.params)
+        retrier = self._calls.retrier(call.timeout, call.deadline)
 
         def start(remaining: float | None) -> grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]:
             return self._stub.Stream(request, metadata=self._metadata, timeout=remaining)
@@ -142,7 +119,7 @@ class AsyncEventStream:
         self._start = start
         self._retrier = retrier
         self._call: grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse] | None = None
-        self._cancelled = False
+        self._cancelled = asyncio.Event()  # also what a retry's wait waits on, so cancel() cuts it short
         self._events = self._run()
 
     def __aiter__(self) -> AsyncIterator[Event]:
@@ -151,14 +128,12 @@ class AsyncEventStream:
     async def __aenter__(self) -> AsyncEventStream:
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     def cancel(self) -> None:
         """Abort the request (queued: it leaves the queue; running: the engine stops generating)."""
-        self._cancelled = True
+        self._cancelled.set()
         if self._call is not None:
             self._call.cancel()
 
@@ -172,7 +147,7 @@ class AsyncEventStream:
         return self._retrier.attempt
 
     async def _run(self) -> AsyncGenerator[Event, None]:
-        while not self._cancelled:
+        while not self._cancelled.is_set():
             call = self._call = self._start(self._retrier.deadline.remaining())
             produced = False
             try:
@@ -183,11 +158,11 @@ class AsyncEventStream:
                 return
             except asyncio.CancelledError:
                 task = asyncio.current_task()
-                if self._cancelled and task is not None and not task.cancelling():
+                if self._cancelled.is_set() and task is not None and not task.cancelling():
                     return  # our own cancel(): the stream just ends
                 raise
             except grpc.aio.AioRpcError as exc:
-                if self._cancelled:
+                if self._cancelled.is_set():
                     return
                 error = from_rpc_error(exc)
                 delay = self._retrier.next_delay(error, produced_tokens=produced)
@@ -195,4 +170,5 @@ class AsyncEventStream:
                     raise error from exc
             finally:
                 call.cancel()  # nothing once the call has ended; aborts it when the consumer left early
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._cancelled.wait(), delay)

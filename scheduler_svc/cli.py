@@ -21,14 +21,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import grpc
-
 from scheduler_svc.config import ConfigError, describe_fields, load_config
 from scheduler_svc.event_loop import run_on
 from scheduler_svc.logs import configure_logging
 
 if TYPE_CHECKING:
-    from clients import Queued, SchedulerClient, Timings
+    from clients import AsyncClient, Queued, Timings
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,13 +127,16 @@ def _connection_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _client(args: argparse.Namespace) -> SchedulerClient:
-    from clients import SchedulerClient
+def _client(args: argparse.Namespace) -> AsyncClient:
+    """The client the connection flags describe; exits with status 2 when they are unusable (a PEM file that
+    cannot be read, a certificate without its key)."""
+    from clients import AsyncClient
 
     try:
-        return SchedulerClient(args.target, **_connection_options(args))
+        return AsyncClient(args.target, **_connection_options(args))
     except (OSError, ValueError) as exc:
-        sys.exit(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _hash_key() -> None:
@@ -186,11 +187,13 @@ def _serve(path: str) -> None:
 async def _queue_state(args: argparse.Namespace) -> int:
     from google.protobuf import json_format
 
+    from clients import SchedulerError
+
     async with _client(args) as client:
         try:
             state = await client.queue_state(args.model, args.for_user, args.max_users)
-        except grpc.aio.AioRpcError as exc:
-            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        except SchedulerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 1
     print(json_format.MessageToJson(state, always_print_fields_with_no_presence=True))
     return 0
@@ -232,7 +235,7 @@ def _timings_text(timings: Timings) -> str:
 
 
 async def _call(args: argparse.Namespace) -> int:
-    from clients import AsyncClient, Delta, Dispatched, Finished, Queued, SchedulerError
+    from clients import Delta, Dispatched, Finished, Queued, SchedulerError
 
     fields: dict[str, Any] = {"priority_class": args.priority_class}
     if args.max_tokens is not None:
@@ -244,12 +247,7 @@ async def _call(args: argparse.Namespace) -> int:
         print("--message must be ROLE:TEXT", file=sys.stderr)
         return 2
 
-    try:
-        client = AsyncClient(args.target, **_connection_options(args))
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    async with client:
+    async with _client(args) as client:
         try:
             if args.command == "submit":
                 started = time.monotonic()

@@ -10,21 +10,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients import error_reason, retry_delay
+from clients import error_reason, from_rpc_error, retry_delay
 from scheduler_svc.server import SchedulerServer
 from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, serving, until_settled
 
 
 def _error_metadata(err: grpc.aio.AioRpcError) -> dict[str, str]:
-    from google.rpc import error_details_pb2
-
-    from clients.client import _details
-
-    for detail in _details(err):
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return dict(info.metadata)
-    return {}
+    return from_rpc_error(err).metadata  # ErrorInfo's metadata
 
 
 async def _drain(call: Any) -> list[str]:

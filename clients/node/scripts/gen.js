@@ -7,7 +7,7 @@
 //                           Python tests keep equal to llmsched/v1/errors.py and the README's table)
 // src/gen/ is build output (git-ignored): `npm run build` runs this before tsc, so the client always matches the
 // protos of its checkout. google/rpc's status.proto and error_details.proto (for the error details) ship under
-// protos/ here, verbatim from googleapis.
+// third_party/googleapis/ here, verbatim from googleapis.
 "use strict";
 
 const { execFileSync } = require("node:child_process");
@@ -17,7 +17,7 @@ const protobuf = require("protobufjs");
 
 const PKG = path.resolve(__dirname, "..");
 const API_PROTOS = path.resolve(PKG, "..", "..", "protos");
-const GOOGLE_PROTOS = path.join(PKG, "protos");
+const GOOGLE_PROTOS = path.join(PKG, "third_party", "googleapis");
 const OUT = path.join(PKG, "src", "gen");
 const GOOGLE_FILES = ["google/rpc/status.proto", "google/rpc/error_details.proto"];
 // These options must match LOAD_OPTIONS in src/proto.ts: the types describe what the loader produces.

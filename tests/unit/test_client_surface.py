@@ -1,0 +1,48 @@
+"""The blocking `Client` is `AsyncClient` run on a background loop: the same arguments everywhere (derived, not
+copied), and a blocking call from that loop itself fails at once instead of waiting for itself forever."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+
+from clients import AsyncClient, Client, SchedulerClient
+from clients._arguments import generation_call
+from clients._loop import shared_loop
+
+
+def _parameters(function: object) -> list[inspect.Parameter]:
+    return [p for p in inspect.signature(function).parameters.values() if p.name != "self"]  # type: ignore[arg-type]
+
+
+def test_the_blocking_client_takes_the_asyncio_clients_arguments() -> None:
+    assert _parameters(Client) == _parameters(AsyncClient)
+    for name in ("submit", "stream", "stream_text", "queue_state"):
+        assert _parameters(getattr(Client, name)) == _parameters(getattr(AsyncClient, name)), name
+    assert inspect.signature(Client.stream).return_annotation == "EventStream"
+    assert inspect.signature(Client.submit).return_annotation == "Completion"
+
+
+def test_every_generation_call_takes_the_same_arguments_and_coroutines_stay_coroutines() -> None:
+    for client in (AsyncClient, SchedulerClient):
+        for name in ("submit", "stream"):
+            assert _parameters(getattr(client, name)) == _parameters(generation_call), (client, name)
+        assert inspect.iscoroutinefunction(client.submit) and not inspect.iscoroutinefunction(client.stream)
+    call = generation_call("m", "hi", messages=[("user", "hello")], deadline=5.0, max_tokens=3)
+    assert (call.params.model, call.params.prompt, call.params.max_tokens) == ("m", "hi", 3)
+    assert [(m.role, m.content) for m in call.params.messages] == [("user", "hello")]
+    assert (call.timeout, call.deadline) == (None, 5.0)
+    with pytest.raises(ValueError):
+        generation_call("m", no_such_field=1)
+
+
+def test_a_blocking_call_from_the_clients_own_loop_fails_instead_of_hanging() -> None:
+    loop = shared_loop()
+
+    async def blocking_call_inside() -> None:
+        loop.run(asyncio.sleep(0))
+
+    with pytest.raises(RuntimeError, match="its own event loop"):
+        loop.run(blocking_call_inside())
