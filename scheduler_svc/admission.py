@@ -1,6 +1,6 @@
-"""Turn the generation parameters of an incoming request into a validated `QueuedRequest`, or a clear error,
-and queue it: the one admission path of every face (gRPC Submit/Stream, the HTTP door), so validation,
-caps and the rejection counter are shared whichever door a request came through."""
+"""Turn a client's request (`ClientRequest`, built by whichever door it came through) into a validated
+`QueuedRequest`, or a clear error, and queue it: the one admission path of every face (gRPC Submit/Stream, the
+HTTP door), so validation, caps and the rejection counter are shared whichever door a request came through."""
 
 from __future__ import annotations
 
@@ -8,15 +8,13 @@ import math
 import re
 import uuid
 from collections.abc import Callable
-from typing import Literal
 
 import structlog
 
 from backends.base import ChatMessage, SamplingParams
-from llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.config import Config
 from scheduler_svc.errors import InternalError, InvalidRequest, ModelNotFound, PromptTooLarge, SchedulerError
-from scheduler_svc.request import QueuedRequest
+from scheduler_svc.request import ClientRequest, QueuedRequest
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.text import UNKNOWN_LABEL, client_text
 from scheduler_svc.ticket import Outcome, Ticket
@@ -29,12 +27,10 @@ MAX_CACHE_KEY_CHARS = 256
 MAX_MESSAGES = 4096  # bounds the wire overhead beyond the counted bytes (a few bytes of framing each)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 
-GenerateRequest = pb.GenerationParams  # what SubmitRequest and StreamRequest carry as `params`
-
 
 async def admit_call(
     scheduler: Scheduler,
-    message: GenerateRequest,
+    message: ClientRequest,
     *,
     identify: Callable[[], str],
     timeout: float | None,
@@ -77,7 +73,7 @@ def count_rejection(scheduler: Scheduler, model: str, exc: SchedulerError) -> No
 
 
 def build_request(
-    message: GenerateRequest, *, user: str, config: Config, now: float, timeout: float | None
+    message: ClientRequest, *, user: str, config: Config, now: float, timeout: float | None
 ) -> QueuedRequest:
     """Validate `message` for `user`; `timeout` is the call's remaining deadline in seconds, if any."""
     if not message.model:
@@ -95,22 +91,22 @@ def build_request(
         for i, m in enumerate(message.messages):
             if m.role not in ROLES:
                 raise InvalidRequest(f"messages[{i}].role must be one of {ROLES}, got {client_text(m.role)}")
-        messages = tuple(ChatMessage(m.role, m.content) for m in message.messages)
+        messages = tuple(message.messages)
         if not any(m.content.strip() for m in messages):
             raise InvalidRequest("messages are all empty")
     elif not message.prompt.strip():
         raise InvalidRequest("prompt is empty: set prompt or messages")
-    max_tokens = message.max_tokens if message.HasField("max_tokens") else model.default_max_tokens
+    max_tokens = model.default_max_tokens if message.max_tokens is None else message.max_tokens
     if not 1 <= max_tokens <= model.max_tokens_limit:
         raise InvalidRequest(f"max_tokens must be between 1 and {model.max_tokens_limit}, got {max_tokens}")
-    temperature = message.temperature if message.HasField("temperature") else None
+    temperature = message.temperature
     if temperature is not None and not (math.isfinite(temperature) and 0 <= temperature <= 10):
         raise InvalidRequest(f"temperature must be between 0 and 10, got {temperature}")
-    top_p = message.top_p if message.HasField("top_p") else None
+    top_p = message.top_p
     if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
         raise InvalidRequest(f"top_p must be in (0, 1], got {top_p}")
-    presence_penalty = _penalty(message, "presence_penalty")
-    frequency_penalty = _penalty(message, "frequency_penalty")
+    presence_penalty = _penalty(message.presence_penalty, "presence_penalty")
+    frequency_penalty = _penalty(message.frequency_penalty, "frequency_penalty")
     if len(message.prompt_cache_key) > MAX_CACHE_KEY_CHARS:
         raise InvalidRequest(f"prompt_cache_key: at most {MAX_CACHE_KEY_CHARS} characters")
     if len(message.stop) > MAX_STOP_STRINGS or any(not s for s in message.stop):
@@ -146,7 +142,7 @@ def build_request(
             temperature=temperature,
             top_p=top_p,
             stop=tuple(message.stop),
-            seed=message.seed if message.HasField("seed") else None,
+            seed=message.seed,
             ignore_eos=message.ignore_eos,
             presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty,
@@ -159,11 +155,10 @@ def build_request(
     )
 
 
-def _penalty(message: GenerateRequest, name: Literal["presence_penalty", "frequency_penalty"]) -> float | None:
-    """An optional penalty field, checked to lie in the range the OpenAI API and vLLM accept."""
-    if not message.HasField(name):
+def _penalty(value: float | None, name: str) -> float | None:
+    """An optional penalty, checked to lie in the range the OpenAI API and vLLM accept."""
+    if value is None:
         return None
-    value: float = getattr(message, name)
     if not (math.isfinite(value) and -2 <= value <= 2):
         raise InvalidRequest(f"{name} must be between -2 and 2, got {value}")
     return value
@@ -176,7 +171,7 @@ def server_request_id(client_request_id: str) -> str:
     return f"{client_request_id}~{unique[:16]}" if client_request_id else unique
 
 
-def request_bytes(message: GenerateRequest) -> int:
+def request_bytes(message: ClientRequest) -> int:
     """The UTF-8 bytes a request makes the scheduler hold: its prompt, every message's role and content,
     and its stop strings (what `max_prompt_bytes` and the byte caps count)."""
     total = _utf8_length(message.prompt)

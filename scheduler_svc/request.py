@@ -1,4 +1,4 @@
-"""An admitted request and what policies may see of it."""
+"""A client's request as a door hands it in, the admitted request it becomes, and what policies may see of it."""
 
 from __future__ import annotations
 
@@ -6,6 +6,29 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from backends.base import ChatMessage, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRequest:
+    """What a client asks for, as either door (gRPC, the OpenAI-compatible HTTP door) hands it to admission:
+    plain values, nothing checked yet (`admission.build_request` validates it for the caller's user). An
+    optional value the client left unset is None, so admission can apply the model's default.
+    """
+
+    model: str
+    prompt: str = ""
+    messages: tuple[ChatMessage, ...] = ()
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    priority_class: str = ""  # empty: the configured default class
+    request_id: str = ""  # the client's own id (a label scoped to its user); empty: none
+    prompt_cache_key: str = ""
 
 
 class RequestView(Protocol):

@@ -17,14 +17,16 @@ import grpc
 import structlog
 from google.protobuf import timestamp_pb2
 
+from backends.base import ChatMessage
 from backends.errors import BackendError
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
-from scheduler_svc.admission import GenerateRequest, admit_call, count_rejection
+from scheduler_svc.admission import admit_call, count_rejection
 from scheduler_svc.auth import Authenticator
 from scheduler_svc.errors import ModelNotFound, PermissionDenied, SchedulerError
 from scheduler_svc.grpc_errors import to_grpc_status
 from scheduler_svc.introspection import queue_state, to_duration, user_limits
+from scheduler_svc.request import ClientRequest
 from scheduler_svc.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.text import client_text
@@ -33,6 +35,27 @@ from scheduler_svc.ticket import Ticket
 log = structlog.get_logger(__name__)
 
 _FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+
+
+def client_request(params: pb.GenerationParams) -> ClientRequest:
+    """The request a gRPC caller sent, as admission takes it from either door: an optional field left unset is
+    None."""
+    return ClientRequest(
+        model=params.model,
+        prompt=params.prompt,
+        messages=tuple(ChatMessage(m.role, m.content) for m in params.messages),
+        max_tokens=params.max_tokens if params.HasField("max_tokens") else None,
+        temperature=params.temperature if params.HasField("temperature") else None,
+        top_p=params.top_p if params.HasField("top_p") else None,
+        stop=tuple(params.stop),
+        seed=params.seed if params.HasField("seed") else None,
+        ignore_eos=params.ignore_eos,
+        presence_penalty=params.presence_penalty if params.HasField("presence_penalty") else None,
+        frequency_penalty=params.frequency_penalty if params.HasField("frequency_penalty") else None,
+        priority_class=params.priority_class,
+        request_id=params.request_id,
+        prompt_cache_key=params.prompt_cache_key,
+    )
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
@@ -49,22 +72,22 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         self._auth = authenticator
 
     async def _admit(
-        self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any], *, watch_positions: bool
+        self, params: pb.GenerationParams, context: grpc.aio.ServicerContext[Any, Any], *, watch_positions: bool
     ) -> Ticket:
         """Identify the caller, validate and queue the request (a bug on the way: INTERNAL with its
         ErrorInfo, not a bare UNKNOWN)."""
         return await admit_call(
             self._scheduler,
-            message,
+            client_request(params),
             identify=lambda: self._auth.identify(context.invocation_metadata(), context.auth_context),
             timeout=context.time_remaining(),
             watch_positions=watch_positions,
         )
 
     async def _reject(
-        self, message: GenerateRequest, context: grpc.aio.ServicerContext[Any, Any], exc: SchedulerError
+        self, params: pb.GenerationParams, context: grpc.aio.ServicerContext[Any, Any], exc: SchedulerError
     ) -> NoReturn:
-        count_rejection(self._scheduler, message.model, exc)
+        count_rejection(self._scheduler, params.model, exc)
         await _abort(context, exc)
 
     def _timings(self, ticket: Ticket) -> pb.Timings:

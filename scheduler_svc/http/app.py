@@ -18,6 +18,7 @@ queued request or aborts the engine request, exactly as a cancelled gRPC call do
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from typing import Any
@@ -114,13 +115,15 @@ class HttpDoor:
             body = decode_json(await self._body(request))
             model = str(body.get("model") or "")
             call = parse_call(body, kind)
-            params = call.params
-            params.request_id = request.headers.get(hdr.REQUEST_ID_HEADER, "")
-            params.priority_class = request.headers.get(hdr.PRIORITY_CLASS_HEADER, call.metadata_priority_class)
+            asked = dataclasses.replace(
+                call.request,
+                request_id=request.headers.get(hdr.REQUEST_ID_HEADER, ""),
+                priority_class=request.headers.get(hdr.PRIORITY_CLASS_HEADER, call.metadata_priority_class),
+            )
             timeout = hdr.timeout_seconds(request.headers)
             updates = call.stream and hdr.wants_queue_updates(request.headers)
             ticket = await admit_call(
-                self._scheduler, params, identify=lambda: user, timeout=timeout, watch_positions=updates
+                self._scheduler, asked, identify=lambda: user, timeout=timeout, watch_positions=updates
             )
         except SchedulerError as exc:
             count_rejection(self._scheduler, model, exc)

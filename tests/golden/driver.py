@@ -40,17 +40,17 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from backends.base import BackendLoad
+from backends.base import BackendLoad, ChatMessage
 from backends.errors import BackendError, BackendOverloaded, BackendRejectedRequest, BackendUnavailable
 from backends.fake import FakeBackend
 from backends.registry import capabilities
-from llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.admission import build_request
 from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.config import BackendConfig, Config, ModelConfig, config_from_dict
 from scheduler_svc.errors import SchedulerError
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.policies import BACKEND_POLICIES, BAND_POLICIES, FAIRNESS_POLICIES, ORDERING_POLICIES
+from scheduler_svc.request import ClientRequest
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.ticket import Outcome, Ticket, TicketState
 
@@ -209,10 +209,10 @@ class GoldenDriver:
         cache_key: str = "",
     ) -> bool:
         """A call arrives: built and queued as admission does; False when refused (a `reject` event)."""
-        params = pb.GenerationParams(
+        params = ClientRequest(
             model=self._model,
             prompt=prompt,
-            messages=[pb.ChatMessage(role=role, content=content) for role, content in messages],
+            messages=tuple(ChatMessage(role, content) for role, content in messages),
             max_tokens=max_tokens,
             priority_class=priority_class,
             prompt_cache_key=cache_key,
