@@ -15,8 +15,9 @@ from typing import Any
 from backends.base import Backend, BackendLoad, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.fake import FakeBackend
 from clients import SchedulerClient
-from scheduler_svc.config import BackendConfig, Config, ModelConfig, config_from_dict
-from scheduler_svc.server import SchedulerServer
+from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import BackendConfig, Config, ModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

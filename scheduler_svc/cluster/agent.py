@@ -46,8 +46,8 @@ from scheduler_svc.cluster.metrics import ClusterMetrics
 from scheduler_svc.cluster.modes import Role, authority_for
 from scheduler_svc.cluster.outbox import Outbox
 from scheduler_svc.cluster.store import ClusterStore, DuplicateReplica, StoreTimeout, StoreUnavailable
-from scheduler_svc.config_schema import ClusterConfig
-from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.config import ClusterConfig
+from scheduler_svc.dispatch.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
 

@@ -40,11 +40,11 @@ from scheduler_svc.cluster.messages import (
     rebuild_error,
 )
 from scheduler_svc.cluster.metrics import ClusterMetrics
-from scheduler_svc.config_schema import ClusterConfig
-from scheduler_svc.errors import QueueTimeout
+from scheduler_svc.config import ClusterConfig
+from scheduler_svc.core.errors import QueueTimeout
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.scheduler import Scheduler
 from scheduler_svc.policies.prefix_index import prompt_text
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
 
 log = structlog.get_logger(__name__)
 

@@ -41,11 +41,11 @@ from scheduler_svc.cluster.messages import (
     error_info,
     rebuild_error,
 )
-from scheduler_svc.errors import SchedulerError
-from scheduler_svc.request import QueuedRequest
-from scheduler_svc.request_run import Failed, Queued, RequestRun
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.core.errors import SchedulerError
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.request_run import Failed, Queued, RequestRun
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
 

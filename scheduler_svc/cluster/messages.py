@@ -6,7 +6,7 @@ the end). Leader -> owner: `Verdict` (ok, or the error to answer with), `Grant` 
 `Fail` (the leader ended it: expired, no more failover), `Position`. Anyone -> everyone: `Stepdown` (the
 leader is leaving: look at the lease now).
 
-Errors travel as {kind: class name, message, retry_after} and are rebuilt from `scheduler_svc.errors` and
+Errors travel as {kind: class name, message, retry_after} and are rebuilt from `scheduler_svc.core.errors` and
 `backends.errors` by name; an unknown name becomes InternalError (or BackendError for the engine's family),
 so a newer replica's error never breaks an older one. A message that does not decode is `MessageError`:
 counted and dropped, never fatal (inboxes are written only by replicas, but bounded all the same).
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from backends import errors as backend_errors
-from scheduler_svc import errors as scheduler_errors
+from scheduler_svc.core import errors as scheduler_errors
 
 MAX_MESSAGE_BYTES = 64 * 1024  # a message carries at most the locality prefix of a prompt (config-bounded)
 

@@ -26,16 +26,16 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from scheduler_svc.admission import admit_call, count_rejection
-from scheduler_svc.auth import Authenticator
-from scheduler_svc.errors import PromptTooLarge, SchedulerError
+from scheduler_svc.core.auth import Authenticator
+from scheduler_svc.core.errors import PromptTooLarge, SchedulerError
+from scheduler_svc.core.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun
+from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.dispatch.intake import admit_call, count_rejection
+from scheduler_svc.dispatch.scheduler import Scheduler
 from scheduler_svc.http import headers as hdr
 from scheduler_svc.http import shapes
 from scheduler_svc.http.errors import ErrorReply, error_reply
 from scheduler_svc.http.parsing import Call, Kind, decode_json, parse_call
-from scheduler_svc.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.ticket import Ticket
 
 log = structlog.get_logger(__name__)
 

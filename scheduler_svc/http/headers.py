@@ -11,8 +11,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scheduler_svc.auth import USER_HEADER, Authenticator, PeerInfo
-from scheduler_svc.errors import InvalidRequest
+from scheduler_svc.core.auth import USER_HEADER, Authenticator, PeerInfo
+from scheduler_svc.core.errors import InvalidRequest
 
 REQUEST_ID_HEADER = "x-request-id"
 TIMEOUT_MS_HEADER = "x-request-timeout-ms"
@@ -39,7 +39,7 @@ def identify(
 
 def peer_info(certificate: Mapping[str, Any]) -> PeerInfo:
     """A TLS client certificate as `ssl.SSLSocket.getpeercert()` gives it, in the form of gRPC's auth
-    context, so certificate identity follows the one rule in `scheduler_svc.auth`."""
+    context, so certificate identity follows the one rule in `scheduler_svc.core.auth`."""
     sans = [(str(kind), str(value)) for kind, value in certificate.get("subjectAltName", ())]
     common_names = [str(value) for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
     return {

@@ -1,5 +1,5 @@
 """An OpenAI request body to the `ClientRequest` the gRPC face builds too, so both doors share one validation
-(`scheduler_svc.admission.build_request`) and one set of limits.
+(`scheduler_svc.core.admission.build_request`) and one set of limits.
 
 This module only checks what JSON adds: the body is an object, each field is one the door supports and has
 the JSON type OpenAI gives it, and nothing is silently dropped (any other field is a 400 naming it). Ranges,
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from backends.base import ChatMessage
-from scheduler_svc.errors import InvalidField, MalformedRequest
-from scheduler_svc.request import ClientRequest
+from scheduler_svc.core.errors import InvalidField, MalformedRequest
+from scheduler_svc.core.request import ClientRequest
 
 Kind = Literal["chat", "completion"]
 

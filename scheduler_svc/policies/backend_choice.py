@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies.gate import GateInputs
 from scheduler_svc.policies.registry import Registry
-from scheduler_svc.request import QueuedRequest
 
 
 class OpenBackend(Protocol):

@@ -16,13 +16,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from scheduler_svc.clock import Clock, MonotonicClock
-from scheduler_svc.config_schema import SchedulingConfig
+from scheduler_svc.config import SchedulingConfig
+from scheduler_svc.core.clock import Clock, MonotonicClock
+from scheduler_svc.core.queues import FlowView
+from scheduler_svc.core.request import RequestView
 from scheduler_svc.policies.cost import Counters, LocalCounters, Prices
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.weights import WeightResolver
-from scheduler_svc.queues import FlowView
-from scheduler_svc.request import RequestView
 
 
 class FairnessPolicy(Protocol):

@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from scheduler_svc.config_schema import LocalityConfig
+from scheduler_svc.config import LocalityConfig
+from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, B, Candidate, OpenBackend, load_order
 from scheduler_svc.policies.prefix_index import (
     FALLBACK_INDEX_BYTES,
@@ -36,7 +37,6 @@ from scheduler_svc.policies.prefix_index import (
     blocks_cached,
     prompt_text,
 )
-from scheduler_svc.request import QueuedRequest
 
 _HASHED_REQUESTS = 128  # queued requests whose block hashes are kept between dispatch passes
 

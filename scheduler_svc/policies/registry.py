@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from scheduler_svc.config_schema import ConfigError
+from scheduler_svc.config import ConfigError
 
 P = TypeVar("P")
 

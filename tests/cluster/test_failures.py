@@ -10,9 +10,9 @@ import time
 import grpc
 
 from backends.sim import SimConfig, running_simulator
+from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.cluster.store import StoreTimeout, StoreUnavailable
-from scheduler_svc.server import SchedulerServer
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, settled
 from tests.cluster.test_replicas import engine_ids, first_delta

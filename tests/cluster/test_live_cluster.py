@@ -22,11 +22,11 @@ import aiohttp
 import grpc
 import pytest
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from backends.sim import SimConfig, SimServer, running_simulator
 from clients import SchedulerClient, error_reason
 from scheduler_svc.cluster.modes import degraded_cap
-from scheduler_svc.config_schema import ClusterConfig, GateConfig, ModelConfig
+from scheduler_svc.config import ClusterConfig, GateConfig, ModelConfig
 from tests.cluster.live import (
     HEARTBEAT,
     START_SECONDS,

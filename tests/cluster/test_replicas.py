@@ -11,9 +11,9 @@ import pytest
 
 from backends.sim import SimConfig, running_simulator
 from clients import error_reason, pb, retry_delay
+from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.store import DuplicateReplica
-from scheduler_svc.server import SchedulerServer
-from scheduler_svc.ticket import TicketState
+from scheduler_svc.core.ticket import TicketState
 from tests.cluster.fake_store import FakeStore
 from tests.cluster.replicas import agent_of, cluster_config, replicas
 from tests.helpers import client_for, client_label, eventually

@@ -22,7 +22,7 @@ from redis.asyncio.connection import AbstractConnection
 
 from scheduler_svc.cluster.redis_store import RedisStore
 from scheduler_svc.cluster.store import ClusterStore, DuplicateReplica, StoreUnavailable
-from scheduler_svc.config_schema import ClusterConfig, ConfigError
+from scheduler_svc.config import ClusterConfig, ConfigError
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.cluster.redis_server import RedisServer
 

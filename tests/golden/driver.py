@@ -44,15 +44,16 @@ from backends.base import BackendLoad, ChatMessage
 from backends.errors import BackendError, BackendOverloaded, BackendRejectedRequest, BackendUnavailable
 from backends.fake import FakeBackend
 from backends.registry import capabilities
-from scheduler_svc.admission import build_request
-from scheduler_svc.backend_handle import BackendHandle
-from scheduler_svc.config import BackendConfig, Config, ModelConfig, config_from_dict
-from scheduler_svc.errors import SchedulerError
-from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import BackendConfig, Config, ModelConfig
+from scheduler_svc.core.admission import build_request
+from scheduler_svc.core.errors import SchedulerError
+from scheduler_svc.core.request import ClientRequest
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.metrics import SchedulerMetrics
+from scheduler_svc.dispatch.scheduler import Scheduler
 from scheduler_svc.policies import BACKEND_POLICIES, BAND_POLICIES, FAIRNESS_POLICIES, ORDERING_POLICIES
-from scheduler_svc.request import ClientRequest
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
 
 START = 1000.0  # the virtual clock's reading at time 0 (any value: the events count from it)
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from backends.sim import SimConfig, running_simulator
-from scheduler_svc.server import SchedulerServer
+from scheduler_svc.app.server import SchedulerServer
 from tests.helpers import ControlledEngine, client_for, eventually, outcome_count, until_settled
 from tests.http.support import http_serving
 

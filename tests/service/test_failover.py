@@ -12,10 +12,11 @@ import pytest
 from backends.base import Backend, GenerationEvent, GenerationRequest, SamplingParams, TextDelta
 from backends.errors import BackendError, BackendRejectedRequest, BackendUnavailable
 from backends.fake import FakeBackend
-from scheduler_svc.config import BackendConfig, Config, ModelConfig, PriorityClassConfig, config_from_dict
-from scheduler_svc.queues import ModelQueues
-from scheduler_svc.request import QueuedRequest
-from scheduler_svc.ticket import Outcome, TicketState
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import BackendConfig, Config, ModelConfig, PriorityClassConfig
+from scheduler_svc.core.queues import ModelQueues
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.ticket import Outcome, TicketState
 from tests.helpers import ControlledEngine, client_for, outcome_count, serving, until_settled
 from tests.unit.dispatch_harness import Harness
 

@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients import error_reason, from_rpc_error, retry_delay
-from scheduler_svc.server import SchedulerServer
+from scheduler_svc.app.server import SchedulerServer
 from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, serving, until_settled
 
 

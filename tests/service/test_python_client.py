@@ -36,8 +36,8 @@ from clients import (
     RetryPolicy,
     UnavailableError,
 )
-from scheduler_svc.cli import _QueueLine
-from scheduler_svc.server import SchedulerServer
+from scheduler_svc.app.cli import _QueueLine
+from scheduler_svc.app.server import SchedulerServer
 from tests.helpers import ControlledEngine, client_for, eventually, make_config, outcome_count, serving, until_settled
 
 FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
@@ -315,7 +315,7 @@ async def test_cli_stream_shows_the_live_queue_position_while_waiting() -> None:
     engine = ControlledEngine(auto_release=True)
     async with serving(make_config(), engine.factory()) as server:
         raw, parked = await _held_queue(server, engine)  # alice's first request waits at position 1
-        cli = [sys.executable, "-m", "scheduler_svc.cli", "stream", "--target", server.address]
+        cli = [sys.executable, "-m", "scheduler_svc.app.cli", "stream", "--target", server.address]
         process = await asyncio.create_subprocess_exec(
             *cli, "--model", "m", "--user", "alice", "Hi", stdout=PIPE, stderr=PIPE, env=_env()
         )

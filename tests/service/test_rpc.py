@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from clients import error_reason, pb
-from scheduler_svc.auth import Authenticator
-from scheduler_svc.keys import key_digest
-from scheduler_svc.servicer import SchedulerServicer
+from scheduler_svc.core.auth import Authenticator
+from scheduler_svc.core.keys import key_digest
+from scheduler_svc.grpc.servicer import SchedulerServicer
 from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, serving, until_settled
 
 

@@ -24,11 +24,12 @@ import trustme
 
 from clients import SchedulerClient, error_reason
 from llmsched.v1 import scheduler_pb2 as pb
-from scheduler_svc.auth import Authenticator
-from scheduler_svc.config import AuthConfig, ConfigError, config_from_dict
-from scheduler_svc.errors import Unauthenticated
-from scheduler_svc.keys import key_digest
-from scheduler_svc.server import SchedulerServer
+from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import AuthConfig, ConfigError
+from scheduler_svc.core.auth import Authenticator
+from scheduler_svc.core.errors import Unauthenticated
+from scheduler_svc.core.keys import key_digest
 from tests.helpers import ControlledEngine, client_for, make_config, serving
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,7 +199,7 @@ def test_every_key_digest_is_compared_whichever_matches(monkeypatch: pytest.Monk
         calls.append(1)
         return compare(a, b)
 
-    monkeypatch.setattr("scheduler_svc.auth.hmac.compare_digest", counting)
+    monkeypatch.setattr("scheduler_svc.core.auth.hmac.compare_digest", counting)
     for key, user in [("sk-0", "user0"), ("sk-4", "user4")]:
         calls.clear()
         assert authenticator.identify([("authorization", f"Bearer {key}")]) == user
@@ -312,7 +313,7 @@ async def test_cli_speaks_mtls_and_hashes_keys(pki: Pki) -> None:
     cert.cert_chain_pems[0].write_to_path(str(cert_file))
     cert.private_key_pem.write_to_path(str(key_file))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cli = [sys.executable, "-m", "scheduler_svc.cli"]
+    cli = [sys.executable, "-m", "scheduler_svc.app.cli"]
     async with serving(config) as server:
         process = await asyncio.create_subprocess_exec(
             *cli, "queue-state", "--target", server.address, "--ca-cert", pki.ca_file,

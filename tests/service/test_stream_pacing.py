@@ -11,9 +11,9 @@ import pytest
 
 from backends.sim import SimConfig, running_simulator
 from bench.scenarios import real_s1
-from scheduler_svc.config import Config, config_from_dict
-from scheduler_svc.config_schema import ServerConfig
-from scheduler_svc.stream_pacing import NO_PACING, StreamPacing
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import Config, ServerConfig
+from scheduler_svc.core.stream_pacing import NO_PACING, StreamPacing
 from tests.helpers import (
     client_for,
     eventually,

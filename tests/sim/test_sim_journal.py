@@ -81,7 +81,7 @@ def _free_port() -> int:
 
 def _spawn_sim(port: int, journal: Path) -> subprocess.Popen[bytes]:
     command = [
-        sys.executable, "-m", "scheduler_svc.cli", "sim", "--port", str(port), "--journal", str(journal),
+        sys.executable, "-m", "scheduler_svc.app.cli", "sim", "--port", str(port), "--journal", str(journal),
         "--decode-base-ms", "2", "--decode-per-seq-ms", "0", "--prefill-per-token-ms", "0",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -8,15 +8,16 @@ from typing import Any
 
 from backends.base import BackendCapabilities, BackendLoad, SamplingParams
 from backends.fake import FakeBackend
-from scheduler_svc.backend_handle import BackendHandle
-from scheduler_svc.clock import FakeClock
-from scheduler_svc.config import GateConfig, PriorityClassConfig, config_from_dict
-from scheduler_svc.dispatcher import ModelDispatcher
-from scheduler_svc.load import LoadEstimator
-from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import GateConfig, PriorityClassConfig
+from scheduler_svc.core.clock import FakeClock
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.dispatcher import ModelDispatcher
+from scheduler_svc.dispatch.load import LoadEstimator
+from scheduler_svc.dispatch.metrics import SchedulerMetrics
 from scheduler_svc.policies import GATE_POLICIES, GateDecision, GateInputs
-from scheduler_svc.request import QueuedRequest
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
 
 
 class CapGate:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from scheduler_svc import config as cfg
-from scheduler_svc.config import ConfigError, config_from_dict, load_config
+from scheduler_svc.app.settings import config_from_dict, load_config
+from scheduler_svc.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = [

@@ -6,8 +6,9 @@ from collections import Counter
 
 import pytest
 
-from scheduler_svc.clock import FakeClock
-from scheduler_svc.config import ConfigError, SchedulingConfig, config_from_dict
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import ConfigError, SchedulingConfig
+from scheduler_svc.core.clock import FakeClock
 from scheduler_svc.policies import FAIRNESS_POLICIES, FairnessPolicy, WeightResolver
 from scheduler_svc.policies.cost import CostAccounts, CounterScope, LocalCounters, Prices
 from tests.unit.test_fairness_conformance import Harness

@@ -11,15 +11,16 @@ import pytest
 from backends.base import BackendCapabilities, SamplingParams
 from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
 from backends.fake import FakeBackend
-from scheduler_svc.backend_handle import BackendHandle
-from scheduler_svc.capacity import MAX_RETRY_SECONDS, UNKNOWN_RATE_RETRY_SECONDS, Capacity, retry_after
-from scheduler_svc.config import ModelConfig, config_from_dict
-from scheduler_svc.errors import QueueBytesFull, QueueFull
-from scheduler_svc.failover import FailoverRule
-from scheduler_svc.load import LoadEstimator
-from scheduler_svc.positions import PositionNotifier
-from scheduler_svc.queues import Flow, ModelQueues
-from scheduler_svc.request import QueuedRequest
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import ModelConfig
+from scheduler_svc.core.errors import QueueBytesFull, QueueFull
+from scheduler_svc.core.queues import Flow, ModelQueues
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.capacity import MAX_RETRY_SECONDS, UNKNOWN_RATE_RETRY_SECONDS, Capacity, retry_after
+from scheduler_svc.dispatch.failover import FailoverRule
+from scheduler_svc.dispatch.load import LoadEstimator
+from scheduler_svc.dispatch.positions import PositionNotifier
 from tests.unit.dispatch_harness import CapGate
 
 

@@ -5,10 +5,10 @@ sending it; the observer hears every event; `force` admission skips the caps."""
 from __future__ import annotations
 
 from backends.errors import BackendError, BackendUnavailable
-from scheduler_svc.backend_handle import BackendHandle
 from scheduler_svc.cluster.modes import DegradedAuthority
-from scheduler_svc.hooks import LOCAL
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.steering import LOCAL
 from tests.unit.dispatch_harness import Harness
 
 

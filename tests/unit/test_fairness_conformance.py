@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.base import SamplingParams
-from scheduler_svc.clock import FakeClock
 from scheduler_svc.config import PriorityClassConfig, SchedulingConfig, WeightsConfig
+from scheduler_svc.core.clock import FakeClock
+from scheduler_svc.core.queues import ModelQueues
+from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import FAIRNESS_POLICIES, FairnessPolicy, WeightResolver
 from scheduler_svc.policies.cost import LocalCounters, Prices
-from scheduler_svc.queues import ModelQueues
-from scheduler_svc.request import QueuedRequest
 
 POLICIES = sorted(FAIRNESS_POLICIES.describe())
 

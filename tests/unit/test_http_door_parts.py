@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from backends import errors as backend_errors
+from backends.adapters.openai_compat import openai_body
+from backends.adapters.tgi import tgi_body
 from backends.base import GenerationRequest, SamplingParams
-from backends.openai_compat import openai_body
-from backends.tgi import tgi_body
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1.errors import ERRORS
-from scheduler_svc import errors
+from scheduler_svc.core import errors
+from scheduler_svc.grpc.servicer import client_request
 from scheduler_svc.http.errors import error_reply
 from scheduler_svc.http.headers import peer_info, timeout_seconds
 from scheduler_svc.http.parsing import parse_call
-from scheduler_svc.servicer import client_request
 
 EXCEPTIONS: list[Exception] = [
     errors.InvalidRequest("x"),

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from backends.base import SamplingParams
 from scheduler_svc.config import PriorityClassConfig
+from scheduler_svc.core.queues import ModelQueues
+from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import FAIRNESS_POLICIES, FairnessPolicy
-from scheduler_svc.queues import ModelQueues
-from scheduler_svc.request import QueuedRequest
 
 POLICIES = sorted(FAIRNESS_POLICIES.describe())
 COUNTER_POLICIES = [name for name in POLICIES if name != "round_robin"]  # round robin keeps no counters

@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from scheduler_svc.errors import QueueFull
+from scheduler_svc.core.errors import QueueFull
 from tests.unit.dispatch_harness import Harness
 
 QUEUED = 100_000

@@ -12,10 +12,10 @@ import pytest
 
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
-from scheduler_svc.errors import QueueFull
-from scheduler_svc.load import LoadEstimator
+from scheduler_svc.core.errors import QueueFull
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.policies import SignalGate
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
 from tests.unit.dispatch_harness import Harness
 
 

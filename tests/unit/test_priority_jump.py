@@ -12,8 +12,8 @@ import pytest
 
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
-from scheduler_svc.health import LoopHealth, ServiceHealth
-from scheduler_svc.load import LoadEstimator
+from scheduler_svc.dispatch.health import LoopHealth, ServiceHealth
+from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.policies import SignalGate
 from tests.unit.dispatch_harness import Harness
 

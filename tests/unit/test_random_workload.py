@@ -14,9 +14,9 @@ from collections import defaultdict
 
 import pytest
 
-from scheduler_svc.errors import QueueFull
+from scheduler_svc.core.errors import QueueFull
+from scheduler_svc.core.ticket import Outcome, TicketState
 from scheduler_svc.policies import FAIRNESS_POLICIES
-from scheduler_svc.ticket import Outcome, TicketState
 from tests.unit.dispatch_harness import Harness
 
 POLICIES = sorted(FAIRNESS_POLICIES.describe())

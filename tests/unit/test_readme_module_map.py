@@ -1,7 +1,7 @@
 """README's module map matches the tree, so it cannot rot: every listed module exists, every module is listed.
 
 The map sits between `<!-- module-map:start -->` and `<!-- module-map:end -->`; each entry is a line
-"- `name`: its job", where `name` is a dotted module (`scheduler_svc.dispatcher`, a package for its
+"- `name`: its job", where `name` is a dotted module (`scheduler_svc.dispatch.dispatcher`, a package for its
 `__init__.py`) or, for files outside Python packages (scripts), a path (`scripts/gen_protos.py`).
 """
 

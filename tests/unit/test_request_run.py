@@ -12,10 +12,10 @@ import pytest
 from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.errors import BackendError, BackendUnavailable
 from backends.fake import FakeBackend
-from scheduler_svc.errors import ShuttingDown
-from scheduler_svc.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun, RunEvent
-from scheduler_svc.stream_pacing import StreamPacing
-from scheduler_svc.ticket import Outcome, TicketState
+from scheduler_svc.core.errors import ShuttingDown
+from scheduler_svc.core.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun, RunEvent
+from scheduler_svc.core.stream_pacing import StreamPacing
+from scheduler_svc.core.ticket import Outcome, TicketState
 from tests.unit.dispatch_harness import Harness
 
 

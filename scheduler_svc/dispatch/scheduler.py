@@ -1,0 +1,246 @@
+"""The scheduler: admission into per-model queues, one dispatcher and one metrics monitor per backend.
+
+scheduler.admit(request) -> Ticket      the servicer's entry point
+await scheduler.run()                   dispatch loops and metrics monitors, until cancelled
+await scheduler.drain(grace)            on shutdown: stop admitting, let work finish, then reject
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+
+from backends.base import Backend, BackendLoad, HttpSettings
+from backends.registry import create_backend
+from scheduler_svc.config import BackendConfig, Config, ModelConfig
+from scheduler_svc.core.clock import Clock, MonotonicClock
+from scheduler_svc.core.errors import AlreadyExists, ModelNotFound, ShuttingDown
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.stream_pacing import StreamPacing
+from scheduler_svc.core.text import client_text
+from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.dispatcher import ModelDispatcher
+from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth
+from scheduler_svc.dispatch.load import LoadEstimator, scrape
+from scheduler_svc.dispatch.metrics import SchedulerMetrics, engine_series
+from scheduler_svc.dispatch.steering import AdmissionGuard
+from scheduler_svc.policies import GATE_POLICIES
+from scheduler_svc.policies.cost import CounterScope
+
+log = structlog.get_logger(__name__)
+
+BackendFactory = Callable[[ModelConfig, BackendConfig], Backend]
+CUT_REPORT_SECONDS = 1.0  # after cutting running requests, how long their RPCs get to report it
+
+
+def default_backend_factory(model: ModelConfig, backend: BackendConfig) -> Backend:
+    """Build the adapter for a configured engine."""
+    return create_backend(
+        kind=backend.kind,
+        name=backend.name,
+        url=backend.url,
+        engine_model=backend.engine_model or model.name,
+        priority_scheduling=backend.priority_scheduling,
+        http=HttpSettings(
+            metrics_path=backend.metrics_path,
+            metrics_timeout=model.gate.stale_after_seconds,
+            connect_timeout=backend.connect_timeout_seconds,
+            max_connections=backend.max_connections,
+            idle_connection_seconds=backend.idle_connection_seconds,
+        ),
+    )
+
+
+class Scheduler:
+    """All models' queues and dispatchers."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backend_factory: BackendFactory = default_backend_factory,
+        clock: Clock | None = None,
+        metrics: SchedulerMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        # how often every face's runs read a long answer from its engine
+        self.pacing = StreamPacing(
+            config.server.stream_read_interval_seconds,
+            config.server.stream_read_after_tokens,
+            config.server.stream_group_at_engine,
+        )
+        self.metrics = metrics or SchedulerMetrics()
+        self.health = ServiceHealth()
+        self.errors = InternalErrors(lambda component: self.metrics.internal_errors.labels(component).inc())
+        self.dispatchers: dict[str, ModelDispatcher] = {}
+        # (user, client request_id) -> its live ticket: a client's id is unique among its own live requests
+        self._live_ids: dict[tuple[str, str], Ticket] = {}
+        counter_scope = CounterScope(config.scheduling.fairness_scope)  # global: shared by every model
+        for model in config.models:
+            handles = [
+                BackendHandle(
+                    config=b,
+                    backend=backend_factory(model, b),
+                    gate=GATE_POLICIES.create(model.gate.policy, model.gate),
+                    estimator=LoadEstimator(engine_slots=b.max_num_seqs),
+                )
+                for b in model.backends
+            ]
+            self.dispatchers[model.name] = ModelDispatcher(
+                model,
+                config.scheduling,
+                handles,
+                self.clock,
+                self.metrics,
+                counter_scope=counter_scope,
+                errors=self.errors,
+                health=LoopHealth(
+                    f"dispatch:{model.name}",
+                    self.health,
+                    max_failed_passes=config.server.unhealthy_after_failed_passes,
+                    max_stall_seconds=config.server.unhealthy_after_stalled_seconds,
+                ),
+                on_done=self._forget_id,
+            )
+        self._accepting = True
+        # Confirms each admission elsewhere before the call goes on (a cluster's leader); None: admitted here.
+        self.guard: AdmissionGuard | None = None
+
+    def admit(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
+        """Queue a validated request; raises ModelNotFound, AlreadyExists, QueueFull or ShuttingDown.
+
+        `force` skips the caps and the duplicate-id rule: the request was admitted before and is registered
+        again with a new cluster leader (it keeps its id when no live request holds it)."""
+        dispatcher = self.dispatchers.get(request.model)
+        if dispatcher is None:
+            served = sorted(self.dispatchers)
+            raise ModelNotFound(f"unknown model {client_text(request.model)}; served models: {served}")
+        if not self._accepting:
+            raise ShuttingDown("the scheduler is shutting down; retry on another instance")
+        key = (request.user, request.client_request_id)
+        if request.client_request_id and key in self._live_ids and not force:
+            raise AlreadyExists(
+                f"request_id {request.client_request_id} is in use by another live request of user "
+                f"{request.user}; use a new id, or wait for that request to end"
+            )
+        ticket = dispatcher.enqueue(request, force=force)
+        if request.client_request_id:
+            self._live_ids.setdefault(key, ticket)
+        return ticket
+
+    def _forget_id(self, ticket: Ticket) -> None:
+        """A request reached its outcome: its client id may be used again."""
+        request = ticket.request
+        if request.client_request_id and self._live_ids.get((request.user, request.client_request_id)) is ticket:
+            del self._live_ids[(request.user, request.client_request_id)]
+
+    async def run(self) -> None:
+        """Run every dispatcher and backend monitor until cancelled."""
+        async with asyncio.TaskGroup() as tasks:
+            for dispatcher in self.dispatchers.values():
+                tasks.create_task(dispatcher.run(), name=f"dispatch:{dispatcher.model.name}")
+                tasks.create_task(
+                    dispatcher.positions.run(self.config.server.queue_update_interval_seconds),
+                    name=f"positions:{dispatcher.model.name}",
+                )
+                if self.config.server.unhealthy_after_stalled_seconds:
+                    tasks.create_task(self._watchdog(dispatcher), name=f"watchdog:{dispatcher.model.name}")
+                for handle in dispatcher.backends:
+                    tasks.create_task(
+                        _monitor(dispatcher, handle, self.clock, self.metrics, self.errors),
+                        name=f"monitor:{dispatcher.model.name}:{handle.name}",
+                    )
+
+    async def _watchdog(self, dispatcher: ModelDispatcher) -> None:
+        """Look at the dispatcher a few times per stall limit: work ready and nothing sent means it is wedged."""
+        period = min(1.0, self.config.server.unhealthy_after_stalled_seconds / 4)
+        while True:
+            await asyncio.sleep(period)  # a sampling period, not a synchronisation
+            try:
+                dispatcher.watchdog_look()
+            except Exception as exc:
+                self.errors.report("watchdog", exc, model=dispatcher.model.name)
+
+    @property
+    def accepting(self) -> bool:
+        """False once draining: new requests are refused with ShuttingDown (readiness probes say so)."""
+        return self._accepting
+
+    def stop_admission(self) -> None:
+        self._accepting = False
+
+    async def drain(self, grace_seconds: float) -> None:
+        """Stop admitting and dispatching; end what is queued at once with UNAVAILABLE (reason SHUTTING_DOWN)
+        so its clients retry elsewhere; give running requests up to `grace_seconds`, then cut the rest,
+        which end with the same status and reason."""
+        self.stop_admission()
+        for dispatcher in self.dispatchers.values():
+            rejected = dispatcher.reject_all_queued("the scheduler is shutting down; retry on another instance")
+            if rejected:
+                log.warning("drain_rejected_queued", model=dispatcher.model.name, count=rejected)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_seconds
+        for dispatcher in self.dispatchers.values():
+            while dispatcher.busy and (remaining := deadline - loop.time()) > 0:
+                try:
+                    await asyncio.wait_for(dispatcher.wait_settled(), remaining)
+                except TimeoutError:
+                    break
+        reason = "the scheduler shut down before the request finished; retry on another instance"
+        cut = sum(dispatcher.cut_running(reason) for dispatcher in self.dispatchers.values())
+        if cut:
+            log.warning("drain_cut_running", count=cut)
+            for dispatcher in self.dispatchers.values():  # let each RPC send its status before gRPC stops
+                while dispatcher.busy:
+                    try:
+                        await asyncio.wait_for(dispatcher.wait_settled(), CUT_REPORT_SECONDS)
+                    except TimeoutError:
+                        break
+
+    async def aclose(self) -> None:
+        for dispatcher in self.dispatchers.values():
+            for handle in dispatcher.backends:
+                await handle.backend.aclose()
+
+
+async def _monitor(
+    dispatcher: ModelDispatcher,
+    handle: BackendHandle,
+    clock: Clock,
+    metrics: SchedulerMetrics,
+    errors: InternalErrors,
+) -> None:
+    """Read one backend's metrics every scrape interval (stamped with the core clock) and wake its
+    dispatcher with each reading."""
+    interval = handle.config.scrape_interval_seconds
+    was_ok: bool | None = None
+    engine = engine_series(metrics, dispatcher.model.name, handle.name)
+    while True:
+        if not dispatcher.authority.scrapes:  # a cluster follower: the leader reads the engine for everyone
+            await asyncio.sleep(interval)
+            continue
+        try:
+            reading = await scrape(handle.backend, clock)
+        except Exception as exc:  # an adapter bug must not stop the model: count it as a failed scrape
+            errors.report("monitor", exc, model=dispatcher.model.name, backend=handle.name)
+            reading = BackendLoad(ok=False, read_at=clock.now(), error=f"{type(exc).__name__}: {exc}")
+        handle.record_reading(reading)
+        if reading.ok:  # the engine's numbers as last read (a failed scrape leaves the last good ones)
+            engine.show(reading.waiting, reading.running, reading.tpot_seconds, reading.kv_cache_usage)
+        else:
+            metrics.scrape_failures.labels(dispatcher.model.name, handle.name).inc()
+        if reading.ok != was_ok:
+            log.info(
+                "backend_metrics",
+                model=dispatcher.model.name,
+                backend=handle.name,
+                ok=reading.ok,
+                error=reading.error,
+            )
+            was_ok = reading.ok
+        dispatcher.on_reading()
+        await asyncio.sleep(interval)  # the scrape period itself, not a synchronisation
