@@ -328,6 +328,8 @@ def test_the_autoscaler_scales_the_listed_engines_on_series_the_scheduler_export
     urls = [b["url"] for b in model["backends"]]
     assert urls == [f"http://{target['name']}-{i}.{service}:{engine_port['containerPort']}" for i in range(len(urls))]
     assert 1 <= scaled["minReplicaCount"] <= engines["spec"]["replicas"] <= scaled["maxReplicaCount"] <= len(urls)
+    absent = scaled["maxReplicaCount"] - scaled["minReplicaCount"]
+    assert model["failover_attempts"] >= absent, "a request may meet every absent engine once and still be served"
     args = engines["spec"]["template"]["spec"]["containers"][0]["args"]
     assert {b["max_num_seqs"] for b in model["backends"]} == {int(args[args.index("--max-num-seqs") + 1])}
     assert all(b["engine_model"] == args[args.index("--model") + 1] for b in model["backends"])
