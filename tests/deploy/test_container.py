@@ -124,8 +124,11 @@ def _replay_build(root: Path) -> Path:
     assert command.count(" install ") == 1
     command = command.replace(" install ", " install --no-deps ")  # dependencies: see the module's docstring
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
-    base_python = Path(sys._base_executable)  # type: ignore[attr-defined]  # the interpreter under this venv
-    env["PATH"] = f"{base_python.parent}:{env['PATH']}"
+    # `python` is the image's interpreter: here the one under the test's venv, of the same minor version
+    image_bin = root / "usr-local-bin"
+    image_bin.mkdir()
+    (image_bin / "python").symlink_to(sys._base_executable)  # type: ignore[attr-defined]
+    env["PATH"] = f"{image_bin}:{env['PATH']}"
     subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=workdir, env=env, check=True, timeout=300)
     site = Path(
         subprocess.run(
