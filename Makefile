@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ENGINE ?= sim
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv protos buf check lint typecheck imports test test-fast engines http-node run demo bench bench-check clean
+.PHONY: help venv protos buf check lint typecheck imports deploy-lint test test-fast engines http-node run demo bench bench-check clean
 
 help:
 	@echo "make run [ENGINE=sim|vllm|llamacpp]  start an engine and the scheduler on 127.0.0.1:50051"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-cluster                     issue 14: C1 C3 C4 C6 CB, one process vs 3 replicas (memory, redis)"
 	@echo "make protos                            regenerate llmsched/ (Python API package) and README's error table"
 	@echo "make buf                               buf lint + buf breaking (against main) on protos/"
+	@echo "make deploy-lint                       hadolint on the Dockerfile, deploy/kubernetes/ against Kubernetes' schemas"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -64,6 +65,17 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
+# The container recipe (hadolint) and the Kubernetes manifests against Kubernetes' own schemas, strict, for the
+# oldest release they need (1.30: the preStop sleep action) and the newest the validator ships; both tools come
+# from the dev extras and run offline (no container runtime, no cluster). The custom resources in
+# deploy/kubernetes/examples (PodMonitor, KEDA ScaledObject) have no schema there (--no-warn): tests/deploy checks
+# them, and every manifest against the service's config, ports and metrics.
+K8S_MANIFESTS := deploy/kubernetes/*.yaml deploy/kubernetes/examples/*.yaml
+deploy-lint: $(STAMP)
+	$(BIN)/hadolint Dockerfile
+	$(BIN)/kubernetes-validate --strict --quiet --no-warn -k 1.30.0 $(K8S_MANIFESTS)
+	$(BIN)/kubernetes-validate --strict --quiet --no-warn $(K8S_MANIFESTS)
+
 # Clients in other languages, each bootstrapped by its own script on a fresh machine:
 # node-client: the Node client (clients/node): node and npm when missing, npm ci, code generated from protos/, tsc;
 #   tests/clients/test_node_client.py runs its tests against a live scheduler.
@@ -86,7 +98,7 @@ test: export LLMSCHED_REQUIRE_GO = 1
 test: export LLMSCHED_REQUIRE_NODE_SDK = 1
 test: export LLMSCHED_REQUIRE_REDIS = 1
 
-check: lint typecheck imports buf node-client http-node redis
+check: lint typecheck imports deploy-lint buf node-client http-node redis
 	$(BIN)/python scripts/gen_protos.py --check
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
 
@@ -94,7 +106,7 @@ engines: $(STAMP)
 	bash engines/scripts/install_vllm.sh
 	bash engines/scripts/install_llamacpp.sh
 
-test: lint typecheck imports buf engines node-client go-client http-node redis
+test: lint typecheck imports deploy-lint buf engines node-client go-client http-node redis
 	$(BIN)/python scripts/gen_protos.py --check
 	$(BIN)/pytest -q
 

@@ -3,6 +3,7 @@
 llmsched serve --config FILE            run the scheduler
 llmsched sim --flavor vllm --port 8000  run a simulated engine (no GPU here)
 llmsched submit|stream --model M --user U "prompt"
+llmsched health [--target HOST:PORT]      exit 0 when the service's grpc.health.v1 says SERVING (probes)
 llmsched config-reference               every config field with its default and meaning
 llmsched hash-key < KEYFILE             the SHA-256 digest of an API key, for auth.api_key_sha256
 llmsched policies                       the registered fairness / ordering / gate / band / backend policies
@@ -59,6 +60,15 @@ def main(argv: list[str] | None = None) -> None:
     state.add_argument("--for-user", default="", help="only this user's entries (--user is who asks)")
     state.add_argument("--max-users", type=int, default=None, help="users per class, most queued first (default 100)")
 
+    health = commands.add_parser(
+        "health",
+        help="ask a running scheduler's grpc.health.v1 service; exit 0 only when it answers SERVING "
+        "(a container's HEALTHCHECK, an exec probe where the kubelet's own gRPC probe cannot speak TLS)",
+    )
+    _add_target_arguments(health)
+    health.add_argument("--service", default="", help='service name to ask about (default "": the whole server)')
+    health.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
+
     commands.add_parser("config-reference", help="print every configuration field with default and meaning")
     commands.add_parser("policies", help="list the registered policies")
     commands.add_parser(
@@ -78,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(asyncio.run(_call(args)))
     elif args.command == "queue-state":
         sys.exit(asyncio.run(_queue_state(args)))
+    elif args.command == "health":
+        sys.exit(_health(args))
     elif args.command == "config-reference":
         for name, default, doc in describe_fields():
             print(f"{name:<48} {default:<24} {doc}")
@@ -98,13 +110,18 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default="127.0.0.1:50051", help="scheduler address")
+    _add_target_arguments(parser)
     parser.add_argument("--user", help="sent as x-user-id")
     parser.add_argument(
         "--api-key",
         default=os.environ.get("LLMSCHED_API_KEY"),
         help="sent as authorization: Bearer KEY (default: $LLMSCHED_API_KEY, which keeps it out of `ps`)",
     )
+
+
+def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """The address and the TLS flags (no identity)."""
+    parser.add_argument("--target", default="127.0.0.1:50051", help="scheduler address")
     parser.add_argument("--tls", action="store_true", help="use TLS, verifying the server with the system CAs")
     parser.add_argument("--ca-cert", metavar="PEM", help="verify the server with this CA bundle (implies --tls)")
     parser.add_argument("--client-cert", metavar="PEM", help="client certificate for mutual TLS (with --client-key)")
@@ -119,13 +136,44 @@ def _connection_options(args: argparse.Namespace) -> dict[str, Any]:
         return Path(path).read_bytes() if path else None
 
     return {
-        "user": args.user,
-        "api_key": args.api_key,
+        "user": getattr(args, "user", None),
+        "api_key": getattr(args, "api_key", None),
         "tls": args.tls,
         "root_certificates": read(args.ca_cert),
         "certificate_chain": read(args.client_cert),
         "private_key": read(args.client_key),
     }
+
+
+def _health(args: argparse.Namespace) -> int:
+    """One grpc.health.v1 Check: prints the status and returns 0 for SERVING, 1 for anything else (another
+    status, no answer within --timeout), 2 when the TLS files cannot be used. Health needs no identity."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from clients import channel_credentials
+
+    try:
+        options = _connection_options(args)
+        credentials = channel_credentials(
+            options["tls"], options["root_certificates"], options["certificate_chain"], options["private_key"]
+        )
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    channel = grpc.secure_channel(args.target, credentials) if credentials else grpc.insecure_channel(args.target)
+    with channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
+            )
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            print(f"{args.target}: {code.name if code else 'error'}: {details}", file=sys.stderr)
+            return 1
+    print(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def _client(args: argparse.Namespace) -> AsyncClient:

@@ -135,14 +135,20 @@ class Flow:
 
 
 class Band:
-    """The queued requests of one priority class: backlogged flows in the order they became backlogged."""
+    """The queued requests of one priority class: backlogged flows in the order they became backlogged.
 
-    __slots__ = ("flows", "priority_class", "size")
+    `size`, `prompt_tokens` and `max_output_tokens` are running totals over the queued requests (kept by
+    `ModelQueues` as requests come and go), so reading what is queued costs nothing per request.
+    """
+
+    __slots__ = ("flows", "max_output_tokens", "priority_class", "prompt_tokens", "size")
 
     def __init__(self, priority_class: PriorityClassConfig) -> None:
         self.priority_class = priority_class
         self.flows: dict[str, Flow] = {}
         self.size = 0
+        self.prompt_tokens = 0  # the requests' prompt_tokens_estimate, summed
+        self.max_output_tokens = 0  # their max_tokens, summed: the most they may generate
 
     @property
     def flow_views(self) -> Mapping[str, FlowView]:
@@ -188,6 +194,8 @@ class ModelQueues:
         else:
             flow.push(request)
         band.size += 1
+        band.prompt_tokens += request.prompt_tokens_estimate
+        band.max_output_tokens += request.max_tokens
         self.size += 1
         self._flow_of[request.request_id] = flow
         self._user_depth[request.user] = self._user_depth.get(request.user, 0) + 1
@@ -202,6 +210,8 @@ class ModelQueues:
         assert request is not None
         band = self._band_by_class[flow.priority_class]
         band.size -= 1
+        band.prompt_tokens -= request.prompt_tokens_estimate
+        band.max_output_tokens -= request.max_tokens
         self.size -= 1
         if not flow:
             del band.flows[flow.user]

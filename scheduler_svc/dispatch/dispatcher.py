@@ -83,6 +83,7 @@ class ModelDispatcher:
         self._metrics = metrics
         self._series = {h.name: backend_series(metrics, model.name, h.name, self.classes) for h in self.backends}
         self._class_series = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
+        metrics.queued_demand.watch(model.name, self.queues.bands, clock)
         self._counters = RequestCounters(metrics, model.name, self._series, self._class_series, self._accounts.label)
         self.drain = RateMeter()
         self._activity = ClassActivity(scheduling.classes)

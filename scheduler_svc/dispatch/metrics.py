@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, ParamSpec
+from typing import Any, Concatenate, ParamSpec, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 
+from scheduler_svc.config import PriorityClassConfig
+from scheduler_svc.core.clock import Clock
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies.gate import GateCause
 
@@ -157,6 +160,74 @@ class SchedulerMetrics:
             ["model", "backend"],
             registry=r,
         )
+        self.queued_demand = QueuedDemand()
+        r.register(self.queued_demand)
+
+
+class BandTotals(Protocol):
+    """What `QueuedDemand` reads of a priority class's queue (`queues.Band` is one): running totals, and
+    the oldest admission, which costs one look per backlogged user, not per request."""
+
+    @property
+    def priority_class(self) -> PriorityClassConfig: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def max_output_tokens(self) -> int: ...
+    def oldest_admission(self) -> float: ...
+
+
+_DEMAND_FAMILIES = (
+    (
+        "llmsched_queued_prompt_tokens",
+        "Prompt tokens of the requests queued here (estimated at 4 characters a token, as admission does).",
+    ),
+    (
+        "llmsched_queued_max_output_tokens",
+        "Output tokens the requests queued here may generate: their max_tokens summed (the model's "
+        "default_max_tokens where a request set none), an upper bound of the decode work waiting.",
+    ),
+    (
+        "llmsched_queue_oldest_wait_seconds",
+        "How long the oldest request queued here has waited (0: none queued), whatever the ordering policy.",
+    ),
+)
+
+
+class QueuedDemand:
+    """The work waiting in the queues, per model and priority class, for autoscalers: a custom collector
+    read at scrape time, so admission and dispatch pay nothing beyond the queues' own running totals.
+
+    Each model's dispatcher registers its bands (`watch`). Every configured class has its series from the
+    start (0 while nothing is queued); labels are the configured model and class names only. The request
+    count per class is `llmsched_queue_depth`, set as requests come and go.
+    """
+
+    def __init__(self) -> None:
+        self._models: dict[str, tuple[Sequence[BandTotals], Clock]] = {}
+
+    def watch(self, model: str, bands: Sequence[BandTotals], clock: Clock) -> None:
+        """Export `model`'s bands from now on (a later call for the same model replaces them)."""
+        self._models[model] = (bands, clock)
+
+    def describe(self) -> Iterator[Metric]:
+        for name, doc in _DEMAND_FAMILIES:
+            yield GaugeMetricFamily(name, doc, labels=["model", "priority_class"])
+
+    def collect(self) -> Iterator[Metric]:
+        prompt, output, oldest = (
+            GaugeMetricFamily(name, doc, labels=["model", "priority_class"]) for name, doc in _DEMAND_FAMILIES
+        )
+        for model, (bands, clock) in self._models.items():
+            now = clock.now()
+            for band in bands:
+                labels = [model, band.priority_class.name]
+                prompt.add_metric(labels, band.prompt_tokens)
+                output.add_metric(labels, band.max_output_tokens)
+                oldest.add_metric(labels, max(0.0, now - band.oldest_admission()) if band.size else 0.0)
+        yield from (prompt, output, oldest)
 
 
 GATE_CLOSE_CAUSES = tuple(cause for cause in GateCause if cause is not GateCause.OPEN)
