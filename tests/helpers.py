@@ -183,7 +183,21 @@ async def until_settled(
     dispatcher = server.scheduler.dispatchers[model]
     async with asyncio.timeout(timeout):
         while not predicate():
-            await dispatcher.wait_settled()
+            await dispatcher.shutdown.wait_settled()
+
+
+def queue_depth(server: SchedulerServer, user: str = "", model: str = "m") -> int:
+    """Requests queued for `model` (only `user`'s when given, all classes together), as introspection shows."""
+    snapshot = server.scheduler.snapshot(model, user, 1 << 30)
+    if not user:
+        return snapshot.queued
+    return sum(u.queued for cls in snapshot.classes for u in cls.users)
+
+
+def queued_users(server: SchedulerServer, model: str = "m") -> list[str]:
+    """The users with requests queued for `model`, sorted."""
+    snapshot = server.scheduler.snapshot(model, "", 1 << 30)
+    return sorted({u.user for cls in snapshot.classes for u in cls.users if u.queued})
 
 
 def outcome_count(server: SchedulerServer, outcome: str, model: str = "m") -> float:

@@ -97,7 +97,7 @@ class ClusterAgent:
             self._store_failed(exc)
         self.scheduler.guard = self.follower
         for dispatcher in self.scheduler.dispatchers.values():
-            dispatcher.observer = self.follower
+            dispatcher.cluster.observe(self.follower)
         self._apply(self.role if self.role is Role.DEGRADED else Role.JOINING)
         loop = asyncio.get_running_loop()
         self._tasks = [
@@ -160,7 +160,7 @@ class ClusterAgent:
     def _detach(self) -> None:
         self.scheduler.guard = None
         for dispatcher in self.scheduler.dispatchers.values():
-            dispatcher.observer = None
+            dispatcher.cluster.observe(None)
 
     # -- roles ---------------------------------------------------------------------------------------------
     def _apply(self, role: Role, holder: str | None = None) -> None:
@@ -177,8 +177,8 @@ class ClusterAgent:
                 self.follower.stop_following()
             self.role = role
             for model in self.scheduler.config.models:
-                self.scheduler.dispatchers[model.name].authority = authority_for(
-                    role, self.cluster, model, self.members, self.follower.positions
+                self.scheduler.dispatchers[model.name].cluster.steer(
+                    authority_for(role, self.cluster, model, self.members, self.follower.positions)
                 )
             log.info(
                 "cluster_role_changed",

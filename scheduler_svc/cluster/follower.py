@@ -5,7 +5,7 @@ the leader about it and carries out the leader's decisions.
   caps); while following, send `Admit` and wait up to admission_wait_seconds for the `Verdict`. A refusal
   raises the leader's error (the face closes the ticket as rejected); no answer in time leaves it queued
   provisionally: registered again when a leader appears, and a later refusal ends it then.
-- `Grant` from the leader we are registered with -> `dispatcher.grant`, the local run sends it to the
+- `Grant` from the leader we are registered with -> `ClusterPort.grant`, the local run sends it to the
   engine. A grant for a request no longer queued here is answered `Report ended(cancelled)` so the leader
   releases what it holds for it; a grant from another leader is ignored (counted).
 - The dispatchers' observer: accepted, first token, failover and the end go to the leader at once; token
@@ -113,7 +113,7 @@ class Follower:
     def register_all(self) -> None:
         """Send every live local ticket to the current leader."""
         for dispatcher in self._scheduler.dispatchers.values():
-            for ticket in dispatcher.live_tickets():
+            for ticket in dispatcher.cluster.live_tickets():
                 self._register(ticket, force=ticket.request.request_id not in self._provisional)
 
     def _register(self, ticket: Ticket, *, force: bool) -> None:
@@ -198,11 +198,11 @@ class Follower:
             self._metrics.stale_grants.inc()
             return
         for dispatcher in self._scheduler.dispatchers.values():
-            if dispatcher.grant(grant.request_id, grant.backend, grant.engine_priority):
+            if dispatcher.cluster.grant(grant.request_id, grant.backend, grant.engine_priority):
                 self.positions.pop(grant.request_id, None)
                 return
         self._metrics.stale_grants.inc()
-        if any(d.running_ticket(grant.request_id) is not None for d in self._scheduler.dispatchers.values()):
+        if any(d.cluster.running_ticket(grant.request_id) is not None for d in self._scheduler.dispatchers.values()):
             return  # a grant sent again after we took the first one (see Leader.on_admit): nothing to undo
         self._post(grant.sender, Report(self._name, grant.request_id, "ended", outcome=Outcome.CANCELLED.value))
 
@@ -213,7 +213,7 @@ class Follower:
 
     def on_position(self, position: Position) -> None:
         for dispatcher in self._scheduler.dispatchers.values():
-            ticket = dispatcher.queued_ticket(position.request_id)
+            ticket = dispatcher.cluster.queued_ticket(position.request_id)
             if ticket is not None:
                 self.positions[position.request_id] = position.position
                 ticket.nudge()
@@ -221,7 +221,7 @@ class Follower:
 
     def _end_queued(self, rid: str, outcome: Outcome, error: ErrorInfo) -> None:
         for dispatcher in self._scheduler.dispatchers.values():
-            if dispatcher.end_queued(rid, outcome, rebuild_error(error)):
+            if dispatcher.cluster.end_queued(rid, outcome, rebuild_error(error)):
                 return
 
     # -- DispatchObserver --------------------------------------------------------------------------------

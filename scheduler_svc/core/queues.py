@@ -229,6 +229,10 @@ class ModelQueues:
         """Requests this user has queued for the model, all bands together."""
         return self._user_depth.get(user, 0)
 
+    def users_in(self, priority_class: str) -> int:
+        """Users with requests queued in the class's band."""
+        return len(self._band_by_class[priority_class].flows)
+
     def backlogged_bands(self) -> Iterator[Band]:
         """Non-empty bands, best (lowest rank) first."""
         return (b for b in self.bands if b.size)

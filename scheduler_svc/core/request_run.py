@@ -27,7 +27,6 @@ import structlog
 
 from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.errors import BackendError
-from scheduler_svc.core.clock import Clock
 from scheduler_svc.core.errors import SchedulerError
 from scheduler_svc.core.stream_pacing import NO_PACING, StreamPacing
 from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
@@ -93,10 +92,11 @@ class _Requeued(Exception):
 
 
 class RunHost(Protocol):
-    """What a run reports to: the dispatcher that queued the request (`ModelDispatcher` is one)."""
+    """What a run reports to: its model's dispatch (`dispatch.request_events.RequestEvents` is it)."""
 
-    @property
-    def clock(self) -> Clock: ...
+    def now(self) -> float:
+        """The clock's time."""
+        ...
 
     def on_accepted(self, ticket: Ticket) -> None: ...
 
@@ -183,7 +183,7 @@ class RequestRun:
             ticket.close(Outcome.FAILED)
             raise ticket.cut_reason
         ticket.runner = asyncio.current_task()
-        ticket.sent_at = host.clock.now()  # the adapter's first step is the request to the engine
+        ticket.sent_at = host.now()  # the adapter's first step is the request to the engine
         try:
             # Closed as soon as this generator is: the adapter's own close aborts the engine request. Left
             # to the garbage collector, it could go on generating for seconds after the client left.
@@ -199,7 +199,7 @@ class RequestRun:
                         continue
                     if isinstance(event, TextDelta):
                         if ticket.first_token_at is None:
-                            ticket.first_token_at = host.clock.now()
+                            ticket.first_token_at = host.now()
                             host.on_first_token(ticket)
                         ticket.completion_tokens += event.tokens
                         host.on_generated(ticket, event.tokens)

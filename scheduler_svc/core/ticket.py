@@ -14,7 +14,6 @@ import time
 from typing import Protocol
 
 from backends.base import Backend
-from scheduler_svc.core.clock import Clock
 from scheduler_svc.core.errors import ShuttingDown
 from scheduler_svc.core.request import QueuedRequest
 
@@ -51,11 +50,12 @@ class AssignedBackend(Protocol):
 
 
 class TicketHost(Protocol):
-    """What a ticket calls back on: the dispatcher that queued it (`ModelDispatcher` is one). Declared here
-    so that the ticket does not import the dispatcher, which imports the ticket."""
+    """The one interface a ticket calls back on: its model's dispatch (`dispatch.request_events.RequestEvents`
+    is it). Declared here, so that the ticket imports nothing of dispatch."""
 
-    @property
-    def clock(self) -> Clock: ...
+    def now(self) -> float:
+        """The clock's time."""
+        ...
 
     def position(self, ticket: Ticket) -> int:
         """1-based position of `ticket` in its user's queue (0 once dispatched)."""
@@ -65,19 +65,19 @@ class TicketHost(Protocol):
         """End a queued ticket whose deadline passed."""
         ...
 
-    def withdraw(self, ticket: Ticket) -> None:
-        """Take a queued ticket out of its queue (its caller left)."""
+    def release(self, ticket: Ticket) -> None:
+        """The ticket is closing: take it out of its queue, or free its backend."""
         ...
 
-    def on_finished(self, ticket: Ticket) -> None: ...
-
-    def on_outcome(self, ticket: Ticket) -> None: ...
+    def settled(self, ticket: Ticket) -> None:
+        """The ticket recorded its one outcome."""
+        ...
 
 
 class Ticket:
     """One admitted request's lifecycle: queued -> dispatched -> done."""
 
-    def __init__(self, request: QueuedRequest, dispatcher: TicketHost) -> None:
+    def __init__(self, request: QueuedRequest, host: TicketHost) -> None:
         self.request = request
         self.state = TicketState.QUEUED
         self.outcome: Outcome | None = None
@@ -91,7 +91,7 @@ class Ticket:
         self.completion_tokens = 0
         self.engine_priority: int | None = None
         self.attempts = 0  # dispatches so far: more than one after a failover
-        self._dispatcher = dispatcher
+        self._host = host
         self._woken = asyncio.Event()
         self._close_reason: Exception | None = None
         self.runner: asyncio.Task[object] | None = None  # the task running the generation, while it runs
@@ -153,7 +153,7 @@ class Ticket:
             deadline = self.request.deadline
             wait = timeout
             if deadline is not None:
-                remaining = deadline - self._dispatcher.clock.now()
+                remaining = deadline - self._host.now()
                 wait = remaining if wait is None else min(wait, remaining)
             if wait is None or wait > 0:
                 # asyncio.timeout, not wait_for: no extra task per wait, which adds up with 100k queued
@@ -162,16 +162,16 @@ class Ticket:
                         await self._woken.wait()
             if self.state is TicketState.QUEUED:
                 self._woken.clear()  # woken by a nudge: the next wait must block again
-                if deadline is None or self._dispatcher.clock.now() < deadline:
+                if deadline is None or self._host.now() < deadline:
                     return False
-                self._dispatcher.expire(self)
+                self._host.expire(self)
         if self.state is TicketState.DISPATCHED:
             return True
         raise self._close_reason or ShuttingDown("request ended before dispatch")
 
     def position(self) -> int:
         """1-based position in the user's queue for this class (0 once dispatched)."""
-        return self._dispatcher.position(self)
+        return self._host.position(self)
 
     def close(self, outcome: Outcome | None = None) -> None:
         """Record the final outcome (first call wins) and release the queue slot or the backend. Without an
@@ -181,12 +181,9 @@ class Ticket:
             return
         if outcome is None:
             deadline = self.request.deadline
-            expired = deadline is not None and self._dispatcher.clock.now() >= deadline - DEADLINE_SLACK_SECONDS
+            expired = deadline is not None and self._host.now() >= deadline - DEADLINE_SLACK_SECONDS
             outcome = Outcome.EXPIRED if self.state is TicketState.QUEUED and expired else Outcome.CANCELLED
-        if self.state is TicketState.QUEUED:
-            self._dispatcher.withdraw(self)
-        elif self.state is TicketState.DISPATCHED:
-            self._dispatcher.on_finished(self)
+        self._host.release(self)
         self._record(outcome)
 
     def _record(self, outcome: Outcome) -> None:
@@ -194,5 +191,5 @@ class Ticket:
             return
         self.state = TicketState.DONE
         self.outcome = outcome
-        self.finished_at = self._dispatcher.clock.now()
-        self._dispatcher.on_outcome(self)
+        self.finished_at = self._host.now()
+        self._host.settled(self)

@@ -7,9 +7,10 @@ to dispatch a tenth of the backlog that is in its way, at the rate it has been d
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from scheduler_svc.config import ModelConfig
 from scheduler_svc.core.errors import QueueBytesFull, QueueFull
-from scheduler_svc.core.queues import ModelQueues
 from scheduler_svc.core.request import QueuedRequest
 
 MIN_RETRY_SECONDS = 0.1
@@ -24,6 +25,20 @@ def retry_after(backlog: int, rate: float) -> float:
     return min(MAX_RETRY_SECONDS, max(MIN_RETRY_SECONDS, max(1.0, backlog / 10) / rate))
 
 
+class QueuedCounts(Protocol):
+    """What the caps read of a model's queue (`queue_book.QueueBook` and `core.queues.ModelQueues` are ones)."""
+
+    def __len__(self) -> int: ...
+
+    def user_depth(self, user: str) -> int:
+        """Requests the user has queued, all classes together."""
+        ...
+
+    def users_in(self, priority_class: str) -> int:
+        """Users with requests queued in the class."""
+        ...
+
+
 class Capacity:
     """One model's caps (`max_queued*` and `max_queued_bytes*`) and the prompt bytes its requests hold.
 
@@ -31,7 +46,7 @@ class Capacity:
     bounded by memory, not by count; request counts are capped on the queue alone.
     """
 
-    def __init__(self, model: ModelConfig, queues: ModelQueues) -> None:
+    def __init__(self, model: ModelConfig, queues: QueuedCounts) -> None:
         self._model = model
         self._queues = queues
         self.held_bytes = 0  # prompt bytes of queued and running requests
@@ -49,7 +64,7 @@ class Capacity:
             )
         user_bytes = self._user_bytes.get(request.user, 0)
         if user_bytes + request.prompt_bytes > model.max_queued_bytes_per_user:
-            user_rate = rate / max(1, len(queues.band(request.priority_class).flows))
+            user_rate = rate / max(1, queues.users_in(request.priority_class))
             raise QueueBytesFull(
                 f"user {request.user} holds {user_bytes} prompt bytes in queued and running requests for "
                 f"{model.name} (limit {model.max_queued_bytes_per_user}, max_queued_bytes_per_user)",
@@ -62,8 +77,9 @@ class Capacity:
             )
         depth = queues.user_depth(request.user)
         if depth >= model.max_queued_per_user:
-            band = queues.band(request.priority_class)
-            user_rate = rate / max(1, len(band.flows))  # fairness gives each backlogged user about this much
+            user_rate = rate / max(
+                1, queues.users_in(request.priority_class)
+            )  # fairness: each backlogged user this much
             raise QueueFull(
                 f"user {request.user} has {depth} requests queued for {model.name} (limit {model.max_queued_per_user})",
                 retry_after_seconds=retry_after(depth, user_rate),

@@ -1,52 +1,67 @@
-"""One dispatcher per model: picks the next request and sends it while a backend's gate is open.
+"""One model's dispatch, wired from named parts, each in its own module with one job:
 
-The loop wakes on events only (a new request, an engine accepting or starting a request, a finished
-request, a new metrics reading), never on a fixed tick. Each wake-up sends as many requests as the gates
-allow: the band policy picks a band (strict by rank, with the anti-starvation guard), the band's fairness
-policy a user among those some backend's gate admits, the ordering policy that user's request, and the
-backend policy one of the open backends.
+    queue_book.QueueBook        what is queued, ticket by ticket, and whose position moved
+    run_ledger.RunLedger        what is in flight, per backend and class
+    decisions.Decisions         one decision pass: band -> user -> request -> backend, while the gates allow
+    handover.Handover           a queued request handed to a backend, with all that changes with it
+    loop.DispatchLoop           wakes on events only and runs a pass; the timer for a held choice
+    request_events.RequestEvents  what tickets and runs call back on: the accounting of each request's life,
+                                and failover (the one interface a ticket knows)
+    cluster_port.ClusterPort    the port a cluster steers the model through
+    shutdown.Shutdown           stopping, and the steps of the drain
+    capacity, openings (gates and engine priorities), failover (the rule), health (the watchdog's look),
+    introspection (the operator's snapshot)
 
-The dispatcher wires named parts, each in its own module: `capacity` (caps and retry hints), `openings`
-(gate decisions, engine priorities, what introspection shows), `policies.band` and
-`policies.backend_choice`, `failover` (may a failed request go again), `positions` (the notifier), and
-one `load.LoadEstimator` per backend. The request itself runs in its caller's task (`request_run`).
+`ModelDispatcher` only builds and connects them, and says which of them the rest of the service may use: the
+scheduler queues a request (`enqueue`), runs the loop and drains through `shutdown`; a face runs a request
+with `events` as its host and asks `outlook` for what a waiting client is told; the cluster steers through
+`cluster`; an operator reads `snapshot`. The request itself runs in its caller's task (`core.request_run`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-import structlog
-
-from backends.errors import BackendError
 from scheduler_svc.config import ModelConfig, SchedulingConfig
 from scheduler_svc.core.clock import Clock
-from scheduler_svc.core.errors import InternalError, QueueTimeout, ShuttingDown
-from scheduler_svc.core.queues import Band, Flow, ModelQueues
+from scheduler_svc.core.errors import InternalError
 from scheduler_svc.core.request import QueuedRequest
-from scheduler_svc.core.ticket import Outcome, Ticket
+from scheduler_svc.core.ticket import Ticket
 from scheduler_svc.dispatch.activity import ClassActivity
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.capacity import Capacity
+from scheduler_svc.dispatch.cluster_port import ClusterPort
+from scheduler_svc.dispatch.decisions import Decisions
 from scheduler_svc.dispatch.failover import FailoverRule
-from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth
+from scheduler_svc.dispatch.handover import Handover
+from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth, StallWatch
+from scheduler_svc.dispatch.introspection import ModelSnapshot, model_snapshot
+from scheduler_svc.dispatch.loop import DispatchLoop
 from scheduler_svc.dispatch.metrics import RequestCounters, SchedulerMetrics, backend_series, class_series
-from scheduler_svc.dispatch.openings import BackendChoice, BackendGates, BackendState, EnginePriorities, Opening
-from scheduler_svc.dispatch.positions import PositionNotifier
-from scheduler_svc.dispatch.rate import RateMeter
-from scheduler_svc.dispatch.steering import DispatchAuthority, DispatchObserver
-from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES
-from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, Candidate
+from scheduler_svc.dispatch.openings import BackendGates, EnginePriorities
+from scheduler_svc.dispatch.queue_book import QueueBook
+from scheduler_svc.dispatch.request_events import RequestEvents
+from scheduler_svc.dispatch.run_ledger import RunLedger
+from scheduler_svc.dispatch.shutdown import Shutdown
+from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, FairnessPolicy
+from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, BackendPolicy
 from scheduler_svc.policies.band import BAND_POLICIES
 from scheduler_svc.policies.cost import CostAccounts, CounterScope, Prices
 from scheduler_svc.policies.weights import WeightResolver
 
-log = structlog.get_logger(__name__)
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """What a client waiting in the queue is told besides its position: the model's queue depth, and about
+    how long until its request goes (None while the drain rate is unknown)."""
+
+    depth: int
+    estimated_wait: float | None
 
 
 class ModelDispatcher:
-    """Queues and dispatch for one model."""
+    """Queues and dispatch for one model (see the module docstring for its parts)."""
 
     def __init__(
         self,
@@ -63,468 +78,200 @@ class ModelDispatcher:
     ) -> None:
         self.model = model
         self.clock = clock
-        self.backends = list(backends)
-        self._handles = {h.name: h for h in self.backends}
-        self._ordering = ORDERING_POLICIES.create(scheduling.ordering)
-        self.queues = ModelQueues(scheduling.classes, self._ordering.key)
-        self.classes = {c.name: c for c in scheduling.classes}
+        self._backends = tuple(backends)
+        errors = errors or InternalErrors(lambda component: metrics.internal_errors.labels(component).inc())
+        health = health or LoopHealth(
+            f"dispatch:{model.name}", ServiceHealth(), max_failed_passes=3, max_stall_seconds=0.0
+        )
+        self._classes = list(scheduling.classes)
+        classes = {c.name: c for c in self._classes}
         weights = WeightResolver(scheduling.weights)
-        self.fairness = {
+        self._fairness: dict[str, FairnessPolicy] = {
             c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, scheduling, clock)
             for c in scheduling.classes
         }
-        self.prices = Prices.of(model)
+        prices = Prices.of(model)
         scope = counter_scope or CounterScope(scheduling.fairness_scope)  # one per scheduler: shared by models
-        for name, policy in self.fairness.items():
-            policy.use_costing(self.prices, scope.counters(name, "user"), scope.counters(name, "group"))
-        self._accounts = CostAccounts(scheduling.cost_accounts)
-        self._queued: dict[str, Ticket] = {}
-        self._running: dict[str, Ticket] = {}
-        self._metrics = metrics
-        self._series = {h.name: backend_series(metrics, model.name, h.name, self.classes) for h in self.backends}
-        self._class_series = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
-        metrics.queued_demand.watch(model.name, self.queues.bands, clock)
-        self._counters = RequestCounters(metrics, model.name, self._series, self._class_series, self._accounts.label)
-        self.drain = RateMeter()
+        for name, policy in self._fairness.items():
+            policy.use_costing(prices, scope.counters(name, "user"), scope.counters(name, "group"))
+        series = {h.name: backend_series(metrics, model.name, h.name, classes) for h in self._backends}
+        by_class = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
+        self._counters = RequestCounters(
+            metrics, model.name, series, by_class, CostAccounts(scheduling.cost_accounts).label
+        )
         self._activity = ClassActivity(scheduling.classes)
-        self._bands = BAND_POLICIES.create(scheduling.band_policy)
-        self._backend_policy = BACKEND_POLICIES.create(model.backend_policy, model.locality)
-        self._deficit_bound = model.locality.deficit_bound
-        self.gates = BackendGates(
-            self.backends,
+        self._book = QueueBook(
+            scheduling.classes,
+            ORDERING_POLICIES.create(scheduling.ordering).key,
+            lambda priority_class, size: by_class[priority_class].queue_depth.set(size),
+        )
+        metrics.queued_demand.watch(model.name, self._book.bands, clock)
+        self._ledger = RunLedger(self._backends, self._activity, series)
+        backend_policy: BackendPolicy = BACKEND_POLICIES.create(model.backend_policy, model.locality)
+        self._handover = Handover(self._book, self._ledger, self._fairness, backend_policy, self._counters)
+        self._gates = BackendGates(
+            self._backends,
             self._activity,
-            EnginePriorities(self.classes, scheduling.engine_priority_per_inflight),
-            self._series,
+            EnginePriorities(classes, scheduling.engine_priority_per_inflight),
+            series,
         )
-        self._wake = asyncio.Event()
-        self._timer: asyncio.TimerHandle | None = None
-        self._settled = asyncio.Event()  # set whenever a request reaches its outcome
-        self.positions = PositionNotifier(self._queued)
-        self.capacity = Capacity(model, self.queues)
-        self._failover = FailoverRule(model)
-        self.stopping = False  # set once the queue is closed on shutdown: no more dispatches nor failovers
-        self.errors = errors or InternalErrors(lambda component: metrics.internal_errors.labels(component).inc())
-        self.health = health or LoopHealth(
-            f"dispatch:{model.name}", ServiceHealth(), max_failed_passes=3, max_stall_seconds=0.0
+        self._capacity = Capacity(model, self._book)
+        self._shutdown = Shutdown(self._book, self._ledger)
+        self._stall_watch = StallWatch(health)
+
+        def settled(ticket: Ticket) -> None:
+            if on_done is not None:
+                on_done(ticket)
+            self._shutdown.settled()
+
+        self._events = RequestEvents(
+            clock,
+            self._book,
+            self._ledger,
+            self._fairness,
+            prices,
+            self._counters,
+            self._capacity,
+            FailoverRule(model),
+            authority=lambda: self._gates.authority,
+            stopping=lambda: self._shutdown.stopping,
+            wake=self.wake,
+            settled=settled,
+            model=model.name,
         )
-        self._on_done = on_done
-        self.dispatches = 0  # requests sent so far (the watchdog compares it between looks)
-        self._dispatches_at_last_look = 0
-        self.observer: DispatchObserver | None = None  # told of each request's events (a cluster follower)
+        self._decisions = Decisions(
+            self._book,
+            self._ledger,
+            self._gates,
+            self._fairness,
+            BAND_POLICIES.create(scheduling.band_policy),
+            backend_policy,
+            model.locality.deficit_bound,
+            send=self._handover.send,
+            expire=self._events.expire,
+            may_dispatch=self._may_dispatch,
+            errors=errors,
+            health=health,
+            model=model.name,
+        )
+        self._loop = DispatchLoop(self._decide, self._choose_again_at, clock, errors, health, model.name)
+        self._cluster = ClusterPort(
+            clock,
+            self._book,
+            self._ledger,
+            self._gates,
+            self._events,
+            self._fairness.__getitem__,
+            send=self._handover.send,
+            sent=self._stall_watch.count,
+            stopping=lambda: self._shutdown.stopping,
+            wake=self.wake,
+        )
+
+    # -- what the rest of the service uses --------------------------------------------------------------------
+    @property
+    def backends(self) -> Sequence[BackendHandle]:
+        """The model's backends, in configuration order (the scheduler reads their metrics)."""
+        return self._backends
 
     @property
-    def authority(self) -> DispatchAuthority:
-        """Who decides when requests go (`hooks.DispatchAuthority`; `LOCAL` by default)."""
-        return self.gates.authority
+    def events(self) -> RequestEvents:
+        """What the model's tickets and request runs call back on."""
+        return self._events
 
-    @authority.setter
-    def authority(self, authority: DispatchAuthority) -> None:
-        self.gates.authority = authority
-        self.wake()
+    @property
+    def cluster(self) -> ClusterPort:
+        """The port a cluster agent steers this model through."""
+        return self._cluster
 
-    # -- admission and withdrawal ---------------------------------------------------------------------
+    @property
+    def shutdown(self) -> Shutdown:
+        """Stopping the model: end what waits, wait for what runs, cut the rest (the scheduler's drain)."""
+        return self._shutdown
+
+    @property
+    def loop(self) -> DispatchLoop:
+        """The dispatch loop (the scheduler runs it; a driver on virtual time steps it)."""
+        return self._loop
+
     def enqueue(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
         """Queue an admitted request and return its ticket; QueueFull when a cap is reached (unless `force`:
         a request admitted before, registered again with a new cluster leader)."""
-        if request.request_id in self._queued or request.request_id in self._running:
+        request_id = request.request_id
+        if self._book.ticket(request_id) is not None or self._ledger.ticket(request_id) is not None:
             # Server ids are unique: a second ticket for one would corrupt the queue (never a client's doing).
-            raise InternalError(f"request {request.request_id} is already queued or running here")
+            raise InternalError(f"request {request_id} is already queued or running here")
         if not force:
-            self.capacity.check(request, self.busy, self.drain.rate(self.clock.now()))
-        ticket = Ticket(request, self)
-        self._put_in_queue(ticket)
-        self.capacity.hold(request)
+            self._capacity.check(request, self.busy, self._handover.drain_rate(self.clock.now()))
+        ticket = Ticket(request, self._events)
+        _, newly_backlogged = self._book.put(ticket)
+        if newly_backlogged:
+            band = self._book.band(request.priority_class)
+            self._fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
+        self._capacity.hold(request)
         self._counters.admitted(request)
         self._activity.touch(request.priority_class, self.clock.now())
-        self._set_depth(request.priority_class)
         self.wake()
         return ticket
 
-    def _put_in_queue(self, ticket: Ticket, *, front: bool = False) -> Flow:
-        """Queue the ticket's request (where the ordering puts it; at the head of its user's queue with
-        `front`) and tell the band's fairness policy when the user just became backlogged. A request the
-        ordering puts ahead of others moves them back one: their streaming clients are told."""
-        request = ticket.request
-        band = self.queues.band(request.priority_class)
-        flow, newly_backlogged = self.queues.push(request, front=front)
-        self._queued[request.request_id] = ticket
-        if newly_backlogged:
-            self.fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
-        elif not flow.is_last(request):
-            self.positions.moved(flow)
-        return flow
+    def wake(self) -> None:
+        """Something happened that may let a request go (a backend's new reading, say): pass again."""
+        self._loop.wake()
 
-    def withdraw(self, ticket: Ticket) -> None:
-        """Take a still-queued request out of the queue (dispatched, cancelled, expired, shutting down)."""
-        flow = self.queues.flow_of(ticket.request.request_id)
-        if self.queues.remove(ticket.request.request_id) is not None:
-            del self._queued[ticket.request.request_id]
-            self._set_depth(ticket.request.priority_class)
-            if flow:  # the requests behind it moved up
-                self.positions.moved(flow)
+    def decide(self) -> int:
+        """One decision pass now: send every request the gates allow; returns how many went."""
+        return self._decide()
 
-    def expire(self, ticket: Ticket) -> None:
-        """End a queued request whose deadline passed; it is never dispatched."""
-        self.withdraw(ticket)
-        ticket.end_in_queue(Outcome.EXPIRED, QueueTimeout(f"request {ticket.request.request_id} expired in the queue"))
+    async def run(self) -> None:
+        """The dispatch loop, until cancelled."""
+        await self._loop.run()
 
-    def end_queued(self, request_id: str, outcome: Outcome, reason: Exception) -> bool:
-        """End a still-queued request with `reason` (a cluster leader refused or ended it); False when it is
-        not queued here."""
-        ticket = self._queued.get(request_id)
-        if ticket is None:
-            return False
-        self.withdraw(ticket)
-        ticket.end_in_queue(outcome, reason)
-        return True
+    async def notify_positions(self, interval: float) -> None:
+        """Tell streaming clients their new queue position when it changes, at most once per `interval`."""
+        await self._book.notify_positions(interval)
 
-    def reject_all_queued(self, reason: str) -> int:
-        """End every queued request with UNAVAILABLE (the service is stopping); returns how many. From
-        here on a request an engine fails is not queued again either."""
-        self.stopping = True
-        tickets = list(self._queued.values())
-        for ticket in tickets:
-            self.withdraw(ticket)
-            ticket.end_in_queue(Outcome.REJECTED, ShuttingDown(reason))
-        return len(tickets)
-
-    def cut_running(self, reason: str) -> int:
-        """Cut every running generation (the shutdown grace is over); returns how many were cut."""
-        return sum(ticket.cut(ShuttingDown(reason)) for ticket in list(self._running.values()))
-
-    # -- events from running requests ---------------------------------------------------------------
-    def _handle_of(self, ticket: Ticket) -> BackendHandle:
-        """The backend a dispatched ticket was sent to, as this dispatcher holds it."""
-        assert ticket.backend is not None
-        return self._handles[ticket.backend.name]
-
-    def on_accepted(self, ticket: Ticket) -> None:
-        """The engine took the request (its response started)."""
-        now = ticket.accepted_at = self.clock.now()
-        handle = self._handle_of(ticket)
-        handle.estimator.accepted(ticket.request.request_id, now)
-        if (accept := ticket.engine_accept) is not None:
-            self._counters.accepted(ticket.request, handle.name, accept)
-        if self.observer is not None:
-            self.observer.on_accepted(ticket)
-
-    def on_first_token(self, ticket: Ticket) -> None:
-        assert ticket.first_token_at is not None
-        self._counters.cost(ticket.request, self.prices.cost(ticket.request.prompt_tokens_estimate, 0))
-        self._handle_of(ticket).estimator.started(ticket.request.request_id, ticket.first_token_at)
-        self._counters.first_token(ticket.request, ticket.first_token_at - ticket.request.admitted_at)
-        if self.observer is not None:
-            self.observer.on_first_token(ticket)
-        self.wake()
-
-    def on_generated(self, ticket: Ticket, tokens: int) -> None:
-        self.fairness[ticket.request.priority_class].on_generated(ticket.request, tokens)
-        self._counters.cost(ticket.request, self.prices.cost(0, tokens))
-        assert ticket.backend is not None
-        self._counters.generated(ticket.request, ticket.backend.name, tokens)
-        if self.observer is not None:
-            self.observer.on_generated(ticket, tokens)
-
-    def on_finished(self, ticket: Ticket) -> None:
-        self._release(ticket)
-        self.fairness[ticket.request.priority_class].on_finished(ticket.request, ticket.completion_tokens)
-        self.wake()
-
-    def _release(self, ticket: Ticket) -> None:
-        """A dispatched request no longer holds its backend."""
-        backend = self._handle_of(ticket)
-        backend.estimator.finished(ticket.request.request_id, self.clock.now())
-        if self._running.pop(ticket.request.request_id, None) is not None:
-            self._activity.ended(ticket.request.priority_class, self.clock.now())
-        self._series[backend.name].in_flight.set(backend.estimator.in_flight)
-
-    def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
-        """The backend failed `ticket` before its first token: queue it again at the head of its user's
-        queue and cool the backend down, so the next dispatch goes elsewhere. False when it should fail as
-        it is: the error is not about the engine's availability, the request used its attempts or its
-        deadline, or the service is stopping."""
-        request = ticket.request
-        now = self.clock.now()
-        if self.stopping:
-            return False
-        # Not deciding here (a cluster follower): it waits in the queue and the leader decides retry or fail.
-        if self.authority.dispatches_locally and not self._failover.may_retry(request, error, ticket.attempts, now):
-            return False
-        handle = self._handle_of(ticket)
-        self._failover.cool_down(handle, now)
-        self._release(ticket)
-        ticket.requeued()  # first: from here a failure below leaves a ticket that close() can end cleanly
-        self.fairness[request.priority_class].on_requeued(request)
-        flow = self._put_in_queue(ticket, front=True)
-        self._set_depth(request.priority_class)
-        self.positions.moved(flow)  # the requests behind it moved down one
-        self._counters.failed_over(request, handle.name)
-        log.warning(
-            "request_failed_over",
-            model=self.model.name,
-            request_id=request.request_id,
-            backend=handle.name,
-            attempt=ticket.attempts,
-            error=str(error),
-        )
-        if self.observer is not None:
-            self.observer.on_failed_over(ticket, error)
-        self.wake()
-        return True
-
-    def on_outcome(self, ticket: Ticket) -> None:
-        self.capacity.release(ticket.request)
-        if self._on_done is not None:
-            self._on_done(ticket)
-        if self.observer is not None:
-            self.observer.on_outcome(ticket)
-        self._counters.outcome(ticket.request, ticket.outcome.value if ticket.outcome else "?")
-        log.debug(
-            "request_done",
-            model=self.model.name,
-            request_id=ticket.request.request_id,
-            user=ticket.request.user,
-            outcome=ticket.outcome.value if ticket.outcome else None,
-            backend=ticket.backend.name if ticket.backend else None,
-            tokens=ticket.completion_tokens,
-        )
-        self._settled.set()
-
-    def on_reading(self) -> None:
-        """A backend's metrics were read (or failed to be)."""
-        self.wake()
-
-    # -- queries ------------------------------------------------------------------------------------
-    def position(self, ticket: Ticket) -> int:
-        """1-based rank of the ticket's request in its user's queue by the ordering policy; 0 once it left."""
-        flow = self.queues.flow_of(ticket.request.request_id)
-        if flow is None:
-            return 0
-        told = self.authority.position(ticket.request.request_id)  # a cluster follower: the leader's answer
-        return told if told is not None else flow.position(ticket.request)
-
-    def estimated_wait(self, ticket: Ticket) -> float | None:
-        """Seconds until dispatch at the current drain rate, assuming each backlogged user of the band is
-        served in turn and higher bands go first; None while the rate is unknown."""
-        rate = self.drain.rate(self.clock.now())
-        position = self.position(ticket)
-        if rate <= 0 or position == 0:
-            return None
-        band = self.queues.band(ticket.request.priority_class)
-        ahead_in_higher_bands = sum(
-            b.size for b in self.queues.bands if b.priority_class.rank < band.priority_class.rank
-        )
-        ahead = ahead_in_higher_bands + position * max(1, len(band.flows)) - 1
-        return ahead / rate
+    def outlook(self, ticket: Ticket) -> Outlook:
+        """The model's queue depth and the ticket's estimated wait: at the current drain rate, each backlogged
+        user of its band served in turn and better bands first (None while the rate is unknown)."""
+        rate = self._handover.drain_rate(self.clock.now())
+        position = self._events.position(ticket)
+        wait = None if rate <= 0 or position == 0 else self._book.ahead(ticket, position) / rate
+        return Outlook(len(self._book), wait)
 
     @property
     def busy(self) -> int:
         """Requests queued or running."""
-        return len(self._queued) + len(self._running)
+        return len(self._book) + len(self._ledger)
 
-    def live_tickets(self) -> list[Ticket]:
-        """Every queued or running ticket (what a cluster replica registers with a new leader)."""
-        return [*self._queued.values(), *self._running.values()]
-
-    def queued_ticket(self, request_id: str) -> Ticket | None:
-        return self._queued.get(request_id)
-
-    def running_ticket(self, request_id: str) -> Ticket | None:
-        return self._running.get(request_id)
-
-    def backend_states(self) -> list[BackendState]:
-        """Every backend's gate decision for every class, with its inputs (see `BackendGates.states`)."""
-        return self.gates.states(list(self.classes.values()), self.clock.now())
-
-    # -- the loop -------------------------------------------------------------------------------------
-    def wake(self) -> None:
-        self._wake.set()
-
-    async def run(self) -> None:
-        """Dispatch whenever something happened that may let a request go."""
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                self.dispatch_ready()
-                self._wake_for_waiting_choice()
-            except Exception as exc:  # a policy bug must not stop the model: count it, retry on the next event
-                self.errors.report("dispatch", exc, model=self.model.name)
-                self.health.pass_done(ok=False)
-
-    def _wake_for_waiting_choice(self) -> None:
-        """A fairness policy may wait briefly for a user about to return (`FairnessPolicy.wake_at`): wake
-        the loop when that wait ends, so the choice is made again even if no other event comes."""
-        due = [t for t in (f.wake_at() for f in self.fairness.values()) if t is not None]
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if due:
-            delay = max(0.0, min(due) - self.clock.now())
-            self._timer = asyncio.get_running_loop().call_later(delay, self.wake)
+    def snapshot(self, user: str, max_users: int) -> ModelSnapshot:
+        """What an operator sees of the model (`dispatch.introspection`)."""
+        now = self.clock.now()
+        return model_snapshot(
+            self.model.name,
+            self._book,
+            len(self._ledger),
+            self._capacity.held_bytes,
+            self._handover.drain_rate(now),
+            self._fairness,
+            self._gates.states(self._classes, now),
+            user=user,
+            max_users=max_users,
+        )
 
     def watchdog_look(self) -> None:
         """Tell the loop's health whether work that could go now has been waiting without any dispatch."""
         now = self.clock.now()
-        moved = self.dispatches != self._dispatches_at_last_look
-        self._dispatches_at_last_look = self.dispatches
-        could = False
-        if self.queues.size and not self.stopping and self.authority.dispatches_locally:
-            top = next(self.queues.backlogged_bands())
-            # Asked for a real user of the band: at a priority engine a newcomer may pass the gate while
-            # every backlogged user's next request would queue too deep (a lone flood), which is no stall.
-            choice = BackendChoice(self.gates, top.priority_class, top.priority_class, now)
-            could = any(choice.eligible(user) for user in top.flows)
-        self.health.observe(now, could_dispatch=could, dispatched_since_last=moved)
+        self._stall_watch.look(now, self._decisions.could_dispatch(now))
 
-    async def wait_settled(self) -> None:
-        """Wait until some request reaches its outcome (used to drain on shutdown)."""
-        self._settled.clear()
-        await self._settled.wait()
+    # -- wiring -----------------------------------------------------------------------------------------------
+    def _may_dispatch(self) -> bool:
+        return not self._shutdown.stopping and self._gates.authority.dispatches_locally
 
-    def dispatch_ready(self) -> int:
-        """Send every request the gates allow now; returns how many were sent.
-
-        A band whose dispatch raises an unexpected error is left out for the rest of the pass, so the other
-        bands keep going; the error is counted and the pass reported failed to the loop's health.
-        """
-        if self.stopping or not self.authority.dispatches_locally:
-            return 0
-        sent = 0
-        now = self.clock.now()
-        broken: set[str] = set()
-        while self.queues.size:
-            choice = self._choose_band(now, broken)
-            if choice is None:
-                break
-            band, backends = choice
-            try:
-                went = self._dispatch_one(band, backends, now)
-            except Exception as exc:
-                broken.add(band.priority_class.name)
-                self.errors.report("dispatch", exc, model=self.model.name, priority_class=band.priority_class.name)
-                continue
-            if went is None:
-                break  # no backlogged user of the band may go now
-            sent += went
-        self.dispatches += sent
-        self.health.pass_done(ok=not broken)
+    def _decide(self) -> int:
+        sent = self._decisions.dispatch_ready(self.clock.now())
+        self._stall_watch.count(sent)
         return sent
 
-    def _dispatch_one(self, band: Band, backends: BackendChoice, now: float) -> int | None:
-        """Send the band's next request: fairness picks the user among those a backend can take now (with
-        `locality.deficit_bound`, the users within that bound), ordering picks each one's request, the
-        backend policy the request and one of the backends open to it. Returns how many went (0: the
-        users' queues held only expired requests), None when no backlogged user may go."""
-        fairness = self.fairness[band.priority_class.name]
-        if self._deficit_bound > 0:
-            users = fairness.offer(band.flow_views, backends.eligible, self._deficit_bound)
-        else:
-            user = fairness.select(band.flow_views, backends.eligible)
-            users = [] if user is None else [user]
-        if not users:
-            return None
-        candidates: list[Candidate[Opening]] = []
-        for user in users:
-            openings = backends.for_user(user)
-            assert openings, "fairness chose a user no backend can take"
-            live = self._next_live(band, user, now)
-            if live is not None:
-                candidates.append(Candidate(live.request, openings))
-        if not candidates:
-            return 0  # the users' queues held only expired requests
-        in_flight = {h.name: h.estimator.in_flight for h in self.backends}
-        request, opening = self._backend_policy.choose_among(candidates, in_flight)
-        ticket = self._queued[request.request_id]
-        handle = opening.handle
-        self._send(ticket, handle, now, lambda: self.gates.priorities.of(request.priority_class, request.user, handle))
-        return 1
-
-    def grant(self, request_id: str, backend_name: str, engine_priority: int | None) -> bool:
-        """Send a queued request to `backend_name` because the cluster's leader decided so, as `_dispatch_one`
-        would have; False when the request is not queued here (gone, or the service is stopping)."""
-        ticket = self._queued.get(request_id)
-        handle = next((h for h in self.backends if h.name == backend_name), None)
-        if ticket is None or handle is None or self.stopping:
-            return False
-        self._send(ticket, handle, self.clock.now(), lambda: engine_priority)
-        self.dispatches += 1
-        return True
-
-    def adopt(
-        self,
-        ticket: Ticket,
-        backend_name: str,
-        engine_priority: int | None,
-        attempt: int,
-        *,
-        accepted: bool,
-        first_token: bool,
-        tokens: int,
-    ) -> bool:
-        """Count a queued ticket as already running at `backend_name` (a cluster replica re-registered a
-        request it runs with this new leader): withdrawn, assigned without being sent, its progress so far
-        counted in the estimator and fairness. False when the backend is unknown."""
-        handle = next((h for h in self.backends if h.name == backend_name), None)
-        if handle is None or ticket.request.request_id not in self._queued:
-            return False
-        now = self.clock.now()
-        self._send(ticket, handle, now, lambda: engine_priority)
-        ticket.attempts = max(ticket.attempts, attempt)
-        if accepted:
-            handle.estimator.accepted(ticket.request.request_id, now)
-        if first_token:
-            ticket.first_token_at = now
-            handle.estimator.started(ticket.request.request_id, now)
-        if tokens:
-            ticket.completion_tokens = tokens
-            self.fairness[ticket.request.priority_class].on_generated(ticket.request, tokens)
-        return True
-
-    def _send(self, ticket: Ticket, handle: BackendHandle, now: float, priority_of: Callable[[], int | None]) -> None:
-        """Take a queued ticket out of its queue and assign it to `handle`, with all the accounting."""
-        request = ticket.request
-        self.withdraw(ticket)
-        try:
-            self.fairness[request.priority_class].on_dispatched(request)
-            priority = priority_of()
-        except Exception:
-            # Out of the queue and not sent: end it now, or its client would wait for nothing.
-            ticket.end_in_queue(Outcome.FAILED, InternalError("the scheduler failed to dispatch the request"))
-            raise
-        handle.estimator.dispatched(request.request_id, priority, request.user)
-        ticket.assign(handle, now, priority)
-        self._backend_policy.on_dispatched(request, handle.name)
-        self._running[request.request_id] = ticket
-        self._activity.started(request.priority_class, now)
-        self._series[handle.name].in_flight.set(handle.estimator.in_flight)
-        first = ticket.attempts == 1  # a failed-over request left the queue, and was observed, the first time
-        if first:
-            self.drain.record(now)
-        self._counters.dispatched(request, handle.name, now - request.admitted_at if first else None)
-
-    def _next_live(self, band: Band, user: str, now: float) -> Ticket | None:
-        """The user's next request by the ordering policy (the head of its flow), expiring dead ones on the
-        way, so that expired requests never cost the user its turn."""
-        while user in band.flows:
-            request = band.flows[user].head()
-            ticket = self._queued[request.request_id]
-            if request.deadline is None or now < request.deadline:
-                return ticket
-            self.expire(ticket)
-        return None
-
-    def _choose_band(self, now: float, broken: set[str]) -> tuple[Band, BackendChoice] | None:
-        """The band to serve and the gates its request must pass, or None when nothing may go now: the
-        band policy decides among the backlogged bands that did not fail this pass."""
-        backlogged = [b for b in self.queues.backlogged_bands() if b.priority_class.name not in broken]
-        if not backlogged:
-            return None
-        turn = self._bands.choose(backlogged, now, lambda cls: bool(self.gates.open(cls, cls, None, now)))
-        if turn is None:
-            return None
-        band = backlogged[turn.index]
-        return band, BackendChoice(self.gates, turn.gate_class, band.priority_class, now)
-
-    def _set_depth(self, priority_class: str) -> None:
-        self._class_series[priority_class].queue_depth.set(self.queues.band(priority_class).size)
+    def _choose_again_at(self) -> float | None:
+        due = [t for t in (f.wake_at() for f in self._fairness.values()) if t is not None]
+        return min(due) if due else None

@@ -113,3 +113,22 @@ class LoopHealth:
         if self._max_stall and not self._stalled and now - self._stalled_since >= self._max_stall:
             self._stalled = True
             self._health.set(f"{self.name}:stall", f"no dispatch for {now - self._stalled_since:.0f}s with work ready")
+
+
+class StallWatch:
+    """The watchdog's look at one dispatch loop: work that could go now has been waiting while nothing was
+    sent since the last look (the loop is wedged), told to the loop's health."""
+
+    def __init__(self, health: LoopHealth) -> None:
+        self._health = health
+        self._sent = 0  # requests sent so far
+        self._sent_at_last_look = 0
+
+    def count(self, sent: int) -> None:
+        """`sent` more requests went."""
+        self._sent += sent
+
+    def look(self, now: float, could_dispatch: bool) -> None:
+        moved = self._sent != self._sent_at_last_look
+        self._sent_at_last_look = self._sent
+        self._health.observe(now, could_dispatch=could_dispatch, dispatched_since_last=moved)

@@ -74,12 +74,20 @@ class BackendGates:
         self._activity = activity
         self.priorities = priorities
         self._series = series
-        self.authority: DispatchAuthority = LOCAL  # its in-flight cap closes a backend like a gate would
+        self._authority: DispatchAuthority = LOCAL  # its in-flight cap closes a backend like a gate would
+
+    @property
+    def authority(self) -> DispatchAuthority:
+        """Who decides when requests go; its in-flight cap per backend closes a backend like a gate would."""
+        return self._authority
+
+    def steer(self, authority: DispatchAuthority) -> None:
+        self._authority = authority
 
     def _capped(self, handle: BackendHandle) -> GateDecision | None:
         """A closed decision when the authority's in-flight cap is reached at `handle` (a replica gating
         alone while the cluster store is unreachable), else None."""
-        cap = self.authority.in_flight_cap(handle)
+        cap = self._authority.in_flight_cap(handle)
         if cap is None or handle.estimator.in_flight < cap:
             return None
         return GateDecision(

@@ -1,6 +1,9 @@
 """The scheduler: admission into per-model queues, one dispatcher and one metrics monitor per backend.
 
-scheduler.admit(request) -> Ticket      the servicer's entry point
+scheduler.admit(request) -> Ticket      queue a validated request (both doors, through `dispatch.intake`)
+scheduler.request_run(ticket)           the ticket's run, reporting to its model's dispatch
+scheduler.outlook(ticket)               what a waiting client is told: the queue depth, its estimated wait
+scheduler.snapshot(model, ...)          what an operator sees of a model (GetQueueState)
 await scheduler.run()                   dispatch loops and metrics monitors, until cancelled
 await scheduler.drain(grace)            on shutdown: stop admitting, let work finish, then reject
 """
@@ -18,12 +21,14 @@ from scheduler_svc.config import BackendConfig, Config, ModelConfig
 from scheduler_svc.core.clock import Clock, MonotonicClock
 from scheduler_svc.core.errors import AlreadyExists, ModelNotFound, ShuttingDown
 from scheduler_svc.core.request import QueuedRequest
-from scheduler_svc.core.stream_pacing import StreamPacing
+from scheduler_svc.core.request_run import GenerationSource, RequestRun
+from scheduler_svc.core.stream_pacing import NO_PACING, StreamPacing
 from scheduler_svc.core.text import client_text
 from scheduler_svc.core.ticket import Ticket
 from scheduler_svc.dispatch.backend_handle import BackendHandle
-from scheduler_svc.dispatch.dispatcher import ModelDispatcher
+from scheduler_svc.dispatch.dispatcher import ModelDispatcher, Outlook
 from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth
+from scheduler_svc.dispatch.introspection import ModelSnapshot
 from scheduler_svc.dispatch.load import LoadEstimator, scrape
 from scheduler_svc.dispatch.metrics import SchedulerMetrics, engine_series
 from scheduler_svc.dispatch.steering import AdmissionGuard
@@ -132,6 +137,29 @@ class Scheduler:
             self._live_ids.setdefault(key, ticket)
         return ticket
 
+    def request_run(
+        self, ticket: Ticket, *, watch_positions: bool = False, generate: GenerationSource | None = None
+    ) -> RequestRun:
+        """The run of an admitted ticket, reporting to its model's dispatch. Its generation comes from the
+        assigned backend's adapter, read at the service's pacing; or from `generate` (a cluster leader's
+        mirror: the owner's reports, which are not an engine's stream and are not paced)."""
+        host = self.dispatchers[ticket.request.model].events
+        if generate is None:
+            return RequestRun(ticket, host, watch_positions=watch_positions, pacing=self.pacing)
+        return RequestRun(ticket, host, watch_positions=watch_positions, generate=generate, pacing=NO_PACING)
+
+    def outlook(self, ticket: Ticket) -> Outlook:
+        """What a client waiting in the queue is told besides its position."""
+        return self.dispatchers[ticket.request.model].outlook(ticket)
+
+    def models(self) -> list[str]:
+        """The served models' names, in configuration order."""
+        return list(self.dispatchers)
+
+    def snapshot(self, model: str, user: str, max_users: int) -> ModelSnapshot:
+        """What an operator sees of `model` (a served one): queues per class and user, counters, gates."""
+        return self.dispatchers[model].snapshot(user, max_users)
+
     def _forget_id(self, ticket: Ticket) -> None:
         """A request reached its outcome: its client id may be used again."""
         request = ticket.request
@@ -144,7 +172,7 @@ class Scheduler:
             for dispatcher in self.dispatchers.values():
                 tasks.create_task(dispatcher.run(), name=f"dispatch:{dispatcher.model.name}")
                 tasks.create_task(
-                    dispatcher.positions.run(self.config.server.queue_update_interval_seconds),
+                    dispatcher.notify_positions(self.config.server.queue_update_interval_seconds),
                     name=f"positions:{dispatcher.model.name}",
                 )
                 if self.config.server.unhealthy_after_stalled_seconds:
@@ -179,7 +207,9 @@ class Scheduler:
         which end with the same status and reason."""
         self.stop_admission()
         for dispatcher in self.dispatchers.values():
-            rejected = dispatcher.reject_all_queued("the scheduler is shutting down; retry on another instance")
+            rejected = dispatcher.shutdown.reject_all_queued(
+                "the scheduler is shutting down; retry on another instance"
+            )
             if rejected:
                 log.warning("drain_rejected_queued", model=dispatcher.model.name, count=rejected)
         loop = asyncio.get_running_loop()
@@ -187,17 +217,17 @@ class Scheduler:
         for dispatcher in self.dispatchers.values():
             while dispatcher.busy and (remaining := deadline - loop.time()) > 0:
                 try:
-                    await asyncio.wait_for(dispatcher.wait_settled(), remaining)
+                    await asyncio.wait_for(dispatcher.shutdown.wait_settled(), remaining)
                 except TimeoutError:
                     break
         reason = "the scheduler shut down before the request finished; retry on another instance"
-        cut = sum(dispatcher.cut_running(reason) for dispatcher in self.dispatchers.values())
+        cut = sum(dispatcher.shutdown.cut_running(reason) for dispatcher in self.dispatchers.values())
         if cut:
             log.warning("drain_cut_running", count=cut)
             for dispatcher in self.dispatchers.values():  # let each RPC send its status before gRPC stops
                 while dispatcher.busy:
                     try:
-                        await asyncio.wait_for(dispatcher.wait_settled(), CUT_REPORT_SECONDS)
+                        await asyncio.wait_for(dispatcher.shutdown.wait_settled(), CUT_REPORT_SECONDS)
                     except TimeoutError:
                         break
 
@@ -220,7 +250,7 @@ async def _monitor(
     was_ok: bool | None = None
     engine = engine_series(metrics, dispatcher.model.name, handle.name)
     while True:
-        if not dispatcher.authority.scrapes:  # a cluster follower: the leader reads the engine for everyone
+        if not dispatcher.cluster.authority.scrapes:  # a cluster follower: the leader reads the engine for everyone
             await asyncio.sleep(interval)
             continue
         try:
@@ -242,5 +272,5 @@ async def _monitor(
                 error=reading.error,
             )
             was_ok = reading.ok
-        dispatcher.on_reading()
+        dispatcher.wake()
         await asyncio.sleep(interval)  # the scrape period itself, not a synchronisation

@@ -1,14 +1,13 @@
-"""Build the GetQueueState answer from a dispatcher's live state."""
+"""The GetQueueState answer, from a model's dispatch snapshot (`dispatch.introspection`), and the bounds on what
+a caller may ask of it."""
 
 from __future__ import annotations
-
-import heapq
 
 from google.protobuf import duration_pb2
 
 from llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.core.errors import InvalidRequest
-from scheduler_svc.dispatch.dispatcher import ModelDispatcher
+from scheduler_svc.dispatch.introspection import ModelSnapshot
 
 DEFAULT_MAX_USERS = 100
 MAX_USERS_CAP = 1000
@@ -36,32 +35,24 @@ def to_duration(seconds: float | None) -> duration_pb2.Duration | None:
     return value
 
 
-def queue_state(dispatcher: ModelDispatcher, user: str = "", max_users: int = DEFAULT_MAX_USERS) -> pb.ModelQueueState:
-    """A snapshot of one model: bands with per-user depth and fair-share counters (only `user` when set;
-    at most `max_users` per band, most queued first), and gate states."""
-    now = dispatcher.clock.now()
-    classes = []
-    for band in dispatcher.queues.bands:
-        counters = dispatcher.fairness[band.priority_class.name].counters()
-        names = ({user} & (band.flows.keys() | counters.keys())) if user else band.flows.keys() | counters.keys()
-
-        depths = {name: len(band.flows[name]) if name in band.flows else 0 for name in names}
-        shown = heapq.nsmallest(max_users, depths, key=lambda name: (-depths[name], name))  # O(n log max_users)
-        classes.append(
-            pb.ClassQueueState(
-                priority_class=band.priority_class.name,
-                rank=band.priority_class.rank,
-                queued=band.size,
-                users=[
-                    pb.UserQueueState(user=name, queued=depths[name], fair_share_counter=counters.get(name))
-                    for name in shown
-                ],
-                users_total=len(names),
-                truncated=len(shown) < len(names),
-            )
+def queue_state(snapshot: ModelSnapshot) -> pb.ModelQueueState:
+    """GetQueueState's answer for one model, from its dispatch's snapshot."""
+    classes = [
+        pb.ClassQueueState(
+            priority_class=cls.priority_class,
+            rank=cls.rank,
+            queued=cls.queued,
+            users=[
+                pb.UserQueueState(user=u.user, queued=u.queued, fair_share_counter=u.fair_share_counter)
+                for u in cls.users
+            ],
+            users_total=cls.users_total,
+            truncated=cls.truncated,
         )
+        for cls in snapshot.classes
+    ]
     gates = []
-    for state in dispatcher.backend_states():
+    for state in snapshot.gates:
         reading = state.inputs.reading
         age = state.inputs.reading_age()
         gates.append(
@@ -82,10 +73,10 @@ def queue_state(dispatcher: ModelDispatcher, user: str = "", max_users: int = DE
             )
         )
     return pb.ModelQueueState(
-        model=dispatcher.model.name,
-        queued=len(dispatcher.queues),
-        running=dispatcher.busy - len(dispatcher.queues),
-        drain_rate_per_second=dispatcher.drain.rate(now),
+        model=snapshot.model,
+        queued=snapshot.queued,
+        running=snapshot.running,
+        drain_rate_per_second=snapshot.drain_rate_per_second,
         classes=classes,
         gates=gates,
     )

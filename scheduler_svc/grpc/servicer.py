@@ -79,8 +79,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         )
 
     def _run(self, ticket: Ticket, *, watch_positions: bool) -> RequestRun:
-        dispatcher = self._scheduler.dispatchers[ticket.request.model]
-        return RequestRun(ticket, dispatcher, watch_positions=watch_positions, pacing=self._scheduler.pacing)
+        return self._scheduler.request_run(ticket, watch_positions=watch_positions)
 
     async def Submit(
         self,
@@ -170,14 +169,13 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         )
 
     def _queued(self, ticket: Ticket, position: int) -> pb.Queued:
-        dispatcher = self._scheduler.dispatchers[ticket.request.model]
-        wait = dispatcher.estimated_wait(ticket)
+        outlook = self._scheduler.outlook(ticket)
         return pb.Queued(
             request_id=ticket.request.public_id,
             position_in_user_queue=position,
-            model_queue_depth=len(dispatcher.queues),
+            model_queue_depth=outlook.depth,
             priority_class=ticket.request.priority_class,
-            estimated_wait=to_duration(wait),
+            estimated_wait=to_duration(outlook.estimated_wait),
         )
 
     async def GetQueueState(
@@ -188,12 +186,12 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             admins = self._scheduler.config.auth.admin_users
             if admins and user not in admins:
                 raise PermissionDenied(f"user {client_text(user)} may not read the queue state (auth.admin_users)")
-            if request.model and request.model not in self._scheduler.dispatchers:
+            if request.model and request.model not in self._scheduler.models():
                 raise ModelNotFound(f"unknown model {client_text(request.model)}")
             max_users = user_limits(request.user, request.max_users if request.HasField("max_users") else None)
         except SchedulerError as exc:
             await _abort(context, exc)
-        names = [request.model] if request.model else list(self._scheduler.dispatchers)
+        names = [request.model] if request.model else self._scheduler.models()
         return pb.GetQueueStateResponse(
-            models=[queue_state(self._scheduler.dispatchers[name], request.user, max_users) for name in names]
+            models=[queue_state(self._scheduler.snapshot(name, request.user, max_users)) for name in names]
         )

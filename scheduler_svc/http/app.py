@@ -28,7 +28,7 @@ from aiohttp import web
 
 from scheduler_svc.core.auth import Authenticator
 from scheduler_svc.core.errors import PromptTooLarge, SchedulerError
-from scheduler_svc.core.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun
+from scheduler_svc.core.request_run import Chunk, Dispatched, Done, Failed, Queued
 from scheduler_svc.core.ticket import Ticket
 from scheduler_svc.dispatch.intake import admit_call, count_rejection
 from scheduler_svc.dispatch.scheduler import Scheduler
@@ -137,7 +137,6 @@ class HttpDoor:
         req = ticket.request
         prefix = "chatcmpl-" if call.kind == "chat" else "cmpl-"
         shape = shapes.Shapes(call.kind, prefix + req.request_id, int(time.time()), req.model)
-        dispatcher = self._scheduler.dispatchers[req.model]
         updates = call.stream and hdr.wants_queue_updates(request.headers)
         stream: web.StreamResponse | None = None
         parts: list[str] = []
@@ -145,7 +144,7 @@ class HttpDoor:
         announced = False  # whether a stream's first chunk (the assistant's role) went out
         failure: BaseException | None = None
         try:  # the run is consumed to its end: it records the outcome after its last event
-            run = RequestRun(ticket, dispatcher, watch_positions=updates, pacing=self._scheduler.pacing)
+            run = self._scheduler.request_run(ticket, watch_positions=updates)
             async with contextlib.aclosing(run.events()) as events:
                 async for event in events:
                     if isinstance(event, Queued):
@@ -211,10 +210,10 @@ class HttpDoor:
         return stream
 
     def _queued_line(self, ticket: Ticket, position: int) -> str:
-        dispatcher = self._scheduler.dispatchers[ticket.request.model]
-        wait = dispatcher.estimated_wait(ticket)
+        outlook = self._scheduler.outlook(ticket)
+        wait = outlook.estimated_wait
         eta = "?" if wait is None else f"{wait:.1f}s"
-        return f"queued position={position} depth={len(dispatcher.queues)} eta={eta}"
+        return f"queued position={position} depth={outlook.depth} eta={eta}"
 
     async def _models(self, request: web.Request) -> web.Response:
         try:

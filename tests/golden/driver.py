@@ -1,8 +1,9 @@
 """The one module of the golden trace that touches the scheduler's core: everything else speaks to it.
 
 `GoldenDriver` runs one model's real core (admission's `build_request`, `Scheduler`, its `ModelDispatcher`
-with the queues, fairness, ordering, band and backend-choice policies, gates and load estimators) on a
-virtual clock, with no event loop, no sockets and no sleeps. Its interface is what happens from outside:
+with the queue book, run ledger, decision pass, fairness, ordering, band and backend-choice policies, gates
+and load estimators) on a virtual clock, with no event loop, no sockets and no sleeps. Its interface is
+what happens from outside:
 
     admit(...)              a client's call arrives (its request is built and queued as admission does)
     advance_to(t)           virtual time passes; the core's own timers fire on the way (a queued request's
@@ -19,14 +20,15 @@ the core's classes, so when the core is rebuilt only this module changes and the
 byte for byte what they are.
 
 How the driver stands in for the parts that are not run here:
-- the dispatch loop (`ModelDispatcher.run`): after every input, while the dispatcher has been woken it
-  runs one pass (`dispatch_ready`) and then arms the wake-up the fairness policies ask for (`wake_at`);
-  `advance_to` fires it when its time comes. A wake-up asked for a time already past makes the real loop
-  pass again at once; the driver runs one such pass and drops the timer;
+- the dispatch loop (`loop.DispatchLoop.run`): after every input, while the loop has been woken
+  (`take_wake`) it runs one pass (`ModelDispatcher.decide`) and then arms the wake-up the fairness policies
+  ask for (`choose_again_at`, the earliest `wake_at`); `advance_to` fires it when its time comes. A wake-up
+  asked for a time already past makes the real loop pass again at once; the driver runs one such pass and
+  drops the timer;
 - each request's run (`request_run.RequestRun`, in its caller's task): the engine's events go to the
-  dispatcher as the run reports them (`on_accepted`, `on_first_token` with the first token, `on_generated`,
-  the missed tokens of the engine's usage at the end, `fail_over` for a failure before any text was shown,
-  else the failed outcome); a cancelled client closes the ticket;
+  model's `RequestEvents` as the run reports them (`on_accepted`, `on_first_token` with the first token,
+  `on_generated`, the missed tokens of the engine's usage at the end, `fail_over` for a failure before any
+  text was shown, else the failed outcome); a cancelled client closes the ticket;
 - a waiting request's own deadline timer (`Ticket.wait_dispatched`): the queued request is expired when
   the clock reaches its deadline;
 - the metrics monitor (`scheduler._monitor`): a reading goes to the backend's handle and wakes the
@@ -93,7 +95,7 @@ def _fake_backend(model: ModelConfig, backend: BackendConfig) -> FakeBackend:
 
 
 class _Outcomes:
-    """The dispatcher's observer: hears failovers and outcomes in the order they happen."""
+    """The model's observer (as a cluster follower would be): hears failovers and outcomes in order."""
 
     def __init__(self, driver: GoldenDriver) -> None:
         self._driver = driver
@@ -127,7 +129,7 @@ class GoldenDriver:
             self.config, backend_factory=_fake_backend, clock=self._clock, metrics=SchedulerMetrics()
         )
         self._dispatcher = self._scheduler.dispatchers[model.name]
-        self._dispatcher.observer = _Outcomes(self)
+        self._dispatcher.cluster.observe(_Outcomes(self))
         self._handles = {h.name: h for h in self._dispatcher.backends}
         self._tickets: dict[str, Ticket] = {}  # label -> ticket, in admission order
         self._deadlines: dict[str, Ticket] = {}  # the live ones with a deadline, in admission order
@@ -173,7 +175,7 @@ class GoldenDriver:
     def _expirer(self, ticket: Ticket) -> Callable[[], None]:
         def expire() -> None:
             if ticket.state is TicketState.QUEUED:
-                self._dispatcher.expire(ticket)
+                self._dispatcher.events.expire(ticket)
 
         return expire
 
@@ -184,17 +186,16 @@ class GoldenDriver:
     def _settle(self) -> None:
         """What the dispatch loop does once woken: a pass, then the wake-up the fairness policies ask for."""
         dispatcher = self._dispatcher
+        loop = dispatcher.loop
         repeated = False
-        while dispatcher._wake.is_set():
-            dispatcher._wake.clear()
-            dispatcher.dispatch_ready()
-            due = [t for t in (f.wake_at() for f in dispatcher.fairness.values()) if t is not None]
-            self._wake_at = min(due) if due else None
+        while loop.take_wake():
+            dispatcher.decide()
+            self._wake_at = loop.choose_again_at()
             if self._wake_at is not None and self._wake_at <= self._clock.now():
                 self._wake_at = None  # the real loop passes again at once, and again while it stays past due
                 if not repeated:
                     repeated = True
-                    dispatcher.wake()
+                    loop.wake()
 
     # -- clients ----------------------------------------------------------------------------------------
     def admit(
@@ -240,7 +241,7 @@ class GoldenDriver:
     # -- engines ----------------------------------------------------------------------------------------
     def accepted(self, label: str) -> None:
         """The engine took the request (its response started)."""
-        self._dispatcher.on_accepted(self._running(label))
+        self._dispatcher.events.on_accepted(self._running(label))
         self._settle()
 
     def tokens(self, label: str, count: int) -> None:
@@ -248,9 +249,9 @@ class GoldenDriver:
         ticket = self._running(label)
         if ticket.first_token_at is None:
             ticket.first_token_at = self._clock.now()
-            self._dispatcher.on_first_token(ticket)
+            self._dispatcher.events.on_first_token(ticket)
         ticket.completion_tokens += count
-        self._dispatcher.on_generated(ticket, count)
+        self._dispatcher.events.on_generated(ticket, count)
         self._shown.add(label)
         self._settle()
 
@@ -260,7 +261,7 @@ class GoldenDriver:
         missed = completion_tokens - ticket.completion_tokens
         if missed > 0:
             ticket.completion_tokens += missed
-            self._dispatcher.on_generated(ticket, missed)
+            self._dispatcher.events.on_generated(ticket, missed)
         ticket.close(Outcome.COMPLETED)
         self._settle()
 
@@ -269,7 +270,7 @@ class GoldenDriver:
         may be queued again (failover), else it fails."""
         ticket = self._running(label)
         exc = ENGINE_ERRORS[error](f"{error} at {ticket.backend.name if ticket.backend else '?'}")
-        requeued = label not in self._shown and self._dispatcher.fail_over(ticket, exc)
+        requeued = label not in self._shown and self._dispatcher.events.fail_over(ticket, exc)
         if not requeued:
             ticket.close(Outcome.FAILED)
         self._settle()
@@ -295,13 +296,13 @@ class GoldenDriver:
             cache_tokens=cache_tokens,
         )
         self._handles[backend].record_reading(load)
-        self._dispatcher.on_reading()
+        self._dispatcher.wake()
         self._settle()
 
     def scrape_failed(self, backend: str) -> None:
         """A scrape of the engine's metrics failed."""
         self._handles[backend].record_reading(BackendLoad(ok=False, read_at=self._clock.now(), error="unreachable"))
-        self._dispatcher.on_reading()
+        self._dispatcher.wake()
         self._settle()
 
     # -- what the core decided ----------------------------------------------------------------------

@@ -38,7 +38,16 @@ from clients import (
 )
 from scheduler_svc.app.cli import _QueueLine
 from scheduler_svc.app.server import SchedulerServer
-from tests.helpers import ControlledEngine, client_for, eventually, make_config, outcome_count, serving, until_settled
+from tests.helpers import (
+    ControlledEngine,
+    client_for,
+    eventually,
+    make_config,
+    outcome_count,
+    queue_depth,
+    serving,
+    until_settled,
+)
 
 FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
 
@@ -319,8 +328,7 @@ async def test_cli_stream_shows_the_live_queue_position_while_waiting() -> None:
         process = await asyncio.create_subprocess_exec(
             *cli, "--model", "m", "--user", "alice", "Hi", stdout=PIPE, stderr=PIPE, env=_env()
         )
-        queues = server.scheduler.dispatchers["m"].queues
-        await eventually(lambda: queues.user_depth("alice") == 2, what="the CLI's request queued second")
+        await eventually(lambda: queue_depth(server, "alice") == 2, what="the CLI's request queued second")
         parked.cancel()  # it moves up to position 1
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
         engine.waiting = 0  # and goes

@@ -30,7 +30,7 @@ from scheduler_svc.config import AuthConfig, ConfigError
 from scheduler_svc.core.auth import Authenticator
 from scheduler_svc.core.errors import Unauthenticated
 from scheduler_svc.core.keys import key_digest
-from tests.helpers import ControlledEngine, client_for, make_config, serving
+from tests.helpers import ControlledEngine, client_for, make_config, queue_depth, queued_users, serving, until_settled
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
@@ -83,8 +83,7 @@ async def _queued_as(server: SchedulerServer, client: SchedulerClient) -> list[s
     try:
         first = await call.read()
         assert first is not grpc.aio.EOF and first.HasField("queued")
-        depths = server.scheduler.dispatchers["m"].queues.depth_by_band_and_user()
-        return sorted({user for users in depths.values() for user, n in users.items() if n})
+        return queued_users(server)
     finally:
         call.cancel()
 
@@ -182,10 +181,7 @@ async def test_keys_from_digests_a_file_and_the_environment(pki: Pki, monkeypatc
 
 
 async def _wait_empty(server: SchedulerServer) -> None:
-    queues = server.scheduler.dispatchers["m"].queues
-    async with asyncio.timeout(10):
-        while len(queues):
-            await server.scheduler.dispatchers["m"].wait_settled()
+    await until_settled(server, lambda: queue_depth(server) == 0)
 
 
 def test_every_key_digest_is_compared_whichever_matches(monkeypatch: pytest.MonkeyPatch) -> None:
