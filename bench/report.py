@@ -25,7 +25,7 @@ def format_value(target: Target) -> str:
 
 
 def summary_table(results: Sequence[ScenarioResult]) -> Table:
-    table = Table(["scenario", "figure", "run", "measured", "target (SCENARIOS.md)", "status"])
+    table = Table(["scenario", "figure", "run", "measured", "target", "status"])
     for result in results:
         name = f"{result.id} {result.title}"
         if not result.available:

@@ -1,8 +1,8 @@
 """What the cluster scenarios (C1, C3, C4, C6, CB) share: their layouts side by side in one run, and labels.
 
-Each runs the same workload through one scheduler process (the reference), through N of today's processes
-side by side (memory mode: each gates and orders alone, the "before" picture of issue 14) and through N
-replicas meeting on Redis (one scheduler: "after"), clients spread round robin over the replicas.
+Each runs the same workload through one scheduler process (the reference), through N independent processes
+side by side (memory mode: each gates and orders alone) and through N replicas meeting on Redis (one
+scheduler), clients spread round robin over the replicas.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 User A floods requests at once (spread round robin over the replicas, as a load balancer would); latecomers
 (each its own user) send one request each at several times through the flood, so they land on every
 replica. Measured: the latecomers' TTFT, median and worst, over the whole workload, for the engine alone
-(FIFO), one scheduler process, N of today's processes side by side (memory mode: each fills the engine's
+(FIFO), one scheduler process, N independent processes side by side (memory mode: each fills the engine's
 queue to its own target and orders only its own calls) and N replicas on Redis (one scheduler). Targets
 (S1's, for the replicas on Redis): worst latecomer TTFT <= 2 x idle TTFT + one request's decode time, and
 >= 10x better than the engine's FIFO.
@@ -154,7 +154,7 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: C1Params | N
     result.notes += [
         "One request's decode time in the bound is the median first-to-last-token time of the flood's requests "
         "in the engine-alone run.",
-        "Memory mode with several replicas is today's code run side by side: each replica keeps the engine's "
+        "Memory mode with several replicas is independent processes side by side: each replica keeps the engine's "
         f"waiting queue at its own target ({GATE_TARGET}), so a latecomer waits behind N times as many requests "
         "in the engine's FIFO; it is reported, not held to the targets.",
         "Admitted per replica: each replica's own llmsched_requests_admitted_total (one warm-up request each "

@@ -1,7 +1,7 @@
 """C3 weighted shares across replicas: S3 (users weighted 1, 2 and 4, all backlogged) with every client call
 sent to the next scheduler replica.
 
-The same closed loops as S3, for one scheduler process, N of today's processes side by side (each computes
+The same closed loops as S3, for one scheduler process, N independent processes side by side (each computes
 the weighted order of only the calls it received) and N replicas on Redis (one order for all). Target (S3's,
 for the replicas on Redis): every user's token share within 5% of its weight's share.
 
@@ -88,9 +88,9 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: s3.S3Params 
                 )
             )
     result.notes.append(
-        "Memory mode with several replicas (today's code side by side) is reported, not held to the target: each "
-        "replica orders only the calls it received and gates the engine alone, so the engine's queue grows to "
-        "several times the target and its own FIFO decides much of the order."
+        "Memory mode with several replicas (independent processes side by side) is reported, not held to the "
+        "target: each replica orders only the calls it received and gates the engine alone, so the engine's "
+        "queue grows to several times the target and its own FIFO decides much of the order."
     )
     result.raw = {label: jsonable({k: v for k, v in r.items() if not k.startswith("_")}) for label, r in runs.items()}
     result.series = {

@@ -4,8 +4,8 @@ client call sent to the next scheduler replica, shortened for the bench.
 S4's method unchanged (closed loops of 8 streams each on 8 engine slots, a warm-up of two long-request
 lifetimes from the first token, output tokens counted cumulatively and in sliding windows), with answers
 of 300 and 15 tokens (S4's 20:1) so a run takes about half a minute instead of six. Runs: one scheduler
-process, N of today's processes side by side (each counts the tokens of only its own calls) and N replicas
-on Redis (one counter per user). Target (issue 14, for the replicas on Redis): |long ÷ short - 1| within
+process, N independent processes side by side (each counts the tokens of only its own calls) and N replicas
+on Redis (one counter per user). Target (for the replicas on Redis): |long ÷ short - 1| within
 10% over the window.
 """
 

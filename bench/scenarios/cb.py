@@ -2,11 +2,11 @@
 
 Backlogged users (closed loops, far more requests outstanding than the engine has slots) send every call
 to the next replica; the simulator's own `vllm:num_requests_waiting` is sampled every 50 ms over a window
-after a warm-up. One scheduler process keeps it at the gate's waiting target; N of today's processes side
+after a warm-up. One scheduler process keeps it at the gate's waiting target; N independent processes side
 by side each keep it at their own target (about N times the target: the engine's FIFO is back); N replicas
 on Redis share one budget (the leader's estimator) and should keep it at the target again. Reported: max,
 p99 and mean of the samples against the target, and the mean batch (a budget that starved the engine would
-show there). Targets (issue 14, for the replicas on Redis): the mean within the target + 1, and the p99
+show there). Targets (for the replicas on Redis): the mean within the target + 1, and the p99
 within one process's p99 (same run) plus a stated slack.
 """
 

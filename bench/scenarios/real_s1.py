@@ -1,6 +1,6 @@
 """R1: S1 and S2 on a real engine (vLLM or llama.cpp), laid out like a GPU host, with many latecomers.
 
-Workload (issue 10): user A floods 64 streamed requests of exactly 256 tokens (`ignore_eos`; the mixed
+Workload: user A floods 64 streamed requests of exactly 256 tokens (`ignore_eos`; the mixed
 workload: 32-512 tokens); B and C send one each at +1 s and +2 s, and 30 more latecomers (distinct users,
 16 tokens) at random offsets through the flood. Setups are interleaved in every round, on one engine:
 
@@ -9,7 +9,7 @@ workload: 32-512 tokens); B and C send one each at +1 s and +2 s, and 30 more la
 - the engine's FIFO, straight: the same priority-policy engine with every request at priority 0 is FCFS
   (its queue orders by (priority, arrival)), so one engine serves every setup of a round;
 - scheduler, engine priorities off (pure gating: the TGI path; the only scheduler setup for llama.cpp);
-- optionally the scheduler from another source tree (`--baseline-src`: the code before a fix);
+- optionally the scheduler from another source tree (`--baseline-src`: another version to compare with);
 - on request only (`--setups ...,sched_asyncio`): the scheduler on asyncio's own event loop instead of the
   shipped uvloop, engine priorities on (what the loop's CPU per token costs on a real engine); likewise
   `sched_every_token` and `sched_paced`: the scheduler reading every token as it arrives
@@ -72,8 +72,8 @@ GATE_TARGET = 3
 PRIORITY_GATE_TARGET = 6  # as configs/example.toml ships it: the queue a latecomer jumps at a priority engine
 SAMPLE_INTERVAL = 0.1  # the bench's own engine sampler: the sampling period of its time series
 # the scheduler setups read the engine's metrics as the shipped config does (BackendConfig's default, as
-# configs/example.toml sets it); R1 read every 0.1 s before 2026-12-03 (sched_scrape_01: no difference
-# measured on the GPU host, 2026-12-03)
+# configs/example.toml sets it); `sched_scrape_01` reads every 0.1 s instead (no difference measured on the
+# GPU host)
 SHIPPED_SCRAPE_INTERVAL = BackendConfig.scrape_interval_seconds
 
 # waiting, running, generated tokens, engine steps (vLLM: its per-step token histogram's count; llama.cpp:
@@ -141,7 +141,7 @@ SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_prioritie
 ORACLE = Setup("oracle", "vLLM priority queue, latecomers -1 (oracle)", False, latecomer_priority=-1)
 FIFO = Setup("fifo", "engine FIFO, direct", False)
 SCHED_OFF = Setup("sched_off", "scheduler, engine priorities off (pure gating)", True)
-SCHED_BASE = Setup("sched_base", "scheduler before the ledger fix, engine priorities on", True, True, baseline=True)
+SCHED_BASE = Setup("sched_base", "scheduler from --baseline-src, engine priorities on", True, True, baseline=True)
 SCHED_ASYNCIO = Setup(
     "sched_asyncio", "scheduler on asyncio's loop, engine priorities on", True, True, event_loop="asyncio"
 )
@@ -167,7 +167,7 @@ SCHED_OFF_FIXED = Setup(
 )
 SCHED_SCRAPE_01 = Setup(
     "sched_scrape_01",
-    "scheduler reading the engine's metrics every 0.1 s (R1's setups before 2026-12-03), priorities on",
+    "scheduler reading the engine's metrics every 0.1 s, priorities on",
     True,
     True,
     scrape_interval=0.1,
@@ -1020,7 +1020,9 @@ def main(argv: list[str] | None = None) -> int:
         help="only these setup keys (sched,oracle,fifo,sched_off,sched_base; on request: sched_asyncio, "
         "sched_every_token, sched_paced, sched_read_paced, sched_off_target_1, sched_off_fixed)",
     )
-    parser.add_argument("--baseline-src", type=Path, help="a source tree for the 'scheduler before the fix' setup")
+    parser.add_argument(
+        "--baseline-src", type=Path, help="a source tree for the sched_base setup (another version side by side)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

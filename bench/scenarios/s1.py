@@ -46,7 +46,7 @@ DIRECT_FIFO = "engine alone (FIFO)"
 DIRECT_PRIORITY = "engine alone (priority, latecomers -1)"
 HEADLINE = "scheduler, round_robin + engine priorities"
 HEADLINE_HTTP = "scheduler through HTTP, round_robin + engine priorities"
-HTTP_RATIO = 1.1  # issue 12: the HTTP door's latecomer median at most 1.1x the gRPC door's
+HTTP_RATIO = 1.1  # target: the HTTP door's latecomer median at most 1.1x the gRPC door's
 
 
 @dataclass(frozen=True)

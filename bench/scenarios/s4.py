@@ -1,6 +1,6 @@
 """S4 token fairness: a user asking for 1000-token answers against one asking for 50-token answers.
 
-Both stay backlogged (closed loops of 8 streams each, issue 13's set-up) on an engine with 8 slots.
+Both stay backlogged (closed loops of 8 streams each) on an engine with 8 slots.
 Counting requests (`round_robin`, or the engine's FIFO) hands the long-answer user about 20 times the
 tokens once the batch has settled, because each of its requests holds a slot 20 times longer; the Virtual
 Token Counter (`vtc`) charges tokens as they stream and should give both the same. Prompts are a couple of
@@ -11,8 +11,8 @@ requests took when the idle engine filled, no policy chose it, and it is held fo
 5 minutes: |long/short - 1| cumulatively (target 0.05) and in every 60 s window, one starting every 5 s
 (target 0.15), for `vtc` and for `vtc` with prices (input 0.5, output 3 per token: prices of one model
 must not move the shares). With 8 streams each, most of a user's requests sit in the engine (running or
-in its waiting queue), so its flow here is often empty; that is what used to cost the short user its
-share (see `VirtualTokenCounterFairness`). Round robin, the 20:1 reference, runs one 60 s window only.
+in its waiting queue), so its flow here is often empty; `vtc`'s return grace and bounded lift keep the short user's
+share then (see `VirtualTokenCounterFairness`). Round robin, the 20:1 reference, runs one 60 s window only.
 
 Wall time: 2 x (45 s warm-up + 300 s) + (45 s + 60 s) + start-ups: about 14 minutes (was about 3).
 The engine alone is not run: its FIFO counts requests just as `round_robin` does.

@@ -10,7 +10,7 @@ generator's speed. Against the real vLLM (`--engine vllm`) the same runs use rat
 The scheduler runs twice per round, once with its clients on the gRPC door and once on the OpenAI-compatible
 HTTP door (`POST /v1/completions`, SSE): both subtract the same engine-alone run of the round, so each door's
 added latency is the scheduler's work plus what its hop costs over the direct HTTP request to the engine. The
-HTTP run skips the ceiling (the door's latency is what issue 12 asks about; the ceiling is the scheduler's).
+HTTP run skips the ceiling (the door's latency is what it measures; the ceiling is the scheduler's).
 
 With `--profile`, one more scheduled run at the fixed rate runs the scheduler under pyinstrument and
 writes the call tree and a summary of own time by area and function (`bench.profile_summary`) next to the
@@ -43,7 +43,7 @@ DIRECT = "engine alone"
 ECHO = "bare gRPC echo"
 SCHEDULED = "scheduler, round_robin"
 HTTP = "scheduler through HTTP, round_robin"
-HTTP_RATIO = 1.5  # issue 12: added latency p50 through the HTTP door at most 1.5x the gRPC door's
+HTTP_RATIO = 1.5  # target: added latency p50 through the HTTP door at most 1.5x the gRPC door's
 PROFILED = "scheduler under pyinstrument"
 
 
