@@ -26,6 +26,7 @@ from bench.runner import SCHEDULED_MODEL, Mode, RunContext
 from bench.scenarios import _cluster
 from bench.scenarios._cluster import ClusterOptions
 from bench.scenarios._common import STANDARD_CLASS, divide, jsonable, not_run, ratio, run_modes, seconds
+from bench.scenarios.definition import Definition
 
 ID, TITLE = "C1", "flood + latecomers across replicas"
 GATE_TARGET = 3
@@ -207,3 +208,28 @@ def _raw(r: dict[str, Any]) -> dict[str, Any]:
     out["requests"] = [x.summary() for x in r["_records"]]
     rounded: dict[str, Any] = jsonable(out)
     return rounded
+
+
+_P = C1Params()
+DEFINITION = Definition(
+    id="C1",
+    title=TITLE,
+    question="Does S1 hold when clients spread their calls over several replicas?",
+    workload=f"S1's flood ({_P.flood} requests of {_P.tokens_min}-{_P.tokens_max} tokens) with every call sent to "
+    f"the next replica; {_P.latecomers_per_offset} latecomers at each of "
+    f"{', '.join(f'{o:g}' for o in _P.latecomer_offsets)} s",
+    layout="the simulator (64 slots); the engine alone (FIFO), one scheduler process, N independent processes "
+    "(memory mode) and N replicas on a private redis-server (`--replicas`, default 3)",
+    measures="the latecomers' TTFT, median and worst, over the whole workload",
+    targets=(
+        "replicas on Redis: worst latecomer TTFT <= 2 x idle TTFT + one request's decode time",
+        "replicas on Redis: >= 10x better than the engine's FIFO",
+    ),
+    command="python -m bench --scenarios C1 (make bench-cluster runs all cluster scenarios)",
+    duration="about 2 minutes",
+    facts=(
+        "Independent processes each keep the engine's queue at their own target, so a latecomer waits behind "
+        "N times as many requests in the engine's FIFO; replicas on Redis keep one budget.",
+    ),
+    headline=("latecomer TTFT, engine FIFO ÷ scheduler (worst)",),
+)

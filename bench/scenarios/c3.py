@@ -25,6 +25,7 @@ from bench.runner import RunContext
 from bench.scenarios import _cluster, s3
 from bench.scenarios._cluster import ClusterOptions
 from bench.scenarios._common import jsonable, not_run, number, run_modes, share
+from bench.scenarios.definition import Definition
 
 ID, TITLE = "C3", "weighted shares across replicas"
 WINDOW = 20.0  # seconds from the first token: the whole workload
@@ -99,3 +100,25 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: s3.S3Params 
         "runs": {label: r["_cumulative"] for label, r in runs.items()},
     }
     return [result]
+
+
+DEFINITION = Definition(
+    id="C3",
+    title=TITLE,
+    question="Do weighted shares hold when every call goes to the next replica?",
+    workload=f"S3's closed loops (weights 1, 2, 4), every call to the next replica, {WINDOW:g} s from the first "
+    "token (the whole workload)",
+    layout="the simulator; one scheduler process, N independent processes and N replicas on Redis",
+    measures="each user's token share over the whole workload, and the engine's tokens/s",
+    targets=("replicas on Redis: every user's token share within 5% of its weight's share",),
+    command="python -m bench --scenarios C3",
+    duration="about a minute",
+    facts=(
+        "The first user whose requests reach the leader fills the idle engine's first slots and repays them "
+        "over the next seconds, so the share is measured over the whole workload, not a window just after "
+        "the start.",
+        "Independent processes each order only the calls they received: the engine's own FIFO decides much of "
+        "the order.",
+    ),
+    headline=("largest relative gap between a user's token share and its weight share",),
+)

@@ -38,6 +38,7 @@ from bench.engines import EngineProvider, SimProfile
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL
 from bench.scenarios._common import STANDARD_CLASS, jsonable
+from bench.scenarios.definition import Definition
 from clients import pb, pb_grpc
 from clients.client import error_reason
 
@@ -680,3 +681,37 @@ async def run(provider: EngineProvider, p: S7Params | None = None) -> list[Scena
 
 def _fraction(a: int, b: int) -> float | None:
     return a / b if b else None
+
+
+_P = S7Params()
+DEFINITION = Definition(
+    id="S7",
+    title=TITLE,
+    question="Under overload and faults, does every admitted request end in exactly one outcome, and does "
+    "memory stay within the caps?",
+    workload=f"a flood at {_P.flood_factor:g}x the engine's capacity for {_P.flood_seconds:g} s from "
+    f"{_P.flood_users} users; the engine SIGKILLed at {_P.kill_at:g} s and restarted; its metrics down "
+    f"{_P.metrics_down_for:g} s from {_P.metrics_down_at:g} s; {_P.queued_cancels} cancels while queued and "
+    f"{_P.running_cancels} while running; {_P.duplicates} live duplicate request ids; {_P.oversized} oversized "
+    "prompts",
+    layout=f"one simulator ({_P.max_num_seqs} slots, with its request journal, which survives SIGKILL) and one "
+    f"scheduler with caps on (max_queued {_P.max_queued}, per user {_P.max_queued_per_user}, max_queued_bytes "
+    f"{_P.max_queued_bytes:,})",
+    measures="each admitted request's outcome, counted by the clients, by the scheduler "
+    "(llmsched_request_outcomes_total) and by the engine's journal; refusals; peak RSS over idle",
+    targets=(
+        "the three counts agree; none lost; none served twice",
+        "every cancelled running request aborted at the engine",
+        "duplicates answered ALREADY_EXISTS, oversized prompts PROMPT_TOO_LARGE",
+        "peak minus idle RSS <= the bytes cap x 3.4 + max_queued x 24 KB",
+    ),
+    command="python -m bench --scenarios S7",
+    duration="about 3 minutes",
+    facts=(
+        "Clients do not cancel from 1 s before the kill to 3 s after the restart: a cancel that races the "
+        "engine failing the same request is counted cancelled by the client and failed by the server, a race "
+        "of the measurement and not a fault.",
+        "The idle RSS is read after a warm-up flood, so one-time growth does not count as per-request memory.",
+    ),
+    headline=("admitted requests lost (no outcome)",),
+)
