@@ -1079,9 +1079,10 @@ DEFINITION = Definition(
         "front end starved: latecomer median <= 1.5x the oracle's; span <= 1.05x FIFO's",
         "all shared: latecomer median >= 10x better than FIFO's; span <= 1.15x FIFO's",
     ),
-    command="make bench ENGINE=vllm (or ENGINE=llamacpp); narrower: python -m bench --engine vllm --scenarios R1 "
-    "--layouts gpu_host --workloads flood,mixed --rounds 3",
-    duration="about 10 minutes a layout and workload at 3 rounds (the engines install once, into ENGINES_CACHE)",
+    command="python -m bench --engine vllm --scenarios R1",
+    duration="about 10 minutes a layout and workload at 3 rounds; make bench ENGINE=vllm or ENGINE=llamacpp installs "
+    "the engine once (into ENGINES_CACHE) and runs it; --layouts gpu_host --workloads flood,mixed --rounds 3 narrow "
+    "or widen it",
     facts=(
         "A latecomer's time to first token is the wait for the engine's next free slot plus the path to its "
         "first token (about 10 ms). Equal-length answers started together end together, so slots free in waves, "

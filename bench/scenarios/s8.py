@@ -527,8 +527,8 @@ DEFINITION = Definition(
         "Jain's index >= 0.95 for both locality setups",
         "latecomer median <= 1.1x the baseline's for both locality setups",
     ),
-    command="python -m bench --scenarios S8 [--engine vllm]",
-    duration="about 3 minutes",
+    command="python -m bench --scenarios S8",
+    duration="about 3 minutes; --engine vllm runs it on two CPU vLLM servers",
     facts=(
         "A prefix index larger than the engine's cache believes in prompts the engine has evicted: every user "
         "then matches on both replicas and follows where its prefix went last. So the index holds, by default, "
