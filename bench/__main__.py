@@ -141,7 +141,7 @@ def _meta(
 
 
 def _command() -> str:
-    return "python -m bench " + " ".join(sys.argv[1:])
+    return " ".join(["python -m bench", *sys.argv[1:]])
 
 
 def _record(

@@ -320,7 +320,7 @@ def _targets_table(targets: Sequence[Target]) -> Table:
 def _record_line(record: run_records.RunRecord, engine: str) -> str:
     return (
         f"Record `{record.name}`: commit {record.commit}, {record.machine_text()}; {engine}. "
-        f"Command: `{record.command}`."
+        f"Command: `{record.command.strip()}`."
     )
 
 
@@ -377,14 +377,16 @@ def results_part() -> str:
             record, scenario = latest[scenario_id]
             used[record.name] = record
             for figure in d.headline:
-                targets = [t for t in scenario.targets if t.figure == figure]
-                if not targets:
-                    continue
-                measured = ", ".join(f"{_short(t.run)} {t.format(t.value)}" for t in targets)
-                missed = sum(1 for t in targets if t.status != "met")
-                status = "met" if not missed else f"**missed** ({missed} of {len(targets)})"
-                wanted = targets[0].target.split(" = ")[0]  # a bound computed per run would differ between runs
-                table.rows.append([f"{scenario_id} {d.title}", _cell(figure), _cell(wanted), _cell(measured), status])
+                by_target: dict[str, list[Target]] = {}  # a bound computed per run ("= 8.48 s") is left out
+                for t in scenario.targets:
+                    if t.figure == figure:
+                        by_target.setdefault(t.target.split(" = ")[0], []).append(t)
+                for wanted, targets in by_target.items():
+                    measured = ", ".join(f"{_short(t.run)} {t.format(t.value)}" for t in targets)
+                    missed = sum(1 for t in targets if t.status != "met")
+                    status = "met" if not missed else f"**missed** ({missed} of {len(targets)})"
+                    row = [f"{scenario_id} {d.title}", _cell(figure), _cell(wanted), _cell(measured), status]
+                    table.rows.append(row)
     sources = "; ".join(
         f"`{r.name}` (commit {r.commit}, {r.machine_text()})" for r in sorted(used.values(), key=lambda r: r.name)
     )

@@ -226,7 +226,7 @@ DEFINITION = Definition(
         "replicas on Redis: >= 10x better than the engine's FIFO",
     ),
     command="python -m bench --scenarios C1",
-    duration="about 2 minutes; make bench-cluster runs every cluster scenario",
+    duration="about 1.5 minutes; make bench-cluster runs every cluster scenario",
     facts=(
         "Independent processes each keep the engine's queue at their own target, so a latecomer waits behind "
         "N times as many requests in the engine's FIFO; replicas on Redis keep one budget.",

@@ -192,7 +192,7 @@ DEFINITION = Definition(
         "replicas on Redis: p99 within one process's p99 plus a stated slack",
     ),
     command="python -m bench --scenarios CB",
-    duration="about a minute",
+    duration="under a minute",
     facts=("Independent processes keep about N times the target waiting at the engine: its FIFO is back.",),
     headline=("engine waiting mean (sampled every 50 ms)",),
 )

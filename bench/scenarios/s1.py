@@ -321,7 +321,7 @@ DEFINITION = Definition(
         f"HTTP door's latecomer median <= {HTTP_RATIO:g}x the gRPC door's (same setup, same run)",
     ),
     command="python -m bench --scenarios S1",
-    duration="about 3 minutes, S2 included",
+    duration="about 1.5 minutes, S2 included",
     facts=(
         "Engines do not preempt a running request, so a latecomer who arrives while the first wave holds every "
         "slot waits for the first slot to free, through the scheduler as with the engine's own priority queue: "

@@ -153,7 +153,7 @@ DEFINITION = Definition(
     measures=f"each user's share of the output tokens over {_P.window:g} s after a {_P.warmup:g} s warm-up",
     targets=("every user's token share within 5% (relative) of its weight's share, 1:2:4",),
     command="python -m bench --scenarios S3",
-    duration="under a minute",
+    duration="under half a minute",
     facts=(
         "With equal lengths the engine alone serves the three users about equally; request shares and token "
         "shares are the same thing here, which weighted_round_robin divides by weight.",

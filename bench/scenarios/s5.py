@@ -454,7 +454,7 @@ DEFINITION = Definition(
         "engine mean running batch while work waits >= the limit's batch minus one",
     ),
     command="python -m bench --scenarios S5",
-    duration="about 3 minutes",
+    duration="about 4 minutes",
     facts=(
         "Against one lone request on an idle engine, 2x is the engine's own limit: an engine does not start a "
         "request mid-step, so a first token waits for the rest of the running step plus one step with its own "

@@ -706,7 +706,7 @@ DEFINITION = Definition(
         "peak minus idle RSS <= the bytes cap x 3.4 + max_queued x 24 KB",
     ),
     command="python -m bench --scenarios S7",
-    duration="about 3 minutes",
+    duration="about 2 minutes",
     facts=(
         "Clients do not cancel from 1 s before the kill to 3 s after the restart: a cancel that races the "
         "engine failing the same request is counted cancelled by the client and failed by the server, a race "

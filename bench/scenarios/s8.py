@@ -528,7 +528,7 @@ DEFINITION = Definition(
         "latecomer median <= 1.1x the baseline's for both locality setups",
     ),
     command="python -m bench --scenarios S8",
-    duration="about 3 minutes; --engine vllm runs it on two CPU vLLM servers",
+    duration="about 2 minutes; --engine vllm runs it on two CPU vLLM servers",
     facts=(
         "A prefix index larger than the engine's cache believes in prompts the engine has evicted: every user "
         "then matches on both replicas and follows where its prefix went last. So the index holds, by default, "
