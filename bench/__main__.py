@@ -105,9 +105,13 @@ async def _run_all(
 
             for name in args.layouts.split(","):
                 workloads = [real_s1.WORKLOADS[w] for w in args.workloads.split(",")]
-                out += await real_s1.run_layout(
+                started = time.monotonic()
+                produced = await real_s1.run_layout(
                     args.engine, layout.LAYOUTS[name], workloads, args.rounds, None, options.out_dir
                 )
+                for result in produced:
+                    result.seconds = (time.monotonic() - started) / len(produced)
+                out += produced
         for entry in entries_for([i for i in ids if i != "R1"]):
             produces, runner = SCENARIOS[entry]
             print(f"{'/'.join(produces)} ...", flush=True)

@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -156,9 +157,10 @@ def _scenario_json(result: ScenarioResult) -> dict[str, Any]:
 
 
 def file_name(record: dict[str, Any]) -> str:
-    """`20261205T010203Z-abc1234-sim-S1-S2.json`: sorts by time, and says what ran."""
+    """`20261205T010203Z-abc1234-sim-S1-S2.json`: sorts by time, and says what ran (ids made safe for a file name:
+    "R1 vllm, gpu_host, flood" becomes R1-vllm-gpu_host-flood)."""
     when = datetime.datetime.fromisoformat(record["date"]).strftime("%Y%m%dT%H%M%SZ")
-    ids = "-".join(s["id"] for s in record["scenarios"]) or "none"
+    ids = "-".join(re.sub(r"[^A-Za-z0-9_]+", "-", s["id"]).strip("-") for s in record["scenarios"]) or "none"
     if len(ids) > 60:
         ids = f"{len(record['scenarios'])}-scenarios"
     engine = record["setup"].get("engine", "sim")

@@ -385,7 +385,8 @@ def results_part() -> str:
                     measured = ", ".join(f"{_short(t.run)} {t.format(t.value)}" for t in targets)
                     missed = sum(1 for t in targets if t.status != "met")
                     status = "met" if not missed else f"**missed** ({missed} of {len(targets)})"
-                    row = [f"{scenario_id} {d.title}", _cell(figure), _cell(wanted), _cell(measured), status]
+                    name = f"{d.id} {d.title}" if scenario_id == d.id else scenario_id
+                    row = [name, _cell(figure), _cell(wanted), _cell(measured), status]
                     table.rows.append(row)
     sources = "; ".join(
         f"`{r.name}` (commit {r.commit}, {r.machine_text()})" for r in sorted(used.values(), key=lambda r: r.name)

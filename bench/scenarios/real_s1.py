@@ -1086,13 +1086,14 @@ DEFINITION = Definition(
     facts=(
         "A latecomer's time to first token is the wait for the engine's next free slot plus the path to its "
         "first token (about 10 ms). Equal-length answers started together end together, so slots free in waves, "
-        "and where a round's latecomers land between waves moves a 3-round ratio against the oracle between "
-        "about 0.85x and 1.5x with the same code; pooled over many rounds the scheduler's latecomer median is "
-        "within about 10% of the oracle's.",
-        "What separates the scheduler from vLLM's own priority queue on a GPU host is additive: vLLM's HTTP "
-        "front end, sharing a core with the scheduler and the load, takes the scheduler's requests in more "
-        "slowly than a direct client's (llmsched_engine_accept_seconds, about 8 against 4 ms at the median), "
-        "not the gate's choices.",
+        "and where a round's latecomers land between waves moves the ratio of a 3-round run against the oracle "
+        "from about 0.85x to 1.7x with the same code (the oracle's own round medians spread as widely); pooled "
+        "over many rounds the scheduler's latecomer median is within about 10% of the oracle's, and its p90 "
+        "matches the oracle's.",
+        "When vLLM's HTTP front end shares a busy core with the scheduler and the load, it can take the "
+        "scheduler's requests in more slowly than a direct client's (R1 reports both sides' intake, and the "
+        "service exports its own as llmsched_engine_accept_seconds): that additive cost, not the gate's choices, "
+        "is what separates the scheduler from vLLM's own priority queue there.",
         "At a priority engine a queue of 6 (gate.priority_waiting_target) costs latecomers nothing, since they "
         "jump it, and keeps every slot busy while the busy front end hands requests in late; with 3, slots "
         "empty.",
