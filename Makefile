@@ -6,18 +6,19 @@ STAMP := $(VENV)/.installed
 ENGINE ?= sim
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv protos buf check lint typecheck imports deploy-lint test test-fast engines http-node run demo bench bench-check clean
+.PHONY: help venv protos docs words buf check lint typecheck imports deploy-lint test test-fast engines http-node run demo bench bench-check clean
 
 help:
 	@echo "make run [ENGINE=sim|vllm|llamacpp]  start an engine and the scheduler on 127.0.0.1:50051"
 	@echo "make run-cluster                       Redis, the simulator and three scheduler replicas (:50051-50053)"
 	@echo "make test                              the whole suite, real engines included (installs them once)"
-	@echo "make check                             fast inner loop: lint, types, import layers, generated code, tests without real engines"
+	@echo "make check                             fast inner loop: lint, types, import layers, generated code and docs, word check, tests without real engines"
 	@echo "make demo                              scenario S1: a flood and two latecomers, direct vs scheduled"
-	@echo "make bench [ENGINE=sim|vllm|llamacpp]  scenarios side by side, tables + JSON + plots in bench/results"
+	@echo "make bench [ENGINE=sim|vllm|llamacpp]  scenarios side by side; a record in bench/results/records, tables in docs/benchmarks.md"
 	@echo "make bench-check                       fails when a scenario misses its target beyond tolerance"
-	@echo "make bench-cluster                     issue 14: C1 C3 C4 C6 CB, one process vs 3 replicas (memory, redis)"
-	@echo "make protos                            regenerate llmsched/ (Python API package) and README's error table"
+	@echo "make bench-cluster                     C1 C3 C4 C6 CB: one process vs 3 replicas (memory, redis)"
+	@echo "make protos                            regenerate llmsched/ (the Python API package) from protos/"
+	@echo "make docs                              regenerate the docs' generated parts (error table, config reference, results)"
 	@echo "make buf                               buf lint + buf breaking (against main) on protos/"
 	@echo "make deploy-lint                       hadolint on the Dockerfile, deploy/kubernetes/ against Kubernetes' schemas"
 
@@ -32,15 +33,22 @@ venv: $(STAMP)
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
+# The generated parts of docs/ and the README: the error table, the config reference, the scenarios and their
+# latest records. `gen_docs.py --check` (in `make check`) also holds configs/example.toml to the config schema.
+docs: $(STAMP)
+	$(BIN)/python scripts/gen_docs.py
+
+# No file speaks of how the product was built (work sessions, issue numbers, dates): scripts/check_words.py.
+words:
+	$(PYTHON) scripts/check_words.py
+
 # buf (lint and breaking-change check of protos/) from the npm package @bufbuild/buf, pinned, in .cache/buf.
 BUF_VERSION := 1.75.0
 BUF_DIR := .cache/buf
 BUF := $(BUF_DIR)/node_modules/.bin/buf
 BUF_STAMP := $(BUF_DIR)/.installed-$(BUF_VERSION)
-# `buf breaking` guards the API on main: a change here must not break what main serves. The one exception was
-# issue 11, which reshaped v1 in place once before any client was released (its branch failed this check
-# against the old main by design); from its merge on, main's proto is the baseline. Override to compare with
-# another ref, e.g. BUF_AGAINST='.git#tag=v1.0.0,subdir=protos'.
+# `buf breaking` guards the API on main: a change here must not break what main serves (a breaking change
+# needs a v2 package). Override to compare with another ref, e.g. BUF_AGAINST='.git#tag=v1.0.0,subdir=protos'.
 # A clone without a local main (a detached CI checkout) compares with its own HEAD.
 BUF_BASE := $(shell git rev-parse --verify -q refs/heads/main >/dev/null && echo branch=main || echo ref=HEAD)
 BUF_AGAINST ?= $(shell git rev-parse --git-common-dir)\#$(BUF_BASE),subdir=protos
@@ -98,16 +106,18 @@ test: export LLMSCHED_REQUIRE_GO = 1
 test: export LLMSCHED_REQUIRE_NODE_SDK = 1
 test: export LLMSCHED_REQUIRE_REDIS = 1
 
-check: lint typecheck imports deploy-lint buf node-client http-node redis
+check: lint typecheck imports deploy-lint buf node-client http-node redis words
 	$(BIN)/python scripts/gen_protos.py --check
+	$(BIN)/python scripts/gen_docs.py --check
 	LLMSCHED_SKIP_ENGINES=1 $(BIN)/pytest -q -m "not engines"
 
 engines: $(STAMP)
 	bash engines/scripts/install_vllm.sh
 	bash engines/scripts/install_llamacpp.sh
 
-test: lint typecheck imports deploy-lint buf engines node-client go-client http-node redis
+test: lint typecheck imports deploy-lint buf engines node-client go-client http-node redis words
 	$(BIN)/python scripts/gen_protos.py --check
+	$(BIN)/python scripts/gen_docs.py --check
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP)
@@ -123,22 +133,25 @@ run-cluster: $(STAMP) redis
 demo: $(STAMP)
 	$(BIN)/python -m bench.s1_demo
 
-# S1-S8 side by side on the simulator (refreshes README's Results); ENGINE=vllm: R1 (S1/S2 on the real CPU
-# vLLM laid out like a GPU host, plus the "front end starved" and "all shared" layouts) and S6;
-# ENGINE=llamacpp: R1 on the real llama.cpp server. Pass BENCH_ARGS="--layouts gpu_host --rounds 3" to narrow.
+# S1-S8 and the cluster scenarios side by side on the simulator; ENGINE=vllm: R1 (S1/S2 on the real CPU vLLM
+# laid out like a GPU host, plus the "front end starved" and "all shared" layouts), S6 and S8; ENGINE=llamacpp:
+# R1 on the real llama.cpp server. Pass BENCH_ARGS="--layouts gpu_host --rounds 3" to narrow. Every run writes a
+# record into bench/results/records/ (commit it), and docs/benchmarks.md and the README's table are rendered
+# from the latest records.
 bench: $(STAMP)
 	$(if $(filter vllm,$(ENGINE)),bash engines/scripts/install_vllm.sh)
 	$(if $(filter llamacpp,$(ENGINE)),bash engines/scripts/install_llamacpp.sh)
 	$(BIN)/python -m bench --engine $(ENGINE) $(BENCH_ARGS)
-	$(if $(filter sim,$(ENGINE)),$(BIN)/python bench/update_readme.py)
+	$(BIN)/python scripts/gen_docs.py
 
-# Issue 14's cluster scenarios alone (also part of `make bench`): one scheduler process, three memory-mode replicas
-# (before) and three replicas on a private redis-server (after), side by side; results in bench/results/cluster.
+# The cluster scenarios alone (also part of `make bench`): one scheduler process, three memory-mode replicas and
+# three replicas on a private redis-server, side by side; results in bench/results/cluster, a record as above.
 .PHONY: bench-cluster
 bench-cluster: $(STAMP)
 	$(BIN)/python -m bench --scenarios C1,C3,C4,C6,CB --out bench/results/cluster $(BENCH_ARGS)
+	$(BIN)/python scripts/gen_docs.py
 
-# Fails when a scenario falls below its SCENARIOS.md target by more than the stated tolerance.
+# Fails when a scenario falls below its target (docs/benchmarks.md) by more than the stated tolerance.
 bench-check: $(STAMP)
 	$(BIN)/python -m bench --engine $(ENGINE) --check
 

@@ -1,1 +1,1 @@
-"""Benchmarks: scenarios from shared/SCENARIOS.md, direct to the engine vs through llm-scheduler."""
+"""Benchmarks: the scenarios of bench/scenarios/ (docs/benchmarks.md), direct to the engine vs through llm-scheduler."""

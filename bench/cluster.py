@@ -1,8 +1,8 @@
-"""Scheduler replicas for the cluster scenarios (issue 14): optionally a `redis-server`, and N `llmsched
+"""Scheduler replicas for the cluster scenarios: optionally a `redis-server`, and N `llmsched
 serve` processes with the same config but their own gRPC and metrics ports and replica names.
 
-Memory mode is today's behaviour of N processes side by side (each gates the engine alone and computes
-fairness alone): the "before" picture. Redis mode (`[cluster] store = "redis"`) makes them one scheduler. A
+Memory mode is N independent processes side by side (each gates the engine alone and computes fairness
+alone). Redis mode (`[cluster] store = "redis"`) makes them one scheduler. A
 checkout whose server does not wire the cluster agent yet would silently run redis mode as memory mode, so
 a redis layout checks that every replica connected to Redis and wrote keys under its prefix before the
 workload starts, and refuses clearly (not available) within seconds otherwise; later redis layouts of the

@@ -1,7 +1,7 @@
 """Markdown for the results: one summary table of every target, then a section per scenario.
 
-`RESULTS.md` is written next to the JSON and the PNGs; `summary_markdown` is the short form that
-`bench/update_readme.py` puts into the README.
+`RESULTS.md` is written next to the JSON and the PNGs. The docs' tables are rendered from the run's record
+instead (`bench.run_records`, `scripts/gen_docs.py`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def format_value(target: Target) -> str:
 
 
 def summary_table(results: Sequence[ScenarioResult]) -> Table:
-    table = Table(["scenario", "figure", "run", "measured", "target (SCENARIOS.md)", "status"])
+    table = Table(["scenario", "figure", "run", "measured", "target", "status"])
     for result in results:
         name = f"{result.id} {result.title}"
         if not result.available:
@@ -101,16 +101,3 @@ def compact_table(results: Sequence[ScenarioResult]) -> Table:
 def _short(run: str) -> str:
     """A run's label without the "scheduler" every scheduled run starts with ("through HTTP, vtc", "vtc")."""
     return run.removeprefix("scheduler, ").removeprefix("scheduler ")
-
-
-def summary_markdown(results: Sequence[ScenarioResult], meta: dict[str, Any], image: str | None) -> str:
-    """The README's "Results" section body: a compact targets table and one plot."""
-    parts = [
-        f"Measured by `make bench` on {meta.get('date', '?')} ({meta.get('host', '')}), against "
-        f"{meta.get('engine_description', 'the simulator')}. Every figure, table and plot: "
-        "`bench/results/RESULTS.md` after a run.\n",
-        table_markdown(compact_table(results)),
-    ]
-    if image:
-        parts.append(f"![time to first token per user over time, S1]({image})\n")
-    return "\n".join(parts)

@@ -1,8 +1,8 @@
 """What a scenario hands to the report, the plots and the regression check, and how it is stored as JSON.
 
-Each target carries the threshold from SCENARIOS.md and a separate `fail_at` for the regression check:
-"met" compares with the threshold, `--check` only fails past `fail_at`, so the stated tolerance absorbs
-the noise of a shared 2-core machine without hiding a real regression.
+Each target carries its scenario's threshold (bench/scenarios/, docs/benchmarks.md) and a separate `fail_at`
+for the regression check: "met" compares with the threshold, `--check` only fails past `fail_at`, so the
+stated tolerance absorbs the noise of a shared 2-core machine without hiding a real regression.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 @dataclass
 class Target:
-    """One target of SCENARIOS.md, measured in one run."""
+    """One target of a scenario, measured in one run."""
 
     figure: str
     target: str

@@ -136,7 +136,7 @@ def main() -> None:
     bound = 2 * direct.idle_ttft + request_time
     worst = max(scheduled.latecomer_ttft.values())
     print(
-        f"\nTarget (SCENARIOS.md S1): scheduled latecomer TTFT <= 2 x idle TTFT + one request's decode time "
+        f"\nTarget (S1, docs/benchmarks.md): scheduled latecomer TTFT <= 2 x idle TTFT + one request's decode time "
         f"= {bound:.2f}s -> worst {worst:.2f}s: {'met' if worst <= bound else 'NOT met'}; "
         f"engine throughput scheduled/direct = {s / d:.1%} (S2 target >= 95%)."
     )

@@ -25,7 +25,7 @@ http_listen = "127.0.0.1:8080"
 # The CPU engine shares this machine's cores with the scheduler and its clients, so every cycle spent per
 # streamed token is the engine's: past an answer's first 32 tokens its tokens leave in groups within 50 ms,
 # the shipped default (real vLLM, all on 2 shared cores: the flood's span 1.13-1.22x FIFO's against
-# 1.30-1.52x reading every token, README R1).
+# 1.30-1.52x reading every token: docs/benchmarks.md, R1).
 stream_read_interval_seconds = 0.05
 
 [scheduling]

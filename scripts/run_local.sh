@@ -43,9 +43,9 @@ cat <<MSG
   Try, in another shell:
     .venv/bin/llmsched stream --model sim-model --user alice "Tell me a story"
     .venv/bin/llmsched submit --model sim-model --user bob --max-tokens 32 "Hello"
-    grpcurl -plaintext 127.0.0.1:50051 list
+    .venv/bin/grpcurl -plaintext 127.0.0.1:50051 list
     curl -N localhost:8080/v1/chat/completions -H 'x-user-id: carol' -H 'x-queue-updates: true' -d '{"model": "sim-model", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}'
-  Ctrl-C stops both.
+  (README.md's quick start has the OpenAI Python SDK too.) Ctrl-C stops both.
 
 MSG
 "$bin/llmsched" serve --config "$config" &

@@ -1,5 +1,5 @@
-"""The scenarios of SCENARIOS.md, by id. S1's runs also give S2, so one entry produces both. C1, C3, C4, C6
-and CB are issue 14's cluster variants (several scheduler replicas in front of one engine)."""
+"""The benchmark scenarios, by id. S1's runs also give S2, so one entry produces both. C1, C3, C4, C6 and CB
+are the cluster variants (several scheduler replicas in front of one engine)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult
-from bench.scenarios import c1, c3, c4, c6, cb, s1, s3, s4, s5, s6, s7, s8
+from bench.scenarios import c1, c3, c4, c6, cb, real_s1, s1, s3, s4, s5, s6, s7, s8
 from bench.scenarios._cluster import ClusterOptions
+from bench.scenarios.definition import Definition
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,22 @@ def entries_for(ids: list[str]) -> list[str]:
         if any(i in produces for i in ids):
             wanted.append(entry)
     return wanted
+
+
+# Every scenario the bench runs, as docs/benchmarks.md lists them (scripts/gen_docs.py renders them in this order).
+DEFINITIONS: tuple[Definition, ...] = (
+    s1.DEFINITION,
+    s1.UTILISATION,
+    s3.DEFINITION,
+    s4.DEFINITION,
+    s5.DEFINITION,
+    s6.DEFINITION,
+    s7.DEFINITION,
+    s8.DEFINITION,
+    c1.DEFINITION,
+    c3.DEFINITION,
+    c4.DEFINITION,
+    c6.DEFINITION,
+    cb.DEFINITION,
+    real_s1.DEFINITION,
+)

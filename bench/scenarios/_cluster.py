@@ -1,8 +1,8 @@
 """What the cluster scenarios (C1, C3, C4, C6, CB) share: their layouts side by side in one run, and labels.
 
-Each runs the same workload through one scheduler process (the reference), through N of today's processes
-side by side (memory mode: each gates and orders alone, the "before" picture of issue 14) and through N
-replicas meeting on Redis (one scheduler: "after"), clients spread round robin over the replicas.
+Each runs the same workload through one scheduler process (the reference), through N independent processes
+side by side (memory mode: each gates and orders alone) and through N replicas meeting on Redis (one
+scheduler), clients spread round robin over the replicas.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class ClusterOptions:
     """`python -m bench` knobs for the cluster scenarios."""
 
     replicas: int = 3
-    stores: tuple[str, ...] = STORES  # "memory": the before picture; "redis": the cluster
+    stores: tuple[str, ...] = STORES  # "memory": independent processes; "redis": one cluster
     scale: float = 1.0  # stretches every measuring window (and the floods that must outlast them)
     heartbeat_interval: float = 0.5
     heartbeat_timeout: float = 2.0
@@ -29,7 +29,7 @@ class ClusterOptions:
         return Layout(replicas, store, self.heartbeat_interval, self.heartbeat_timeout)
 
     def layouts(self, *, single_redis: bool = False) -> list[Layout]:
-        """One process (the reference), then N in memory mode (before) and N on Redis (after), as `stores`
+        """One process (the reference), then N in memory mode and N on Redis, as `stores`
         asks; `single_redis` adds one replica on Redis (S6's cost of the store alone)."""
         out = [self.layout(1, "memory")]
         if single_redis and "redis" in self.stores:
@@ -41,9 +41,9 @@ class ClusterOptions:
 def label(layout: Layout) -> str:
     """A run's label: what the scheduler side is (the report drops the leading "scheduler, ")."""
     if layout.store == "memory" and layout.replicas > 1:
-        return f"scheduler, {layout.label} (independent: before)"
+        return f"scheduler, {layout.label} (independent processes)"
     if layout.store == "redis" and layout.replicas > 1:
-        return f"scheduler, {layout.label} (one cluster: after)"
+        return f"scheduler, {layout.label} (one cluster)"
     return f"scheduler, {layout.label}"
 
 

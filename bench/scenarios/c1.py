@@ -3,7 +3,7 @@
 User A floods requests at once (spread round robin over the replicas, as a load balancer would); latecomers
 (each its own user) send one request each at several times through the flood, so they land on every
 replica. Measured: the latecomers' TTFT, median and worst, over the whole workload, for the engine alone
-(FIFO), one scheduler process, N of today's processes side by side (memory mode: each fills the engine's
+(FIFO), one scheduler process, N independent processes side by side (memory mode: each fills the engine's
 queue to its own target and orders only its own calls) and N replicas on Redis (one scheduler). Targets
 (S1's, for the replicas on Redis): worst latecomer TTFT <= 2 x idle TTFT + one request's decode time, and
 >= 10x better than the engine's FIFO.
@@ -26,6 +26,7 @@ from bench.runner import SCHEDULED_MODEL, Mode, RunContext
 from bench.scenarios import _cluster
 from bench.scenarios._cluster import ClusterOptions
 from bench.scenarios._common import STANDARD_CLASS, divide, jsonable, not_run, ratio, run_modes, seconds
+from bench.scenarios.definition import Definition
 
 ID, TITLE = "C1", "flood + latecomers across replicas"
 GATE_TARGET = 3
@@ -154,7 +155,7 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: C1Params | N
     result.notes += [
         "One request's decode time in the bound is the median first-to-last-token time of the flood's requests "
         "in the engine-alone run.",
-        "Memory mode with several replicas is today's code run side by side: each replica keeps the engine's "
+        "Memory mode with several replicas is independent processes side by side: each replica keeps the engine's "
         f"waiting queue at its own target ({GATE_TARGET}), so a latecomer waits behind N times as many requests "
         "in the engine's FIFO; it is reported, not held to the targets.",
         "Admitted per replica: each replica's own llmsched_requests_admitted_total (one warm-up request each "
@@ -207,3 +208,28 @@ def _raw(r: dict[str, Any]) -> dict[str, Any]:
     out["requests"] = [x.summary() for x in r["_records"]]
     rounded: dict[str, Any] = jsonable(out)
     return rounded
+
+
+_P = C1Params()
+DEFINITION = Definition(
+    id="C1",
+    title=TITLE,
+    question="Does S1 hold when clients spread their calls over several replicas?",
+    workload=f"S1's flood ({_P.flood} requests of {_P.tokens_min}-{_P.tokens_max} tokens) with every call sent to "
+    f"the next replica; {_P.latecomers_per_offset} latecomers at each of "
+    f"{', '.join(f'{o:g}' for o in _P.latecomer_offsets)} s",
+    layout="the simulator (64 slots); the engine alone (FIFO), one scheduler process, N independent processes "
+    "(memory mode) and N replicas on a private redis-server (`--replicas`, default 3)",
+    measures="the latecomers' TTFT, median and worst, over the whole workload",
+    targets=(
+        "replicas on Redis: worst latecomer TTFT <= 2 x idle TTFT + one request's decode time",
+        "replicas on Redis: >= 10x better than the engine's FIFO",
+    ),
+    command="python -m bench --scenarios C1",
+    duration="about 1.5 minutes; make bench-cluster runs every cluster scenario",
+    facts=(
+        "Independent processes each keep the engine's queue at their own target, so a latecomer waits behind "
+        "N times as many requests in the engine's FIFO; replicas on Redis keep one budget.",
+    ),
+    headline=("latecomer TTFT, engine FIFO ÷ scheduler (worst)",),
+)

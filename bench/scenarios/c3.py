@@ -1,7 +1,7 @@
 """C3 weighted shares across replicas: S3 (users weighted 1, 2 and 4, all backlogged) with every client call
 sent to the next scheduler replica.
 
-The same closed loops as S3, for one scheduler process, N of today's processes side by side (each computes
+The same closed loops as S3, for one scheduler process, N independent processes side by side (each computes
 the weighted order of only the calls it received) and N replicas on Redis (one order for all). Target (S3's,
 for the replicas on Redis): every user's token share within 5% of its weight's share.
 
@@ -25,6 +25,7 @@ from bench.runner import RunContext
 from bench.scenarios import _cluster, s3
 from bench.scenarios._cluster import ClusterOptions
 from bench.scenarios._common import jsonable, not_run, number, run_modes, share
+from bench.scenarios.definition import Definition
 
 ID, TITLE = "C3", "weighted shares across replicas"
 WINDOW = 20.0  # seconds from the first token: the whole workload
@@ -88,9 +89,9 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: s3.S3Params 
                 )
             )
     result.notes.append(
-        "Memory mode with several replicas (today's code side by side) is reported, not held to the target: each "
-        "replica orders only the calls it received and gates the engine alone, so the engine's queue grows to "
-        "several times the target and its own FIFO decides much of the order."
+        "Memory mode with several replicas (independent processes side by side) is reported, not held to the "
+        "target: each replica orders only the calls it received and gates the engine alone, so the engine's "
+        "queue grows to several times the target and its own FIFO decides much of the order."
     )
     result.raw = {label: jsonable({k: v for k, v in r.items() if not k.startswith("_")}) for label, r in runs.items()}
     result.series = {
@@ -99,3 +100,25 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: s3.S3Params 
         "runs": {label: r["_cumulative"] for label, r in runs.items()},
     }
     return [result]
+
+
+DEFINITION = Definition(
+    id="C3",
+    title=TITLE,
+    question="Do weighted shares hold when every call goes to the next replica?",
+    workload=f"S3's closed loops (weights 1, 2, 4), every call to the next replica, {WINDOW:g} s from the first "
+    "token (the whole workload)",
+    layout="the simulator; one scheduler process, N independent processes and N replicas on Redis",
+    measures="each user's token share over the whole workload, and the engine's tokens/s",
+    targets=("replicas on Redis: every user's token share within 5% of its weight's share",),
+    command="python -m bench --scenarios C3",
+    duration="about a minute",
+    facts=(
+        "The first user whose requests reach the leader fills the idle engine's first slots and repays them "
+        "over the next seconds, so the share is measured over the whole workload, not a window just after "
+        "the start.",
+        "Independent processes each order only the calls they received: the engine's own FIFO decides much of "
+        "the order.",
+    ),
+    headline=("largest relative gap between a user's token share and its weight share",),
+)

@@ -4,8 +4,8 @@ client call sent to the next scheduler replica, shortened for the bench.
 S4's method unchanged (closed loops of 8 streams each on 8 engine slots, a warm-up of two long-request
 lifetimes from the first token, output tokens counted cumulatively and in sliding windows), with answers
 of 300 and 15 tokens (S4's 20:1) so a run takes about half a minute instead of six. Runs: one scheduler
-process, N of today's processes side by side (each counts the tokens of only its own calls) and N replicas
-on Redis (one counter per user). Target (issue 14, for the replicas on Redis): |long ÷ short - 1| within
+process, N independent processes side by side (each counts the tokens of only its own calls) and N replicas
+on Redis (one counter per user). Target (for the replicas on Redis): |long ÷ short - 1| within
 10% over the window.
 """
 
@@ -21,6 +21,7 @@ from bench.runner import RunContext
 from bench.scenarios import _cluster, s4
 from bench.scenarios._cluster import ClusterOptions
 from bench.scenarios._common import jsonable, not_run, run_modes
+from bench.scenarios.definition import Definition
 
 ID, TITLE = "C4", "token fairness across replicas"
 LONG, SHORT = s4.LONG, s4.SHORT
@@ -84,3 +85,19 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: s4.S4Params 
         "runs": {label: r["_cumulative"] for label, r in runs.items()},
     }
     return [result]
+
+
+DEFINITION = Definition(
+    id="C4",
+    title=TITLE,
+    question="Does token fairness (vtc) hold across replicas?",
+    workload=f"S4's method shortened: {SHORT_RUN.long_tokens}- and {SHORT_RUN.short_tokens}-token answers, 8 "
+    f"closed-loop streams each, {SHORT_RUN.window:g} s, every call to the next replica",
+    layout="the simulator (8 slots); one scheduler process, N independent processes and N replicas on Redis",
+    measures="|long ÷ short - 1| of output tokens over the window",
+    targets=("replicas on Redis: within 10%",),
+    command="python -m bench --scenarios C4",
+    duration="about 2 minutes",
+    facts=("Independent processes each count only the tokens of their own calls, so none of them is token-fair.",),
+    headline=(f"|tokens {LONG} ÷ tokens {SHORT} - 1|, cumulative",),
+)

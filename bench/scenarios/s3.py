@@ -25,6 +25,7 @@ from bench.scenarios._common import (
     run_modes,
     share,
 )
+from bench.scenarios.definition import Definition
 
 WEIGHTS = {"w1": 1.0, "w2": 2.0, "w4": 4.0}
 DIRECT = "engine alone (FIFO)"
@@ -139,3 +140,23 @@ async def run(provider: EngineProvider, p: S3Params | None = None) -> list[Scena
         "runs": {label: r["_cumulative"] for label, r in runs.items()},
     }
     return [result]
+
+
+_P = S3Params()
+DEFINITION = Definition(
+    id="S3",
+    title=TITLE,
+    question="Do users with weights get their weighted share of the engine?",
+    workload=f"users w1, w2 and w4 (weights 1, 2 and 4) each keep {_P.concurrency} requests of {_P.tokens} "
+    "output tokens outstanding (closed loops, all backlogged)",
+    layout="the simulator (S1's profile); the engine alone (FIFO) and the scheduler with weighted_round_robin",
+    measures=f"each user's share of the output tokens over {_P.window:g} s after a {_P.warmup:g} s warm-up",
+    targets=("every user's token share within 5% (relative) of its weight's share, 1:2:4",),
+    command="python -m bench --scenarios S3",
+    duration="under half a minute",
+    facts=(
+        "With equal lengths the engine alone serves the three users about equally; request shares and token "
+        "shares are the same thing here, which weighted_round_robin divides by weight.",
+    ),
+    headline=("largest relative gap between a user's token share and its weight share",),
+)

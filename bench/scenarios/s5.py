@@ -58,6 +58,7 @@ from bench.records import RequestRecord, percentile
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL, Mode, RunContext
 from bench.scenarios._common import divide, jsonable, ms, not_run, number, run_modes, seconds, share
+from bench.scenarios.definition import Definition
 from bench.tpot_flood import SLOW_STEPPING, SLOW_STEPPING_FLAGS, TPOT_TOLERANCE, FloodStats, measure_flood
 from clients import pb_grpc
 
@@ -425,3 +426,44 @@ def _targets(
             f"{label}: batch tokens/s after the interactive phase = "
             f"{share(divide(r['batch_tokens_per_s_after'], direct['batch_tokens_per_s_after']))} of the engine alone."
         )
+
+
+_P = S5Params()
+DEFINITION = Definition(
+    id="S5",
+    title=TITLE,
+    question="Do interactive requests stay fast while batch work keeps the engine busy, and does the TPOT limit hold?",
+    workload=f"a batch user floods {_P.batch_requests} requests of {_P.batch_tokens_min}-{_P.batch_tokens_max} "
+    f"tokens at 0 s; interactive users send {_P.interactive_tokens}-token requests with "
+    f"{_P.interactive_prompt_tokens}-token prompts at {_P.interactive_rate:g} a second (random arrivals) from "
+    f"{_P.interactive_start:g} s to {_P.interactive_end:g} s. A second workload: {_P.tpot_flood_requests} "
+    f"interactive streams of {_P.tpot_flood_tokens} tokens from {_P.tpot_flood_users} users",
+    layout="the simulator (S1's profile; for the second workload 16 slots and a step of 40 ms + 10 ms per "
+    "running request, so 11 running give the 150 ms limit). The engine alone (FIFO; priority with "
+    "interactive -1; and the interactive arrivals without the flood: the idle baseline) and the scheduler "
+    "with an interactive class (rank 0, TPOT limit 150 ms) and a batch class (rank 1, only while the engine's "
+    "queue is empty), two ways: throughput first (batch at most 3/4 of the slots) and latency first (batch at "
+    "most 1/4 of the slots while interactive is active)",
+    measures="interactive TTFT and TPOT, batch progress and completion; for the second workload the engine's "
+    "own mean TPOT and mean running batch",
+    targets=(
+        "interactive TTFT p99 <= 2 x the idle baseline's p99",
+        "interactive TPOT p99 under the class limit (150 ms)",
+        "every batch request completes",
+        "engine mean TPOT over the TPOT flood at most 1.1 x the class limit",
+        "engine mean running batch while work waits >= the limit's batch minus one",
+    ),
+    command="python -m bench --scenarios S5",
+    duration="about 4 minutes",
+    facts=(
+        "Against one lone request on an idle engine, 2x is the engine's own limit: an engine does not start a "
+        "request mid-step, so a first token waits for the rest of the running step plus one step with its own "
+        "prefill; with random arrivals the idle baseline alone is about 2x one lone request. So the target is "
+        "2x the idle baseline: the same arrivals without the flood.",
+        "Latency first keeps interactive TTFT closest to the idle baseline and costs batch throughput while "
+        "interactive traffic is around; throughput first keeps more of the batch rate and still meets 2x.",
+        "An engine's step grows with its batch (here 20 ms at batch 1, 39 ms at 64), which is what the TPOT "
+        "limit and max_engine_running_when_contended act on.",
+    ),
+    headline=("interactive TTFT p99",),
+)

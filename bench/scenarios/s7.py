@@ -6,8 +6,8 @@ Each outcome is counted three ways that must agree: by the clients (how each cal
 scheduler (`llmsched_request_outcomes_total`, scraped before and after) and by the engine (the
 simulator's `--journal`, which survives its SIGKILL). The three are joined by a tag, not by request id:
 every call's prompt starts with a line `s7:<n>` that the journal records as the request's `tag`, so the
-join does not depend on what id the scheduler gives the engine (the client's `request_id` today, a
-server-made id once issue 9 lands) nor on the ids being unique (duplicate ids are part of the test).
+join does not depend on what id the scheduler gives the engine (a server-made id) nor on the ids being
+unique (duplicate ids are part of the test).
 
 Runs alone (`python -m bench --scenarios S7`): it needs its own simulator (journal, kill, restart on the
 same port) and a scheduler with its metrics endpoint on, so it does not use the shared `open_run`.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import signal
 import sys
 import tempfile
@@ -39,16 +38,14 @@ from bench.engines import EngineProvider, SimProfile
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL
 from bench.scenarios._common import STANDARD_CLASS, jsonable
+from bench.scenarios.definition import Definition
 from clients import pb, pb_grpc
 from clients.client import error_reason
-from scheduler_svc.config import ModelConfig
 
 TITLE = "faults"
 RUN = "scheduler, caps on"
 KILL_CANCEL_MARGIN = 1.0
 OUTCOMES = ("completed", "cancelled", "failed", "expired", "rejected")
-# Config fields issue 9 adds; dropped (with a note) while the scheduler does not know them yet.
-NEW_MODEL_FIELDS = ("max_prompt_bytes", "max_queued_bytes", "max_queued_bytes_per_user")
 
 
 @dataclass(frozen=True)
@@ -75,8 +72,8 @@ class S7Params:
     max_prompt_bytes: int = 32 * 1024
     max_queued_bytes: int = 4_000_000
     max_queued_bytes_per_user: int = 64_000
-    per_request_overhead: int = 24 * 1024  # README "Memory per queued request": ~24 KB per open Stream call
-    per_prompt_byte: float = 3.4  # README "Bytes": RSS per queued prompt byte (gRPC's, protobuf's, ours)
+    per_request_overhead: int = 24 * 1024  # docs/operations.md, sizing: ~24 KB per open Stream call
+    per_prompt_byte: float = 3.4  # docs/operations.md, sizing: RSS per queued prompt byte (gRPC's, protobuf's, ours)
     warmup_seconds: float = 3.0
     drain_timeout: float = 60.0
     channels: int = 8
@@ -242,8 +239,8 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def scheduler_toml(p: S7Params, engine_url: str, metrics_port: int) -> tuple[str, list[str]]:
-    """The scenario's config as TOML, and the issue-9 fields dropped because this scheduler lacks them."""
+def scheduler_toml(p: S7Params, engine_url: str, metrics_port: int) -> str:
+    """The scenario's config as TOML: caps on, one simulated engine."""
     model: Toml = {
         "name": SCHEDULED_MODEL,
         "max_tokens_limit": 4096,
@@ -265,10 +262,6 @@ def scheduler_toml(p: S7Params, engine_url: str, metrics_port: int) -> tuple[str
             }
         ],
     }
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    dropped = [name for name in NEW_MODEL_FIELDS if name not in known]
-    for name in dropped:
-        del model[name]
     config: Toml = {
         "server": {
             "listen": "127.0.0.1:{GRPC_PORT}",
@@ -279,7 +272,7 @@ def scheduler_toml(p: S7Params, engine_url: str, metrics_port: int) -> tuple[str
         "scheduling": {"fairness": "round_robin", "classes": STANDARD_CLASS, "default_class": "standard"},
         "models": [model],
     }
-    return validated_toml(config), dropped
+    return validated_toml(config)
 
 
 class Stack:
@@ -535,11 +528,7 @@ async def _body(p: S7Params, workdir: Path) -> dict[str, Any]:
         stack_ctx.callback(stack.stop)
         session = await stack_ctx.enter_async_context(aiohttp.ClientSession(timeout=timeout))
         await stack.start_sim()
-        toml, dropped = scheduler_toml(p, stack.sim_url, stack.metrics_port)
-        if dropped:
-            note = f"this scheduler lacks {', '.join(dropped)}: ran without them"
-            print(f"  S7: {note}", flush=True)
-            log.append(note)
+        toml = scheduler_toml(p, stack.sim_url, stack.metrics_port)
         sched = await stack_ctx.enter_async_context(harness.scheduler_process(toml))
         channels = [
             await stack_ctx.enter_async_context(grpc.aio.insecure_channel(sched.target)) for _ in range(p.channels)
@@ -604,7 +593,6 @@ async def _body(p: S7Params, workdir: Path) -> dict[str, Any]:
             "journal_lines": len(lines),
             "journal_boots": boots,
             "scheduler_alive": scheduler_alive,
-            "dropped_config_fields": dropped,
             "log": log,
             "journal": str(stack.journal),
         }
@@ -666,7 +654,7 @@ async def run(provider: EngineProvider, p: S7Params | None = None) -> list[Scena
         # down) is counted by the scheduler alone, so the clients' count is a floor for the scheduler's
         Target("failovers clients saw that the scheduler did not count", "0", RUN, max(0, f["failovers"]["clients"] - f["failovers"]["scheduler"]), 0, 0, False),  # noqa: E501
         Target("cancelled running requests not aborted at the engine", "0", RUN, f["running_cancels_not_aborted_count"], 0, 0, False),  # noqa: E501
-        Target("peak minus idle RSS (MB)", f"<= bytes cap x 3.4 + max_queued x 24 KB (README) = {bound:.1f}", RUN, f["rss_growth_mb"], bound, bound, False),  # noqa: E501
+        Target("peak minus idle RSS (MB)", f"<= bytes cap x 3.4 + max_queued x 24 KB (docs/operations.md) = {bound:.1f}", RUN, f["rss_growth_mb"], bound, bound, False),  # noqa: E501
         Target("duplicate live ids answered ALREADY_EXISTS", "100%", RUN, _fraction(f["duplicates_already_exists"], f["duplicates_sent"]), 1.0, 1.0, True, "%"),  # noqa: E501
         Target("oversized prompts answered PROMPT_TOO_LARGE", "100%", RUN, _fraction(f["oversized_refused"], f["oversized_sent"]), 1.0, 1.0, True, "%"),  # noqa: E501
     ]  # fmt: skip
@@ -693,3 +681,37 @@ async def run(provider: EngineProvider, p: S7Params | None = None) -> list[Scena
 
 def _fraction(a: int, b: int) -> float | None:
     return a / b if b else None
+
+
+_P = S7Params()
+DEFINITION = Definition(
+    id="S7",
+    title=TITLE,
+    question="Under overload and faults, does every admitted request end in exactly one outcome, and does "
+    "memory stay within the caps?",
+    workload=f"a flood at {_P.flood_factor:g}x the engine's capacity for {_P.flood_seconds:g} s from "
+    f"{_P.flood_users} users; the engine SIGKILLed at {_P.kill_at:g} s and restarted; its metrics down "
+    f"{_P.metrics_down_for:g} s from {_P.metrics_down_at:g} s; {_P.queued_cancels} cancels while queued and "
+    f"{_P.running_cancels} while running; {_P.duplicates} live duplicate request ids; {_P.oversized} oversized "
+    "prompts",
+    layout=f"one simulator ({_P.max_num_seqs} slots, with its request journal, which survives SIGKILL) and one "
+    f"scheduler with caps on (max_queued {_P.max_queued}, per user {_P.max_queued_per_user}, max_queued_bytes "
+    f"{_P.max_queued_bytes:,})",
+    measures="each admitted request's outcome, counted by the clients, by the scheduler "
+    "(llmsched_request_outcomes_total) and by the engine's journal; refusals; peak RSS over idle",
+    targets=(
+        "the three counts agree; none lost; none served twice",
+        "every cancelled running request aborted at the engine",
+        "duplicates answered ALREADY_EXISTS, oversized prompts PROMPT_TOO_LARGE",
+        "peak minus idle RSS <= the bytes cap x 3.4 + max_queued x 24 KB",
+    ),
+    command="python -m bench --scenarios S7",
+    duration="about 2 minutes",
+    facts=(
+        "Clients do not cancel from 1 s before the kill to 3 s after the restart: a cancel that races the "
+        "engine failing the same request is counted cancelled by the client and failed by the server, a race "
+        "of the measurement and not a fault.",
+        "The idle RSS is read after a warm-up flood, so one-time growth does not count as per-request memory.",
+    ),
+    headline=("admitted requests lost (no outcome)",),
+)

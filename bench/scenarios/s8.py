@@ -5,7 +5,7 @@ backlogged (closed loops); one of them floods (many more requests outstanding). 
 each have a prefix cache holding about half of the eight system prompts, so where a request goes decides
 whether its prompt's prefill is skipped. Setups, in one run on the same machine minutes apart:
 
-- today: `least_loaded` backend choice + `vtc` fairness;
+- the baseline: `least_loaded` backend choice + `vtc` fairness;
 - `prefix_locality` backend choice + `vtc`;
 - `prefix_locality` + `vtc` + `locality.deficit_bound` (D-LPM: among users within the bound of the least
   served, the request whose prefix the open engine most likely holds goes first).
@@ -47,6 +47,7 @@ from bench.records import RequestRecord, percentile
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL
 from bench.scenarios._common import divide, jsonable, number, ratio, seconds, share
+from bench.scenarios.definition import Definition
 from bench.scenarios.s8_engines import Replica, ReplicaPair, SimReplicas, VllmReplicas, vllm_specs
 from clients import pb_grpc
 
@@ -115,14 +116,14 @@ VLLM_PARAMS = S8Params(
     timeout=180.0,
 )
 
-TODAY = "least_loaded + vtc (today)"
+BASELINE = "least_loaded + vtc (baseline)"
 LOCALITY = "prefix_locality + vtc"
 DLPM = "prefix_locality + vtc + deficit_bound (D-LPM)"
 
 
 def setups(p: S8Params) -> list[Setup]:
     return [
-        Setup(TODAY, "least_loaded"),
+        Setup(BASELINE, "least_loaded"),
         Setup(LOCALITY, "prefix_locality"),
         Setup(DLPM, "prefix_locality", p.deficit_bound),
     ]
@@ -394,14 +395,14 @@ def build_result(
             "latecomer median TTFT",
         ]
     )
-    today = runs.get(TODAY)
+    baseline = runs.get(BASELINE)
     for label, r in runs.items():
         deficit = f"{number(r['largest_deficit'])} tokens ({share(r['largest_deficit_share'])})"
         hit = share(r["hit_rate"])
         tps = number(r["tokens_per_second"])
-        if today is not None and label != TODAY:
-            hit += f" ({ratio(hit_rate_ratio(r, today), 2)})"
-            tps += f" ({ratio(divide(r['tokens_per_second'], today['tokens_per_second']), 2)})"
+        if baseline is not None and label != BASELINE:
+            hit += f" ({ratio(hit_rate_ratio(r, baseline), 2)})"
+            tps += f" ({ratio(divide(r['tokens_per_second'], baseline['tokens_per_second']), 2)})"
         result.table.rows.append(
             [
                 label,
@@ -419,7 +420,7 @@ def build_result(
     result.notes += [
         "Hit rate: both engines' `vllm:prefix_cache_hits_total` ÷ `vllm:prefix_cache_queries_total` (tokens), "
         "deltas over the window; tokens/s: their `vllm:generation_tokens_total` delta over the window. In "
-        "brackets: ÷ today's.",
+        "brackets: ÷ the baseline's.",
         "TTFT: the backlogged users' requests whose first token came in the window, from the client's send "
         "(scheduler queue wait included: with every user backlogged it is mostly the wait for the user's turn).",
         f"Jain's index over the {p.users} backlogged users' output tokens in the window (every request has the "
@@ -433,7 +434,7 @@ def build_result(
         "Both locality setups leave `locality.index_max_bytes` at its default: each backend's index holds as many "
         "64-character blocks as its engine's cache, read from the engine's `vllm:cache_config_info` "
         f"(here {p.prefix_cache_blocks} blocks of 16 tokens, {p.prefix_cache_blocks * 16 * 4 // 64} index blocks). "
-        "A fixed index larger than the cache (the old 4 MiB default, 26,000 blocks) remembers every prompt it ever "
+        "A fixed index larger than the cache (a fixed 4 MiB, 26,000 blocks) remembers every prompt it ever "
         "sent each backend, so every user matches on both and its turns follow a belief the engine's LRU has "
         "already evicted.",
         f"Latecomers: {len(p.latecomer_offsets)} new users at {', '.join(f'{o:g}' for o in p.latecomer_offsets)} s "
@@ -443,30 +444,30 @@ def build_result(
     return result
 
 
-def hit_rate_ratio(run: dict[str, Any], today: dict[str, Any]) -> float | None:
-    """Hit rate ÷ today's (infinite when today hit nothing and this hit something)."""
-    if run["hit_rate"] is None or today["hit_rate"] is None:
+def hit_rate_ratio(run: dict[str, Any], baseline: dict[str, Any]) -> float | None:
+    """Hit rate ÷ the baseline's (infinite when the baseline hit nothing and this hit something)."""
+    if run["hit_rate"] is None or baseline["hit_rate"] is None:
         return None
-    if today["hit_rate"] == 0:
+    if baseline["hit_rate"] == 0:
         return float("inf") if run["hit_rate"] > 0 else None
-    return float(run["hit_rate"] / today["hit_rate"])
+    return float(run["hit_rate"] / baseline["hit_rate"])
 
 
 def _targets(result: ScenarioResult, runs: dict[str, dict[str, Any]]) -> None:
     """Hit rate and throughput for the whole feature (D-LPM); fairness and latecomers for both locality
-    setups. Each against today's setup of the same run."""
-    today = runs.get(TODAY)
-    if today is None:
-        result.notes.append("today's setup did not run: no ratios")
+    setups. Each against the baseline setup of the same run."""
+    baseline = runs.get(BASELINE)
+    if baseline is None:
+        result.notes.append("the baseline setup did not run: no ratios")
         return
     dlpm = runs.get(DLPM)
     if dlpm is not None:
         result.targets.append(
             Target(
-                "prefix-cache hit rate ÷ today's",
+                "prefix-cache hit rate ÷ the baseline's",
                 ">= 2x least_loaded + vtc's",
                 DLPM,
-                hit_rate_ratio(dlpm, today),
+                hit_rate_ratio(dlpm, baseline),
                 2.0,
                 1.7,
                 unit="x",
@@ -474,10 +475,10 @@ def _targets(result: ScenarioResult, runs: dict[str, dict[str, Any]]) -> None:
         )
         result.targets.append(
             Target(
-                "output tokens/s ÷ today's",
+                "output tokens/s ÷ the baseline's",
                 ">= 1.2x least_loaded + vtc's",
                 DLPM,
-                divide(dlpm["tokens_per_second"], today["tokens_per_second"]),
+                divide(dlpm["tokens_per_second"], baseline["tokens_per_second"]),
                 1.2,
                 1.1,
                 unit="x",
@@ -490,13 +491,52 @@ def _targets(result: ScenarioResult, runs: dict[str, dict[str, Any]]) -> None:
         result.targets.append(Target("Jain's index of per-user output tokens", ">= 0.95", label, r["jain"], 0.95, 0.92))
         result.targets.append(
             Target(
-                "latecomer median TTFT ÷ today's",
+                "latecomer median TTFT ÷ the baseline's",
                 "<= 1.1x least_loaded + vtc's",
                 label,
-                divide(r["latecomer_median"], today["latecomer_median"]),
+                divide(r["latecomer_median"], baseline["latecomer_median"]),
                 1.1,
                 1.25,
                 higher_is_better=False,
                 unit="x",
             )
         )
+
+
+_P = S8Params()
+DEFINITION = Definition(
+    id="S8",
+    title=TITLE,
+    question="Does sending a request where its prompt's prefix is cached raise the engines' hit rate and "
+    "throughput while users stay fairly served?",
+    workload=f"{_P.users} users, each with its own {_P.system_tokens}-token system prompt and short questions "
+    f"({_P.answer_tokens}-token answers), all backlogged (one keeps {_P.flood_concurrency} requests outstanding, "
+    f"the others {_P.concurrency}); {len(_P.latecomer_offsets)} latecomers (new users) send one request each "
+    "through the window",
+    layout=f"two replicas of one model, each a simulator with {_P.max_num_seqs} slots, a prefix cache of "
+    f"{_P.prefix_cache_blocks} blocks of 16 tokens (half of the system prompts) and prefill "
+    f"{_P.prefill_per_token_ms:g} ms per uncached token; under vtc: least_loaded (the baseline), prefix_locality, "
+    f"and prefix_locality + locality.deficit_bound = {_P.deficit_bound:g} (D-LPM). With --engine vllm: two CPU "
+    "vLLM servers, one per core, with prefix caching",
+    measures=f"over {_P.window:g} s after a {_P.warmup:g} s warm-up: the engines' prefix-cache hit rate, output "
+    "tokens/s, TTFT mean and p99, Jain's index of the users' output tokens, the largest per-user deficit, the "
+    "latecomers' median TTFT",
+    targets=(
+        "D-LPM's hit rate >= 2x the baseline's",
+        "D-LPM's output tokens/s >= 1.2x the baseline's (simulator)",
+        "Jain's index >= 0.95 for both locality setups",
+        "latecomer median <= 1.1x the baseline's for both locality setups",
+    ),
+    command="python -m bench --scenarios S8",
+    duration="about 2 minutes; --engine vllm runs it on two CPU vLLM servers",
+    facts=(
+        "A prefix index larger than the engine's cache believes in prompts the engine has evicted: every user "
+        "then matches on both replicas and follows where its prefix went last. So the index holds, by default, "
+        "as many blocks as the engine's cache (read from vllm:cache_config_info).",
+        "prefix_locality alone gains little here: its load bound moves a user's turns between replicas. D-LPM, "
+        "which picks among the users the fairness policy allows the request that fits the engine that opened, "
+        "gains most of the hit rate.",
+        "Five latecomers give a noisy median; one run in three can miss the 1.1x target by chance.",
+    ),
+    headline=("prefix-cache hit rate ÷ the baseline's",),
+)

@@ -102,7 +102,7 @@ class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     prefixed with the enum's name, so that the name is the reason string itself (buf.yaml excepts this file
     from ENUM_VALUE_PREFIX for that). Each value's comment starts with the gRPC code it travels with, the HTTP
     status an HTTP face answers with, and whether the same request may succeed when sent again (after
-    google.rpc.RetryInfo's delay when given); README.md has the same table, generated from
+    google.rpc.RetryInfo's delay when given); docs/api.md has the same table, generated from
     llmsched/v1/errors.py. Clients must treat a reason they do not know as not retryable.
     """
 

@@ -1,7 +1,7 @@
 """The error table of llmsched.v1: for each `ErrorReason`, its gRPC code, HTTP status and whether a retry may
 succeed. Every face (the gRPC servicer, an HTTP front door) and every client follows it.
 
-It is the one source: `scripts/gen_protos.py` writes it into README.md as a table, and tests check that it
+It is the one source: `scripts/gen_docs.py` writes it into docs/api.md as a table, and tests check that it
 covers exactly the `ErrorReason` values of error_reason.proto, that each value's comment there says the
 same, and that every reason the service sends is here with the code the service sends it with.
 """
@@ -64,7 +64,7 @@ def describe(spec: ErrorSpec) -> str:
 
 
 def markdown_table() -> str:
-    """The README's error table, rendered from `ERRORS`."""
+    """The error table of docs/api.md, rendered from `ERRORS`."""
     lines = ["| reason | gRPC code | HTTP status | retryable | meaning |", "| --- | --- | --- | --- | --- |"]
     for reason, spec in ERRORS.items():
         retry = "yes" if spec.retryable else "no"

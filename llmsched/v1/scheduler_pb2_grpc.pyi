@@ -18,7 +18,7 @@ UNAUTHENTICATED, never trimmed or repaired; so is an `x-user-id` or `authorizati
 
 Errors travel as gRPC status codes with google.rpc details: a google.rpc.ErrorInfo on every error, whose
 `reason` is the name of an llmsched.v1.ErrorReason value (error_reason.proto: each value's comment gives its
-gRPC code, HTTP status and whether a retry may succeed; README.md has the same table), domain "llmsched.v1":
+gRPC code, HTTP status and whether a retry may succeed; docs/api.md has the same table), domain "llmsched.v1":
   INVALID_ARGUMENT    malformed request (empty prompt, both prompt and messages, unknown priority class):
                       INVALID_REQUEST; a body that does not decode (e.g. bad UTF-8): MALFORMED_REQUEST; the
                       prompt, messages and stop strings exceed the model's max_prompt_bytes in UTF-8:

@@ -23,12 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 from backends.registry import BACKEND_KINDS, capabilities
 from scheduler_svc.app.event_loop import EVENT_LOOPS
 from scheduler_svc.app.tls import ServerTls
-from scheduler_svc.config import (
-    ClusterConfig,
-    Config,
-    ConfigError,
-    ModelConfig,
-)
+from scheduler_svc.config import ClusterConfig, Config, ConfigError, ModelConfig
 from scheduler_svc.core.identity import user_id_problem
 from scheduler_svc.core.keys import load_key_digests
 from scheduler_svc.policies import (
@@ -138,21 +133,20 @@ def _validate(config: Config) -> None:
     if config.scheduling.default_class not in class_names:
         raise ConfigError(f"scheduling.default_class {config.scheduling.default_class!r} is not one of {class_names}")
     for c in config.scheduling.classes:
-        if (
-            min(
-                c.waiting_target,
-                c.max_engine_running,
-                c.max_engine_running_when_contended,
-                c.contention_window_seconds,
-                c.max_tpot_seconds,
-                c.max_kv_cache_usage,
-                c.queue_ttl_seconds,
-            )
-            < 0
-        ):
-            raise ConfigError(f"scheduling.classes[{c.name}]: limits must not be negative")
-        if c.max_kv_cache_usage > 1 or c.starvation_after_seconds < 0:
-            raise ConfigError(f"scheduling.classes[{c.name}]: max_kv_cache_usage is 0..1, starvation >= 0")
+        limits = (
+            "waiting_target",
+            "max_engine_running",
+            "max_engine_running_when_contended",
+            "contention_window_seconds",
+            "max_tpot_seconds",
+            "max_kv_cache_usage",
+            "queue_ttl_seconds",
+            "starvation_after_seconds",
+        )
+        if negative := [name for name in limits if getattr(c, name) < 0]:
+            raise ConfigError(f"scheduling.classes[{c.name}]: {', '.join(negative)} must not be negative")
+        if c.max_kv_cache_usage > 1:
+            raise ConfigError(f"scheduling.classes[{c.name}]: max_kv_cache_usage is a share, 0 to 1")
     if config.scheduling.idle_user_ttl_seconds < 0:
         raise ConfigError("scheduling.idle_user_ttl_seconds must not be negative")
     if config.scheduling.vtc_lookahead_tokens < 0:
@@ -171,7 +165,7 @@ def _validate(config: Config) -> None:
             )
     weights = config.scheduling.weights
     if weights.default <= 0 or any(w <= 0 for w in [*weights.users.values(), *weights.groups.values()]):
-        raise ConfigError("scheduling.weights: weights must be > 0")
+        raise ConfigError("scheduling.weights: the default and every weight must be > 0")
     names = [m.name for m in config.models]
     if len(set(names)) != len(names) or "" in names:
         raise ConfigError(f"models: names must be unique and non-empty: {names}")
@@ -198,7 +192,7 @@ def _validate(config: Config) -> None:
         if model.max_queued < 1 or model.max_queued_per_user < 1:
             raise ConfigError(f"{where}: max_queued and max_queued_per_user must be >= 1")
         if min(model.max_prompt_bytes, model.max_queued_bytes, model.max_queued_bytes_per_user) < 1:
-            raise ConfigError(f"{where}: max_prompt_bytes and the byte caps must be >= 1")
+            raise ConfigError(f"{where}: max_prompt_bytes, max_queued_bytes and max_queued_bytes_per_user must be >= 1")
         if model.max_prompt_bytes > MAX_PROMPT_BYTES_LIMIT:
             raise ConfigError(f"{where}: max_prompt_bytes is at most {MAX_PROMPT_BYTES_LIMIT}")
         if model.failover_attempts < 0 or model.failover_cooldown_seconds < 0:
@@ -292,7 +286,9 @@ def _validate_locality(model: ModelConfig, where: str) -> None:
     if loc.block_chars < 1 or loc.max_blocks_per_request < 1:
         raise ConfigError(f"{where}.locality: block_chars and max_blocks_per_request must be >= 1")
     if min(loc.index_max_bytes, loc.session_max_bytes, loc.load_slack, loc.deficit_bound) < 0:
-        raise ConfigError(f"{where}.locality: byte bounds, load_slack and deficit_bound must not be negative")
+        raise ConfigError(
+            f"{where}.locality: index_max_bytes, session_max_bytes, load_slack and deficit_bound must not be negative"
+        )
     if loc.max_load_factor < 1:
         raise ConfigError(f"{where}.locality.max_load_factor must be >= 1 (the model's average load)")
     if loc.deficit_bound > 0 and model.backend_policy == "least_loaded":

@@ -20,11 +20,13 @@ class ConfigError(ValueError):
     """The configuration file is invalid; the message says where and why."""
 
 
-def _field(default: Any, doc: str) -> Any:
-    """A dataclass field with a default and a docstring kept in its metadata."""
+def _field(default: Any, doc: str, bounds: str = "") -> Any:
+    """A dataclass field with a default, a docstring and the values it accepts (`bounds`, as docs/configuration.md
+    shows them: ">= 1", "0 to 1", "a, b"; `scheduler_svc.app.settings` enforces them) kept in its metadata."""
+    metadata = {"doc": doc, "bounds": bounds}
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
-    return dataclasses.field(default=default, metadata={"doc": doc})
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,13 @@ class ServerConfig:
         0,
         "Largest HTTP request body the door reads (413 beyond it); 0: twice the largest max_prompt_bytes "
         "plus 256 KiB (JSON escaping may double a prompt). Prompts are still held to max_prompt_bytes.",
+        bounds=">= 0",
     )
     http_user_header: str = _field(
         "x-user-id",
         "Without API keys or client-certificate identity, the HTTP door takes the user id from this header "
         "(set it from a trusted proxy). The body's `user` / `safety_identifier` never decides identity.",
+        bounds="1-64 of a-z 0-9 -",
     )
     shutdown_grace_seconds: float = _field(
         10.0, "On SIGTERM: how long queued and running requests may drain before they are cut."
@@ -62,11 +66,13 @@ class ServerConfig:
         3,
         "Health turns NOT_SERVING when a model's dispatch loop fails this many passes in a row with an "
         "unexpected error (counted in llmsched_internal_errors_total); SERVING again after a good pass.",
+        bounds=">= 1",
     )
     unhealthy_after_stalled_seconds: float = _field(
         30.0,
         "Health turns NOT_SERVING when a model has had work queued and a gate open for the best queued class "
         "for this long without a single dispatch (a wedged loop); 0 disables the check.",
+        bounds=">= 0",
     )
     stream_read_interval_seconds: float = _field(
         0.05,
@@ -77,12 +83,14 @@ class ServerConfig:
         "sized from its time per output token; both together can make it up to twice this). Time to "
         "first token and the end of an answer are untouched. 0: every token as it arrives; else 0.005-1. The "
         "default 0.05 halves the scheduler's CPU per token and cuts vLLM's front end's (the process that "
-        "takes new requests in, on the scheduler's core on a GPU host): README, Results, R1.",
+        "takes new requests in, on the scheduler's core on a GPU host): docs/benchmarks.md, R1.",
+        bounds="0, or 0.005 to 1",
     )
     stream_read_after_tokens: int = _field(
         32,
         "Tokens an answer carries, read as they arrive, before stream_read_interval_seconds applies; an "
         "answer asking for at most this many is not grouped by the engine either.",
+        bounds=">= 0",
     )
     stream_group_at_engine: bool = _field(
         True,
@@ -155,18 +163,21 @@ class PriorityClassConfig:
     engine_priority: int = _field(
         0, "Base numeric priority sent to engines with priority scheduling (vLLM: lower is served first)."
     )
-    waiting_target: int = _field(0, "This class's engine waiting-queue target; 0 means the model gate's.")
+    waiting_target: int = _field(
+        0, "This class's engine waiting-queue target; 0 means the model gate's.", bounds=">= 0"
+    )
     max_tpot_seconds: float = _field(
-        0.0, "Hold the class back while the engine's time per output token exceeds this (0: no limit)."
+        0.0, "Hold the class back while the engine's time per output token exceeds this (0: no limit).", bounds=">= 0"
     )
     max_kv_cache_usage: float = _field(
-        0.0, "Hold the class back while the engine's KV-cache usage (0..1) exceeds this (0: no limit)."
+        0.0, "Hold the class back while the engine's KV-cache usage (0..1) exceeds this (0: no limit).", bounds="0 to 1"
     )
     max_engine_running: int = _field(
         0,
         "Dispatch only while the engine runs fewer requests than this (0: no limit). Set it below the "
         "engine's max_num_seqs for batch work, so free slots are left for interactive arrivals: engines "
         "do not preempt a running request for a waiting one of higher priority.",
+        bounds=">= 0",
     )
     max_engine_running_when_contended: int = _field(
         0,
@@ -175,20 +186,26 @@ class PriorityClassConfig:
         "than this (0: off). An engine's step gets slower as its batch grows, and a new request waits "
         "about two steps for its first token, so this keeps interactive TTFT near the idle engine's; "
         "once the better classes go quiet the class fills up to max_engine_running again.",
+        bounds=">= 0",
     )
     contention_window_seconds: float = _field(
-        30.0, "How long after a better-ranked class's last activity `max_engine_running_when_contended` holds."
+        30.0,
+        "How long after a better-ranked class's last activity `max_engine_running_when_contended` holds.",
+        bounds=">= 0",
     )
     require_idle_engine: bool = _field(
         False, "Dispatch only while the engine's waiting queue is empty (batch work fills idle capacity)."
     )
     queue_ttl_seconds: float = _field(
-        0.0, "A request still queued after this long ends with DEADLINE_EXCEEDED (0: only the call deadline)."
+        0.0,
+        "A request still queued after this long ends with DEADLINE_EXCEEDED (0: only the call deadline).",
+        bounds=">= 0",
     )
     starvation_after_seconds: float = _field(
         60.0,
         "Anti-starvation: when this band's oldest request has waited this long while higher bands keep "
         "the engine busy, one request of it goes ahead under the top band's gate (0: may starve).",
+        bounds=">= 0",
     )
 
 
@@ -207,9 +224,9 @@ class WeightsConfig:
     groups first, then users within the group). Used by the weighted policies; round_robin ignores them.
     """
 
-    default: float = _field(1.0, "Weight of a user (or group) not listed.")
-    users: dict[str, float] = _field({}, "User id -> weight.")
-    groups: dict[str, float] = _field({}, "Group name -> weight.")
+    default: float = _field(1.0, "Weight of a user (or group) not listed.", bounds="> 0")
+    users: dict[str, float] = _field({}, "User id -> weight.", bounds="values > 0")
+    groups: dict[str, float] = _field({}, "Group name -> weight.", bounds="values > 0")
     members: dict[str, str] = _field({}, "User id -> group name.")
 
 
@@ -222,6 +239,7 @@ class GateConfig:
         3,
         "Dispatch only while the engine's waiting queue (last reading, corrected for what was sent and "
         "started since) stays below this.",
+        bounds=">= 1",
     )
     priority_waiting_target: int = _field(
         0,
@@ -230,6 +248,7 @@ class GateConfig:
         "beats the queued work jumps it whatever its depth. A deeper queue than `waiting_target` there keeps "
         "the engine's slots full when its HTTP front end hands requests in late (a busy API server), at no "
         "cost to those who jump it. 0: `waiting_target`. A class's own `waiting_target` wins over both.",
+        bounds=">= 0",
     )
     waiting_target_adapt_seconds: float = _field(
         2.0,
@@ -238,6 +257,7 @@ class GateConfig:
         "`waiting_target` one lower after this many seconds of readings with every slot busy, one higher "
         "(up to `waiting_target`) when a reading shows a slot freed with nothing waiting while the gate held "
         "work back. 0: always `waiting_target`.",
+        bounds=">= 0",
     )
     stale_after_seconds: float = _field(
         1.0, "A metrics reading older than this (or a failed scrape) no longer opens the gate."
@@ -246,12 +266,14 @@ class GateConfig:
         4,
         "While metrics are stale or unreadable, allow at most this many requests in flight to the "
         "backend: a dead metrics endpoint degrades to a concurrency cap, not a flood or a stall.",
+        bounds=">= 1",
     )
     step_model_half_life_seconds: float = _field(
         30.0,
         "The TPOT limit is held by predicting each engine's step time at one more request from a line "
         "(step = a + b * running batch) learned from its readings; a reading's weight halves after this "
         "long, so the line follows an engine that gets slower or faster.",
+        bounds="> 0",
     )
 
 
@@ -261,7 +283,7 @@ class BackendConfig:
 
     name: str = _field("", "Unique name of this backend within its model (shown to clients).")
     kind: str = _field("vllm", f"Engine type: one of {', '.join(BACKEND_KINDS)}.")
-    url: str = _field("http://127.0.0.1:8000", "Base URL of the engine's HTTP server.")
+    url: str = _field("http://127.0.0.1:8000", "Base URL of the engine's HTTP server.", bounds="http:// or https://")
     engine_model: str = _field("", "Model name the engine serves; empty means the model's own name.")
     priority_scheduling: bool = _field(
         False, "The engine runs priority scheduling (vLLM --scheduling-policy priority): send priorities."
@@ -273,13 +295,14 @@ class BackendConfig:
         "waiting, so short requests keep a large batch full (0: unknown, every unstarted request counts).",
     )
     metrics_path: str = _field("/metrics", "Path of the engine's Prometheus metrics.")
-    scrape_interval_seconds: float = _field(0.2, "How often the engine's metrics are read.")
+    scrape_interval_seconds: float = _field(0.2, "How often the engine's metrics are read.", bounds="> 0")
     connect_timeout_seconds: float = _field(5.0, "TCP connect timeout towards the engine.")
     max_connections: int = _field(1024, "Maximum simultaneous HTTP connections to the engine.")
     idle_connection_seconds: float = _field(
         2.0,
         "An idle connection to the engine is closed after this long. Keep it under the engine's own "
         "keep-alive (vLLM and uvicorn: 5 s), or a request can go out on a connection the engine is closing.",
+        bounds="> 0",
     )
 
 
@@ -292,9 +315,12 @@ class LocalityConfig:
         64,
         "Prompt characters per hashed block (64: 16 tokens at 4 characters a token, vLLM's block size); a "
         "block matches only with its whole prefix (hash chain over the prompt, or the messages in order).",
+        bounds=">= 1",
     )
     max_blocks_per_request: int = _field(
-        256, "Leading blocks of a prompt that are hashed and remembered; longer prompts match as this long."
+        256,
+        "Leading blocks of a prompt that are hashed and remembered; longer prompts match as this long.",
+        bounds=">= 1",
     )
     index_max_bytes: int = _field(
         0,
@@ -303,24 +329,30 @@ class LocalityConfig:
         "(vLLM's cache_config_info: num_gpu_blocks x block_size tokens, 4 characters a token), and 4 MiB "
         "(26,000 blocks) while the engine does not say; an index larger than the engine's cache points at "
         "prefixes it has evicted.",
+        bounds=">= 0",
     )
     session_max_bytes: int = _field(
         1 << 20,
         "Memory for the session map (user and prompt_cache_key -> the backend its previous turns went "
         "to; about 220 bytes plus the key's length an entry); the least recently used are forgotten first.",
+        bounds=">= 0",
     )
     max_load_factor: float = _field(
         1.5,
         "A backend whose in-flight count exceeds the model's average x this + load_slack is passed over "
         "for the next best backend, whatever it holds (locality never piles everything on one engine).",
+        bounds=">= 1",
     )
-    load_slack: int = _field(4, "In-flight requests a backend may be above max_load_factor x the average.")
+    load_slack: int = _field(
+        4, "In-flight requests a backend may be above max_load_factor x the average.", bounds=">= 0"
+    )
     deficit_bound: float = _field(
         0.0,
         "Locality-aware order (D-LPM): among the users whose fair-share counter is within this of the "
         "smallest (counter units: vtc's prompt + 2 x generated tokens, or requests for weighted_round_robin, "
         "divided by weight), send the request with the longest prefix match; 0: the fairness policy's own "
         "choice. Needs a locality-aware backend_policy.",
+        bounds=">= 0",
     )
 
 
@@ -329,52 +361,62 @@ class ModelConfig:
     """A model clients can ask for, with the engines that serve it."""
 
     name: str = _field("", "Model name clients use in requests.")
-    default_max_tokens: int = _field(256, "max_tokens used when a request does not set it.")
+    default_max_tokens: int = _field(
+        256, "max_tokens used when a request does not set it.", bounds="1 to max_tokens_limit"
+    )
     max_tokens_limit: int = _field(8192, "Requests asking for more tokens than this are rejected.")
     gate: GateConfig = _field(GateConfig(), "Gate settings for this model's backends.")
     max_queued: int = _field(
-        10000, "Requests queued for the model (all users) beyond which new ones get RESOURCE_EXHAUSTED."
+        10000, "Requests queued for the model (all users) beyond which new ones get RESOURCE_EXHAUSTED.", bounds=">= 1"
     )
     max_queued_per_user: int = _field(
-        1000, "Requests one user may have queued for the model; beyond it RESOURCE_EXHAUSTED."
+        1000, "Requests one user may have queued for the model; beyond it RESOURCE_EXHAUSTED.", bounds=">= 1"
     )
     max_prompt_bytes: int = _field(
         1 << 20,
         "Largest request accepted, in UTF-8 bytes of its prompt, every message's role and content, and its "
         "stop strings; larger ones get INVALID_ARGUMENT (reason PROMPT_TOO_LARGE). gRPC's receive limit is "
         "set from the largest of these plus a margin, so the service answers, not the transport.",
+        bounds="1 to 67108864",
     )
     max_queued_bytes: int = _field(
         256 << 20,
         "Prompt bytes (as max_prompt_bytes counts them) the model's queued and running requests may hold "
         "together; beyond it RESOURCE_EXHAUSTED with a retry hint (reason QUEUE_BYTES_FULL).",
+        bounds=">= 1",
     )
     max_queued_bytes_per_user: int = _field(
-        32 << 20, "Prompt bytes one user's queued and running requests for the model may hold; beyond it the same."
+        32 << 20,
+        "Prompt bytes one user's queued and running requests for the model may hold; beyond it the same.",
+        bounds=">= 1",
     )
     failover_attempts: int = _field(
         1,
         "How many times a request that fails before its first token (engine unreachable, connection "
         "dropped, HTTP 5xx or 429) goes back to the head of its queue to be sent again, to another backend "
         "while the failed one cools down. 0: it fails at once with the engine's error.",
+        bounds=">= 0",
     )
     failover_cooldown_seconds: float = _field(
         2.0,
         "After a backend fails a request before its first token, no request is sent to it for this long; "
         "then its gate decides again (a dead engine fails the next one fast and cools down again).",
+        bounds=">= 0",
     )
     input_token_cost: float = _field(
         1.0,
         "Price of one prompt token of this model. The token-cost fairness policies (vtc, vtc_basic) multiply "
         "their own prompt weight (1) by it, so shares are counted in cost; with fairness_scope = global a "
         "token of a model priced 10 weighs ten times one priced 1. Also what llmsched_user_cost_total adds.",
+        bounds="0 to 1000000",
     )
     output_token_cost: float = _field(
         1.0,
         "Price of one generated token of this model; multiplies the token-cost policies' generated-token "
         "weight (2), as input_token_cost does the prompt's. The defaults (1, 1) leave the shares as before.",
+        bounds="0 to 1000000",
     )
-    backends: list[BackendConfig] = _field([], "Engines serving the model (at least one).")
+    backends: list[BackendConfig] = _field([], "Engines serving the model (at least one).", bounds="at least one")
     backend_policy: str = _field(
         "least_loaded",
         'Which open backend takes a request (see `llmsched policies`): "least_loaded", or "prefix_locality" '
@@ -403,7 +445,9 @@ class SchedulingConfig:
         "Band policy: which backlogged priority class sends next and under whose gate (see `llmsched "
         "policies`; strict_rank: best rank first, with each class's starvation_after_seconds guard).",
     )
-    classes: list[PriorityClassConfig] = _field(DEFAULT_CLASSES, "The priority classes; names unique.")
+    classes: list[PriorityClassConfig] = _field(
+        DEFAULT_CLASSES, "The priority classes; names unique.", bounds="at least one; names unique"
+    )
     weights: WeightsConfig = _field(WeightsConfig(), "Per-user and per-group fair-share weights.")
     vtc_lookahead_tokens: float = _field(
         256.0,
@@ -411,6 +455,7 @@ class SchedulingConfig:
         "choosing. 0 behaves like vtc_basic (a user with long answers can grab several slots before their "
         "cost shows); very large counts whole answers at dispatch (the paper's prediction), which makes "
         "shares swing with the period of the longest answer after long answers end together.",
+        bounds=">= 0",
     )
     fairness_scope: str = _field(
         "model",
@@ -418,17 +463,20 @@ class SchedulingConfig:
         "spend is shared by every model's band of the same priority class, so heavy use of an expensive "
         "model is repaid on a cheap one; each band still lifts a returning user only as far as its own "
         "backlogged users' smallest counter, so switching model sheds no debt and joining one adds none).",
+        bounds="model, global",
     )
     cost_accounts: dict[str, str] = _field(
         {},
         "Which users' cost llmsched_user_cost_total exports, and under which label: pattern -> label, the "
         "pattern an exact user id or a prefix ending in '*' (longest wins). Everyone else counts as 'other'.",
+        bounds="a user id or a prefix ending in '*' -> a label of 1-64 characters",
     )
     vtc_return_grace_seconds: float = _field(
         0.2,
         "vtc: how long a choice may wait for a user whose request just ended and who is behind the user "
         "it would pick (a closed-loop client sends its next request right after an answer; without the "
         "wait, the dispatch the ending triggers hands the slot to whoever is ahead). 0: never wait.",
+        bounds="0 to 1",
     )
     idle_user_ttl_seconds: float = _field(
         600.0,
@@ -436,6 +484,7 @@ class SchedulingConfig:
         "estimate) when forgetting it earlier could change a decision; it is forgotten at once when that "
         "cannot happen (its counter is at or below the floor a returning user is lifted to). Long enough "
         "that a heavy user cannot shed its debt by pausing; 0 keeps such state for good (safe rule only).",
+        bounds=">= 0",
     )
     engine_priority_per_inflight: int = _field(
         1,
@@ -450,53 +499,64 @@ class SchedulingConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Several scheduler replicas acting as one (issue 14): one leader decides for everyone, each replica
+    """Several scheduler replicas acting as one: one leader decides for everyone, each replica
     serves, streams and cancels the calls it received. `store = "memory"` is one process on its own."""
 
     store: str = _field(
         "memory",
         'Where replicas meet: "memory" (this process alone, nothing shared) or "redis" (one leader, elected '
-        "on a Redis lease, queues and gates every replica's requests; see the README's cluster section).",
+        "on a Redis lease, queues and gates every replica's requests; see docs/cluster.md).",
+        bounds="memory, redis",
     )
     redis_url: str = _field(
         "redis://127.0.0.1:6379/0",
         "Redis to meet on (redis://host:port/db, rediss:// for TLS, or unix:///path); without a password: that "
         "comes from redis_password_file or redis_password_env, never from this file.",
+        bounds="redis://, rediss:// or unix://, no credentials",
     )
     redis_password_file: str = _field("", "File whose first line is the Redis password (AUTH); empty: none.")
     redis_password_env: str = _field("", "Environment variable holding the Redis password; empty: none.")
     redis_username: str = _field("", "Redis ACL user name (with a password); empty: the default user.")
     key_prefix: str = _field(
-        "llmsched", "Prefix of every Redis key and stream, so several clusters can share one Redis."
+        "llmsched",
+        "Prefix of every Redis key and stream, so several clusters can share one Redis.",
+        bounds="1-64 of A-Z a-z 0-9 . _ : -",
     )
     replica_name: str = _field(
         "",
         "This replica's name, unique in the cluster: a second live replica with the same name is refused at "
         "start. Empty: the host name and the gRPC port.",
+        bounds="empty, or 1-64 of A-Z a-z 0-9 . _ -",
     )
     heartbeat_interval_seconds: float = _field(
-        0.5, "How often a replica renews its membership (and the leader its lease) and looks at the others."
+        0.5,
+        "How often a replica renews its membership (and the leader its lease) and looks at the others.",
+        bounds="> 0",
     )
     heartbeat_timeout_seconds: float = _field(
         2.0,
         "A replica (or the leader) silent this long is dead: its membership and lease expire, its queued "
         "requests are dropped, its engine budget released, and another replica takes the lead.",
+        bounds=">= 2 x heartbeat_interval_seconds",
     )
     admission_wait_seconds: float = _field(
         1.0,
         "How long a replica waits for the leader's verdict on a new request (caps, duplicate ids) before "
         "queueing it provisionally (no leader reachable): the verdict, when it comes, still applies.",
+        bounds="> 0",
     )
     report_interval_seconds: float = _field(
         0.05,
         "Generated-token counts go to the leader (fairness counters) at most this often per request; the "
         "first token, acceptance, failures and the end go at once.",
+        bounds="> 0",
     )
     degraded_in_flight_cap: int = _field(
         0,
         "Without Redis, each replica gates its own requests alone, capped at this many in flight per "
         "backend divided by the last known number of replicas (at least 1); 0: the model's "
         "gate.fallback_max_in_flight.",
+        bounds=">= 0",
     )
 
 
@@ -507,7 +567,7 @@ class Config:
     server: ServerConfig = _field(ServerConfig(), "Listen addresses, shutdown and logging.")
     auth: AuthConfig = _field(AuthConfig(), "Caller identification.")
     scheduling: SchedulingConfig = _field(SchedulingConfig(), "Fairness, ordering and priority classes.")
-    models: list[ModelConfig] = _field([], "Served models (at least one).")
+    models: list[ModelConfig] = _field([], "Served models (at least one).", bounds="at least one; names unique")
     cluster: ClusterConfig = _field(ClusterConfig(), "Replicas acting as one scheduler (default: one process).")
 
     def model(self, name: str) -> ModelConfig | None:

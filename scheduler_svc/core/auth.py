@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from scheduler_svc.config import AuthConfig
 from scheduler_svc.core.errors import Unauthenticated
@@ -26,6 +27,34 @@ PeerInfo = Mapping[str, Iterable[bytes]]
 """gRPC's auth context: property name -> values (`x509_common_name`, `peer_dns`, ...)."""
 
 
+@dataclass(frozen=True)
+class Wording:
+    """How a refusal tells the caller what to send, in its own protocol's words: gRPC metadata, or HTTP
+    headers (where the user header is the door's configured one and the key goes in `Authorization`)."""
+
+    carrier: str = "metadata"  # "metadata" (gRPC) or "header" (HTTP)
+    user_header: str = USER_HEADER
+
+    def send(self, name: str, value: str) -> str:
+        if self.carrier == "metadata":
+            return f"send metadata `{name}: {value}`"
+        return f"send the `{name}: {value}` header"
+
+    def name(self, name: str) -> str:
+        """The name of a header as this protocol's callers write it."""
+        if self.carrier == "metadata":
+            return name
+        return self.user_header if name == USER_HEADER else "-".join(p.capitalize() for p in name.split("-"))
+
+
+GRPC = Wording()
+
+
+def http_wording(user_header: str) -> Wording:
+    """The HTTP door's wording: headers, with the door's configured user header."""
+    return Wording("header", user_header)
+
+
 class Authenticator:
     """Maps a call's metadata (and, with mTLS, its peer certificate) to a user id."""
 
@@ -37,24 +66,26 @@ class Authenticator:
         self,
         metadata: Iterable[tuple[str, str | bytes]] | None,
         peer: Callable[[], PeerInfo] | None = None,
+        wording: Wording = GRPC,
     ) -> str:
-        """The caller's user id; `peer` returns the call's auth context (only read for cert identity)."""
-        headers = _headers(metadata)
+        """The caller's user id; `peer` returns the call's auth context (only read for cert identity);
+        `wording` says how a refusal names what to send (gRPC metadata by default)."""
+        headers = _headers(metadata, wording)
         if self._digests:
-            return self._user_for_key(headers.get(AUTH_HEADER, ""))
+            return self._user_for_key(headers.get(AUTH_HEADER, ""), wording)
         if self._from_cert:
             return _user_from_certificate(peer() if peer is not None else {})
         user = headers.get(USER_HEADER)
         if user is None:
-            raise Unauthenticated(f"missing caller identity: send metadata `{USER_HEADER}: <user>`")
+            raise Unauthenticated(f"missing caller identity: {wording.send(wording.name(USER_HEADER), '<user>')}")
         if problem := user_id_problem(user):
-            raise Unauthenticated(f"`{USER_HEADER}`: {problem}")
+            raise Unauthenticated(f"`{wording.name(USER_HEADER)}`: {problem}")
         return user
 
-    def _user_for_key(self, header: str) -> str:
+    def _user_for_key(self, header: str, wording: Wording) -> str:
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key:
-            raise Unauthenticated("missing API key: send metadata `authorization: Bearer <key>`")
+            raise Unauthenticated(f"missing API key: {wording.send(wording.name(AUTH_HEADER), 'Bearer <key>')}")
         digest = hashlib.sha256(key.encode()).digest()
         found: str | None = None
         for known, user in self._digests:  # every digest, in constant time: no early exit tells which matched
@@ -65,7 +96,7 @@ class Authenticator:
         return found
 
 
-def _headers(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, str]:
+def _headers(metadata: Iterable[tuple[str, str | bytes]] | None, wording: Wording) -> dict[str, str]:
     """Text metadata by lower-case name. An identity header sent twice is refused: a proxy that adds its
     own `x-user-id` after the client's must not lose to the client's."""
     headers: dict[str, str] = {}
@@ -74,7 +105,7 @@ def _headers(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, st
             continue
         name = key.lower()
         if name in headers and name in (USER_HEADER, AUTH_HEADER):
-            raise Unauthenticated(f"metadata `{name}` sent more than once")
+            raise Unauthenticated(f"{wording.carrier} `{wording.name(name)}` sent more than once")
         headers.setdefault(name, value)
     return headers
 

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scheduler_svc.core.auth import USER_HEADER, Authenticator, PeerInfo
+from scheduler_svc.core.auth import USER_HEADER, Authenticator, PeerInfo, http_wording
 from scheduler_svc.core.errors import InvalidRequest
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -25,8 +25,9 @@ MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 def identify(
     auth: Authenticator, headers: Iterable[tuple[str, str]], user_header: str, peer: Mapping[str, Any] | None
 ) -> str:
-    """The caller's user id (raises Unauthenticated). The configured user header stands in for gRPC's
-    `x-user-id`; a client's own `x-user-id` then counts for nothing."""
+    """The caller's user id (raises Unauthenticated, whose message names headers, not gRPC metadata). The
+    configured user header stands in for gRPC's `x-user-id`; a client's own `x-user-id` then counts for
+    nothing."""
     metadata: list[tuple[str, str | bytes]] = []
     for name, value in headers:
         lower = name.lower()
@@ -34,7 +35,7 @@ def identify(
             metadata.append((USER_HEADER, value))
         elif lower != USER_HEADER:
             metadata.append((lower, value))
-    return auth.identify(metadata, lambda: peer_info(peer or {}))
+    return auth.identify(metadata, lambda: peer_info(peer or {}), http_wording(user_header))
 
 
 def peer_info(certificate: Mapping[str, Any]) -> PeerInfo:

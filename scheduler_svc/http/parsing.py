@@ -43,7 +43,7 @@ FIELDS: dict[Kind, frozenset[str]] = {
     "chat": _COMMON | {"messages", "max_completion_tokens"},
     "completion": _COMMON | {"prompt"},
 }
-"""The request fields each endpoint takes (README lists them)."""
+"""The request fields each endpoint takes (docs/http.md lists them)."""
 
 _INT32 = 2**31 - 1
 _INT64 = 2**63 - 1
@@ -81,7 +81,7 @@ def parse_call(body: Mapping[str, Any], kind: Kind) -> Call:
     """Check `body` against the fields of `kind` and build the call; raises InvalidField or MalformedRequest."""
     for name in body:
         if name not in FIELDS[kind]:
-            raise InvalidField(name, "this field is not supported by this server (see its README for the list)")
+            raise InvalidField(name, "this field is not supported by this server (docs/http.md lists those it takes)")
     fields: dict[str, Any] = {"model": _string(body, "model") or ""}
     if kind == "chat":
         fields["messages"] = _messages(body.get("messages"))
@@ -109,7 +109,7 @@ def parse_call(body: Mapping[str, Any], kind: Kind) -> Call:
     n = _integer(body, "n", 1, _INT32)
     if n is not None and n != 1:
         raise InvalidField("n", "only n = 1 is supported")
-    for name in ("user", "safety_identifier"):  # accepted, never identity (see the README)
+    for name in ("user", "safety_identifier"):  # accepted, never identity (docs/http.md)
         if len(_string(body, name) or "") > MAX_USER_CHARS:
             raise InvalidField(name, f"at most {MAX_USER_CHARS} characters")
     stream = _boolean(body, "stream") or False

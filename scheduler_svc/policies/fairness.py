@@ -618,25 +618,25 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
     answer's entire lifetime, so after the user's running answers end together (e.g. they all started on
     an idle engine) the user gets a slot back only for every ~1000 tokens served to others, is under-served
     for a whole lifetime, then over-served: an oscillation with the period of the longest answer, 0.3x to
-    1.4x in 500-step windows on the fake-clock harness. Counting the next 128 tokens kept the brake on
-    grabbing slots and settled within about 10% in those windows (1000 vs 50 tokens, 8 or 32 slots); 256
-    (issue 13) keeps that and, on 8 slots behind a waiting queue of 3 with 8 closed-loop streams each, holds
-    every 60 s window within 2% where 128 let one reach 15% (priced 0.5/3) and 64 gave 1.2-1.6 throughout:
+    1.4x in 500-step windows on the fake-clock harness. Counting the next 128 tokens keeps the brake on
+    grabbing slots and settles within about 10% in those windows (1000 vs 50 tokens, 8 or 32 slots); 256
+    keeps that and, on 8 slots behind a waiting queue of 3 with 8 closed-loop streams each, holds every
+    60 s window within 2% where 128 lets one reach 15% (priced 0.5/3) and 64 gives 1.2-1.6 throughout:
     with the engine's queue in front of the slots, a dispatch is committed several slot-frees ahead, and
     the key must see that far into a long answer.
     Trade-off: a prediction that is too high delays a user only while their requests run.
 
-    Returning users (what made long/short 1.28 in every window on 8 slots with 8 closed-loop streams
-    each, issue 13): a user whose requests all sit in the engine (running, or in its waiting queue) has an
-    empty flow here. Two things then handed its share to the user ahead. (1) The ending of one of its
-    requests wakes the dispatcher at once, before the client's next request arrives, so the freed place in
-    the engine's queue went to the user ahead, for a whole 1,000-token lifetime; now a choice waits up to
-    `scheduling.vtc_return_grace_seconds` (0.2 s) for a user whose request just ended and who is behind
-    the one it would pick (`wake_at` tells the dispatcher when to choose again; each ending makes choices
-    wait at most the grace, and only while its user is behind). (2) Its return then counted as becoming
-    backlogged and lifted it to the floor, wiping out what it was owed; now a user with requests running
-    keeps up to two look-aheads of tokens per running request below the floor (idle users are lifted as
-    before). S4's figures, before and after: README.md (Results) and bench/scenarios/s4.py.
+    Returning users (without the two rules below, long/short is 1.28 in every window on 8 slots with 8
+    closed-loop streams each): a user whose requests all sit in the engine (running, or in its waiting
+    queue) has an empty flow here. Two things would hand its share to the user ahead. (1) The ending of one
+    of its requests wakes the dispatcher at once, before the client's next request arrives, so the freed
+    place in the engine's queue would go to the user ahead, for a whole 1,000-token lifetime; so a choice
+    waits up to `scheduling.vtc_return_grace_seconds` (0.2 s) for a user whose request just ended and who
+    is behind the one it would pick (`wake_at` tells the dispatcher when to choose again; each ending makes
+    choices wait at most the grace, and only while its user is behind). (2) Its return would count as
+    becoming backlogged and lift it to the floor, wiping out what it is owed; so a user with requests
+    running keeps up to two look-aheads of tokens per running request below the floor (idle users are
+    lifted to it). S4 measures the shares: bench/scenarios/s4.py, docs/benchmarks.md.
 
     Pruning: counters by the base class's rules. The mean answer length shapes the user's next
     reservation, so forgetting it could change a decision whatever the counters say: it goes by the idle

@@ -1,4 +1,4 @@
-"""Scheduler replica processes for the live cluster tests (issue 14): each replica is its own
+"""Scheduler replica processes for the live cluster tests: each replica is its own
 `python -m scheduler_svc.app.cli serve` process with its own gRPC and metrics ports and replica name, all meeting
 on a real `redis-server` (the `redis_server` fixture) in front of one simulator; nothing is faked.
 

@@ -1,4 +1,4 @@
-"""Three scheduler replica PROCESSES on a real redis-server in front of one simulator (issue 14, "Real parts
+"""Three scheduler replica PROCESSES on a real redis-server in front of one simulator ("Real parts
 in tests" and "Failure"): one engine budget, kill -9 of a follower and of the leader, SIGTERM of the leader,
 Redis stopped and restarted empty, a duplicate replica name. Clients call the replicas round robin over
 gRPC; roles are read from each replica's /metrics; what reached the engine, from the simulator's journal.

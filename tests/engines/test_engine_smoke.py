@@ -35,7 +35,7 @@ def _dedicated(name: str) -> EngineProcess:
     """A fresh instance of the engine (not yet started) for a test that kills it. The session's engines
     are shared by the tests after this module, and on a vLLM killed and restarted here a later flood
     through the scheduler read 0 running and 0 waiting at every /metrics while its generated-tokens
-    counter moved (fresh-clone CI, twice on 2026-12-02; not reproduced with kill and restart alone)."""
+    counter moved (seen in fresh-clone CI runs; not reproduced with kill and restart alone)."""
     return vllm_process() if name == "vllm_engine" else llamacpp_process()
 
 

@@ -1,4 +1,4 @@
-"""The simulator's vLLM flavour against the REAL vLLM, side by side (issue 3).
+"""The simulator's vLLM flavour against the REAL vLLM, side by side.
 
 Both engines get the same requests; the tests compare structure, never values that legitimately differ
 (ids, timestamps, token text, fingerprints, error messages):

@@ -139,9 +139,9 @@ _prompts = st.one_of(st.sampled_from(["hello", "a b c"]), st.text(min_size=1, ma
 _users = _mostly(st.sampled_from(["alice", "bob", "carol"]), st.text(_ASCII, max_size=40))
 _int32 = st.one_of(st.sampled_from([0, -1, 1, 2, 2**31 - 1, -(2**31)]), st.integers(-(2**31), 2**31 - 1))
 _floats = st.floats(width=32, allow_nan=True, allow_infinity=True)
-# Ids that collide with live requests of the same user (ALREADY_EXISTS) are part of the input. Before issue 9
-# point 1 they jammed a model: a Submit and a Stream of alice with id "req.3:a/b-c_d" in class batch, sent
-# together, left the Stream waiting to its deadline. False sends only ids that cannot collide.
+# Ids that collide with live requests of the same user (ALREADY_EXISTS) are part of the input: a Submit and a
+# Stream of alice with id "req.3:a/b-c_d" in class batch, sent together, must not leave the Stream waiting to
+# its deadline. False sends only ids that cannot collide.
 LIVE_DUPLICATE_IDS = True
 _ADMISSIBLE_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")  # scheduler_svc.core.admission's request_id rule
 _request_ids = st.one_of(_texts, st.text(max_size=200))

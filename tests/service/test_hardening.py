@@ -1,4 +1,4 @@
-"""Issue 9 over a real gRPC socket: request ids scoped to their user, byte limits, loop failures and health,
+"""Over a real gRPC socket: request ids scoped to their user, byte limits, loop failures and health,
 outcomes of calls whose deadline passes in the queue, and shutdown that tells clients to go elsewhere."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9 point 7 over a real socket: one-off users leave no lasting state, and GetQueueState filters by
+"""Over a real socket: one-off users leave no lasting state, and GetQueueState filters by
 user and caps its answer."""
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""The bench's cluster layouts (issue 14): per-replica configs the service accepts, calls spread round robin
+"""The bench's cluster layouts: per-replica configs the service accepts, calls spread round robin
 over real replica processes, the engine-queue figures of CB, and a redis layout whose replicas never join
 Redis refused clearly within its timeout instead of measuring independent processes."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import time
 from typing import Any
@@ -24,7 +23,6 @@ from bench.scenarios import _cluster as layouts
 
 CONFIG = scheduler_config(engine_url="http://127.0.0.1:1", model="bench-model", engine_model="fake-model")
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
-AGENT_MERGED = importlib.util.find_spec("scheduler_svc.cluster.agent") is not None
 
 
 def test_each_replica_gets_its_own_name_and_metrics_port_and_the_service_accepts_it() -> None:
@@ -165,7 +163,6 @@ async def test_replicas_that_never_join_redis_are_refused_within_the_timeout(mon
 
 
 @needs_redis
-@pytest.mark.skipif(not AGENT_MERGED, reason="the cluster agent (scheduler_svc.cluster.agent) is not merged yet")
 async def test_replicas_on_redis_join_and_each_serves() -> None:
     async with harness.fake_engine(4) as engine_url:
         config = scheduler_config(engine_url=engine_url, model="bench-model", engine_model="fake-model")

@@ -55,7 +55,7 @@ def test_figures_count_only_the_window_and_the_engines_counter_deltas() -> None:
     assert s8.figures(missing, ["u0", "u1"], (2.0, 12.0), before, after)["latecomer_median"] is None
 
 
-def test_hit_rate_ratio_against_today() -> None:
+def test_hit_rate_ratio_against_the_baseline() -> None:
     assert s8.hit_rate_ratio({"hit_rate": 0.6}, {"hit_rate": 0.2}) == pytest.approx(3.0)
     assert s8.hit_rate_ratio({"hit_rate": 0.6}, {"hit_rate": 0.0}) == float("inf")
     assert s8.hit_rate_ratio({"hit_rate": None}, {"hit_rate": 0.2}) is None

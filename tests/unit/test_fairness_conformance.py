@@ -149,7 +149,7 @@ def _one_off_users(policy: str, users: int, ttl: float, pruning: bool = True) ->
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_state_for_4000_one_off_users_stays_bounded(policy: str) -> None:
-    """Issue 9 point 7: each policy forgets an idle user once the rules allow; the idle TTL (here 100 s of
+    """Each policy forgets an idle user once the rules allow; the idle TTL (here 100 s of
     fake time) bounds what the safe rule cannot drop (vtc's length estimates)."""
     h, _ = _one_off_users(policy, 4000, ttl=100.0)
     assert h.policy.tracked_users() <= 110  # type: ignore[attr-defined]

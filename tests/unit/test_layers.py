@@ -89,7 +89,7 @@ def test_the_registry_is_the_one_list_of_kinds() -> None:
         create_backend(kind="nope", name="b", url="http://127.0.0.1:1", engine_model="m")
 
 
-# What each exception answered before the mapping left the exception classes (issue 11): unchanged.
+# What each exception answers: the code and reason of the error table, from the one mapping in grpc_errors.
 EXPECTED_STATUS = [
     (errors.SchedulerError("x"), grpc.StatusCode.INTERNAL, "INTERNAL"),
     (errors.InternalError("x"), grpc.StatusCode.INTERNAL, "INTERNAL"),

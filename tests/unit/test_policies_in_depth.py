@@ -332,7 +332,7 @@ def test_counting_whole_answers_ahead_makes_the_shares_swing() -> None:
 def _closed_loop_s4(
     h: Harness, steps: int, resubmit_after: int, fill_one_at_a_time: bool = False
 ) -> tuple[list[int], list[int]]:
-    """Issue 13's S4 on the fake clock: 8 engine slots behind a FIFO waiting queue (the harness's cap of 11
+    """S4 on the fake clock: 8 engine slots behind a FIFO waiting queue (the harness's cap of 11
     in flight = 8 + a waiting target of 3), 8 closed-loop streams each of 1000- and 50-token answers; a
     finished request's client sends its next one `resubmit_after` steps later, so the dispatch that the
     ending triggers (the next step's) comes first. With `fill_one_at_a_time` each request that arrives is
@@ -382,10 +382,10 @@ def _assert_s4_targets(long_tokens: list[int], short_tokens: list[int]) -> None:
 def test_s4_vtc_holds_in_every_60_s_window_when_each_users_requests_sit_in_the_engine(
     resubmit_after: int, prices: dict[str, float] | None
 ) -> None:
-    """Issue 13 section 4: with the user's flow empty while its requests run or wait in the engine, vtc
-    used to lift the short user on every return and hand the slot its ending freed to the long user
-    (1.13-5.2 long/short here, 1.28 measured on the simulator). Targets: 0.15 in every 60 s window after two
-    long lifetimes, 0.05 cumulatively."""
+    """With the user's flow empty while its requests run or wait in the engine, vtc must neither lift the
+    short user on every return nor hand the slot its ending freed to the long user (without the return
+    grace and the bounded lift: 1.13-5.2 long/short here, 1.28 on the simulator). Targets: 0.15 in every
+    60 s window after two long lifetimes, 0.05 cumulatively."""
     h = Harness({"fairness": "vtc"}, model=prices, cap=11)
     long_tokens, short_tokens = _closed_loop_s4(h, steps=12_000, resubmit_after=resubmit_after)
     _assert_s4_targets(long_tokens, short_tokens)
@@ -398,7 +398,7 @@ def test_s4_vtc_repays_the_head_start_an_idle_engines_first_fill_gives_within_th
     """The idle engine's first fill is arrival order, not a choice (each stream's first request goes out as it
     arrives): the engine's FIFO then gives the long user most of the slots for its first lifetime, which no
     policy can take back. vtc must repay that head start within S4's warm-up of two long lifetimes, so every
-    window after it still holds 0.15 (the simulator's S4 shows the same head start: README, S4)."""
+    window after it still holds 0.15 (the simulator's S4 shows the same head start: docs/benchmarks.md, S4)."""
     h = Harness({"fairness": "vtc"}, model=prices, cap=11)
     long_tokens, short_tokens = _closed_loop_s4(h, steps=6000, resubmit_after=1, fill_one_at_a_time=True)
     lifetime = 1000  # steps

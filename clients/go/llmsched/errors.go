@@ -16,7 +16,7 @@ import (
 // ErrorDomain is google.rpc.ErrorInfo.domain on every error status of the service.
 const ErrorDomain = "llmsched.v1"
 
-// ReasonSpec is one row of the error table (llmsched/v1/errors.py, README.md): the gRPC code a reason travels
+// ReasonSpec is one row of the error table (llmsched/v1/errors.py, docs/api.md): the gRPC code a reason travels
 // with and whether the same request may succeed when sent again.
 type ReasonSpec struct {
 	Code      codes.Code

@@ -4,7 +4,7 @@
 //   src/gen/descriptor.ts   the protos as a protobufjs JSON descriptor, loaded at run time (no .proto files needed)
 //   src/gen/errorTable.ts   ErrorReason -> gRPC code, HTTP status, retryable, parsed from error_reason.proto's
 //                           comments (each starts "gRPC <CODE>, HTTP <status>, retryable|not retryable", which the
-//                           Python tests keep equal to llmsched/v1/errors.py and the README's table)
+//                           Python tests keep equal to llmsched/v1/errors.py and docs/api.md's table)
 // src/gen/ is build output (git-ignored): `npm run build` runs this before tsc, so the client always matches the
 // protos of its checkout. google/rpc's status.proto and error_details.proto (for the error details) ship under
 // third_party/googleapis/ here, verbatim from googleapis.
@@ -68,7 +68,7 @@ function errorTable(root) {
     `export type ErrorReason = ${names};\n\n` +
     "/** How each reason travels and whether the same request may succeed when sent again. */\n" +
     "export interface ErrorSpec {\n  readonly grpcCode: string;\n  readonly httpStatus: number;\n  readonly retryable: boolean;\n}\n\n" +
-    "/** The error table of llmsched.v1 (error_reason.proto; README.md). */\n" +
+    "/** The error table of llmsched.v1 (error_reason.proto; docs/api.md). */\n" +
     `export const ERROR_TABLE: Readonly<Record<ErrorReason, ErrorSpec>> = {\n${body}\n};\n`
   );
 }
