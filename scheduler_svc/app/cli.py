@@ -91,7 +91,12 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "health":
         sys.exit(_health(args))
     elif args.command == "config-reference":
-        for name, default, doc in describe_fields():
+        from scheduler_svc.policies import scheduling_params
+
+        rows = describe_fields()
+        for key, (policies, f) in scheduling_params().items():  # each policy's own parameters, in [scheduling]
+            rows.append((f"scheduling.{key}", repr(f.default), f"{f.metadata['doc']} (read by {', '.join(policies)})"))
+        for name, default, doc in rows:
             print(f"{name:<48} {default:<24} {doc}")
     elif args.command == "hash-key":
         _hash_key()

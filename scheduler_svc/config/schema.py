@@ -1,9 +1,9 @@
-"""The configuration's shape: frozen dataclasses, each field with its default and a one-line doc.
-
-Every field is declared with `_field(default, doc)`, so each one carries its default and a description (a
-test checks this, and `llmsched config-reference` prints them). Building and validating a Config from a
-TOML file happens in `scheduler_svc.app.settings`, and nowhere else; the modules configured by these sections
-(policies, queues, keys) import only this module, so the loader can check names against them without a cycle.
+"""The configuration's shape: frozen dataclasses, each field with its default, its doc and the values it
+accepts, at the field (`fields.setting`, here `_field`; a test checks every field has them, and `llmsched
+config-reference` prints them). The simple bounds are checked for every field by `fields.check_bounds`; the
+TOML file is read and the rules between fields are checked by `scheduler_svc.app.settings`. A policy's own
+parameters are declared by the policy (`scheduler_svc.policies`), in the table that names it: this package
+is data, and imports no policy.
 """
 
 from __future__ import annotations
@@ -14,19 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.registry import BACKEND_KINDS
-
-
-class ConfigError(ValueError):
-    """The configuration file is invalid; the message says where and why."""
-
-
-def _field(default: Any, doc: str, bounds: str = "") -> Any:
-    """A dataclass field with a default, a docstring and the values it accepts (`bounds`, as docs/configuration.md
-    shows them: ">= 1", "0 to 1", "a, b"; `scheduler_svc.app.settings` enforces them) kept in its metadata."""
-    metadata = {"doc": doc, "bounds": bounds}
-    if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+from scheduler_svc.config.fields import extra_keys, is_extra
+from scheduler_svc.config.fields import setting as _field
 
 
 @dataclass(frozen=True)
@@ -449,14 +438,6 @@ class SchedulingConfig:
         DEFAULT_CLASSES, "The priority classes; names unique.", bounds="at least one; names unique"
     )
     weights: WeightsConfig = _field(WeightsConfig(), "Per-user and per-group fair-share weights.")
-    vtc_lookahead_tokens: float = _field(
-        256.0,
-        "vtc: how many of each running request's expected remaining tokens count against its user when "
-        "choosing. 0 behaves like vtc_basic (a user with long answers can grab several slots before their "
-        "cost shows); very large counts whole answers at dispatch (the paper's prediction), which makes "
-        "shares swing with the period of the longest answer after long answers end together.",
-        bounds=">= 0",
-    )
     fairness_scope: str = _field(
         "model",
         "Where a user's fair-share counter lives: model (one per model and priority class) or global (its "
@@ -471,25 +452,14 @@ class SchedulingConfig:
         "pattern an exact user id or a prefix ending in '*' (longest wins). Everyone else counts as 'other'.",
         bounds="a user id or a prefix ending in '*' -> a label of 1-64 characters",
     )
-    vtc_return_grace_seconds: float = _field(
-        0.2,
-        "vtc: how long a choice may wait for a user whose request just ended and who is behind the user "
-        "it would pick (a closed-loop client sends its next request right after an answer; without the "
-        "wait, the dispatch the ending triggers hands the slot to whoever is ahead). 0: never wait.",
-        bounds="0 to 1",
-    )
-    idle_user_ttl_seconds: float = _field(
-        600.0,
-        "How long a user with nothing queued or running keeps its fair-share state (counter, length "
-        "estimate) when forgetting it earlier could change a decision; it is forgotten at once when that "
-        "cannot happen (its counter is at or below the floor a returning user is lifted to). Long enough "
-        "that a heavy user cannot shed its debt by pausing; 0 keeps such state for good (safe rule only).",
-        bounds=">= 0",
-    )
     engine_priority_per_inflight: int = _field(
         1,
         "Added to a request's engine priority for each request its user already has at that engine, so a "
         "user's second and third requests queue behind other users' first ones inside the engine.",
+    )
+    policy_params: dict[str, Any] = extra_keys(
+        "The other keys of [scheduling]: the parameters of the policies chosen here, each declared with its "
+        "default, values and meaning by its policy (scheduler_svc.policies; `llmsched config-reference`)."
     )
 
     def priority_class(self, name: str) -> PriorityClassConfig | None:
@@ -579,6 +549,8 @@ def describe_fields(cls: type[Any] = Config, prefix: str = "") -> list[tuple[str
     """(dotted name, default as TOML-ish text, doc) for every field, recursively."""
     rows: list[tuple[str, str, str]] = []
     for f in dataclasses.fields(cls):
+        if is_extra(f):
+            continue  # the policies' own parameters: described by each policy
         name = f"{prefix}{f.name}"
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         hint = typing.get_type_hints(cls)[f.name]

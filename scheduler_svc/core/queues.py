@@ -1,7 +1,7 @@
 """Per-model queues: priority bands, and inside each band one flow (queue) per user.
 
-Only this module mutates queues. Policies receive the read-only `FlowView` / `BandView` protocols, so
-they can look but not reorder or drop anything.
+Only this module mutates queues. Policies receive them as the read-only views of
+`scheduler_svc.policies.interfaces`, so they can look but not reorder or drop anything.
 
 A flow's storage does not decide its order: the ordering policy's key does (`OrderKey`). A flow keeps its
 requests sorted by that key, so its head is the request that goes next, a request's position is its
@@ -13,21 +13,20 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Protocol
 
 from sortedcontainers import SortedList
 
 from scheduler_svc.config import PriorityClassConfig
-from scheduler_svc.core.request import QueuedRequest, RequestView
+from scheduler_svc.core.request import QueuedRequest
 
 OrderKey = tuple[float, ...]
 """A request's place in its user's queue by the ordering policy: smaller goes first, equal keys go in
 arrival order. It must not change while the request is queued."""
 
-OrderKeyFn = Callable[[RequestView], OrderKey]
+OrderKeyFn = Callable[[QueuedRequest], OrderKey]
 
 
-def arrival_order(request: RequestView) -> OrderKey:
+def arrival_order(request: QueuedRequest) -> OrderKey:
     """The empty key: arrival order alone (first come, first served)."""
     return ()
 
@@ -35,16 +34,6 @@ def arrival_order(request: RequestView) -> OrderKey:
 # (front, policy key, stamp, request): `front` is 0, or -n for the n-th request put back at the front of
 # the flow; `stamp` counts the flow's pushes and is unique, so comparisons never reach the request.
 _Entry = tuple[int, OrderKey, int, QueuedRequest]
-
-
-class FlowView(Protocol):
-    """One user's queued requests within one band, in the ordering policy's order (read-only)."""
-
-    @property
-    def user(self) -> str: ...
-    def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator[RequestView]: ...
-    def head(self) -> RequestView: ...
 
 
 class Flow:
@@ -151,8 +140,8 @@ class Band:
         self.max_output_tokens = 0  # their max_tokens, summed: the most they may generate
 
     @property
-    def flow_views(self) -> Mapping[str, FlowView]:
-        """Backlogged flows by user, read-only for policies."""
+    def flow_views(self) -> Mapping[str, Flow]:
+        """Backlogged flows by user, in the order they became backlogged (policies see them read-only)."""
         return self.flows
 
     def oldest_admission(self) -> float:

@@ -1,9 +1,8 @@
-"""A client's request as a door hands it in, the admitted request it becomes, and what policies may see of it."""
+"""A client's request as a door hands it in, and the admitted request it becomes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from backends.base import ChatMessage, SamplingParams
 
@@ -29,25 +28,6 @@ class ClientRequest:
     priority_class: str = ""  # empty: the configured default class
     request_id: str = ""  # the client's own id (a label scoped to its user); empty: none
     prompt_cache_key: str = ""
-
-
-class RequestView(Protocol):
-    """What policies may read about a queued request (read-only)."""
-
-    @property
-    def request_id(self) -> str: ...
-    @property
-    def user(self) -> str: ...
-    @property
-    def priority_class(self) -> str: ...
-    @property
-    def admitted_at(self) -> float: ...
-    @property
-    def deadline(self) -> float | None: ...
-    @property
-    def prompt_tokens_estimate(self) -> int: ...
-    @property
-    def max_tokens(self) -> int: ...
 
 
 @dataclass(slots=True, eq=False)

@@ -19,7 +19,7 @@ from scheduler_svc.dispatch.queue_book import QueueBook
 from scheduler_svc.dispatch.request_events import RequestEvents
 from scheduler_svc.dispatch.run_ledger import RunLedger
 from scheduler_svc.dispatch.steering import DispatchAuthority, DispatchObserver
-from scheduler_svc.policies import FairnessPolicy
+from scheduler_svc.policies import Fairness
 
 
 class ClusterPort:
@@ -32,7 +32,7 @@ class ClusterPort:
         ledger: RunLedger,
         gates: BackendGates,
         events: RequestEvents,
-        fairness_of: Callable[[str], FairnessPolicy],
+        fairness_of: Callable[[str], Fairness],
         *,
         send: Send,
         sent: Callable[[int], None],
@@ -103,7 +103,7 @@ class ClusterPort:
             handle.estimator.started(ticket.request.request_id, now)
         if tokens:
             ticket.completion_tokens = tokens
-            self._fairness_of(ticket.request.priority_class).on_generated(ticket.request, tokens)
+            self._fairness_of(ticket.request.priority_class).account.on_generated(ticket.request, tokens)
         return True
 
     def end_queued(self, request_id: str, outcome: Outcome, reason: Exception) -> bool:

@@ -18,7 +18,7 @@ from scheduler_svc.dispatch.health import InternalErrors, LoopHealth
 from scheduler_svc.dispatch.openings import BackendChoice, BackendGates, Opening
 from scheduler_svc.dispatch.queue_book import QueueBook
 from scheduler_svc.dispatch.run_ledger import RunLedger
-from scheduler_svc.policies import BackendPolicy, BandPolicy, FairnessPolicy
+from scheduler_svc.policies import BackendPolicy, BandPolicy, Fairness
 from scheduler_svc.policies.backend_choice import Candidate
 
 Send = Callable[[Ticket, BackendHandle, float, Callable[[], "int | None"]], None]
@@ -33,7 +33,7 @@ class Decisions:
         book: QueueBook,
         ledger: RunLedger,
         gates: BackendGates,
-        fairness: Mapping[str, FairnessPolicy],
+        fairness: Mapping[str, Fairness],
         bands: BandPolicy,
         backend_policy: BackendPolicy,
         deficit_bound: float,

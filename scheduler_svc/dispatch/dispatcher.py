@@ -44,7 +44,7 @@ from scheduler_svc.dispatch.queue_book import QueueBook
 from scheduler_svc.dispatch.request_events import RequestEvents
 from scheduler_svc.dispatch.run_ledger import RunLedger
 from scheduler_svc.dispatch.shutdown import Shutdown
-from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, FairnessPolicy
+from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, Fairness
 from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, BackendPolicy
 from scheduler_svc.policies.band import BAND_POLICIES
 from scheduler_svc.policies.cost import CostAccounts, CounterScope, Prices
@@ -86,14 +86,14 @@ class ModelDispatcher:
         self._classes = list(scheduling.classes)
         classes = {c.name: c for c in self._classes}
         weights = WeightResolver(scheduling.weights)
-        self._fairness: dict[str, FairnessPolicy] = {
-            c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, scheduling, clock)
-            for c in scheduling.classes
+        self._fairness: dict[str, Fairness] = {
+            c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, clock, params=scheduling.policy_params)
+            for c in self._classes
         }
         prices = Prices.of(model)
         scope = counter_scope or CounterScope(scheduling.fairness_scope)  # one per scheduler: shared by models
         for name, policy in self._fairness.items():
-            policy.use_costing(prices, scope.counters(name, "user"), scope.counters(name, "group"))
+            policy.account.use_costing(prices, scope.counters(name, "user"), scope.counters(name, "group"))
         series = {h.name: backend_series(metrics, model.name, h.name, classes) for h in self._backends}
         by_class = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
         self._counters = RequestCounters(
@@ -207,7 +207,7 @@ class ModelDispatcher:
         _, newly_backlogged = self._book.put(ticket)
         if newly_backlogged:
             band = self._book.band(request.priority_class)
-            self._fairness[request.priority_class].on_backlogged(request.user, band.flow_views)
+            self._fairness[request.priority_class].account.on_backlogged(request.user, band.flow_views)
         self._capacity.hold(request)
         self._counters.admitted(request)
         self._activity.touch(request.priority_class, self.clock.now())

@@ -18,7 +18,7 @@ from scheduler_svc.dispatch.metrics import RequestCounters
 from scheduler_svc.dispatch.queue_book import QueueBook
 from scheduler_svc.dispatch.rate import RateMeter
 from scheduler_svc.dispatch.run_ledger import RunLedger
-from scheduler_svc.policies import BackendPolicy, FairnessPolicy
+from scheduler_svc.policies import BackendPolicy, Fairness
 
 
 class Handover:
@@ -28,7 +28,7 @@ class Handover:
         self,
         book: QueueBook,
         ledger: RunLedger,
-        fairness: Mapping[str, FairnessPolicy],
+        fairness: Mapping[str, Fairness],
         backend_policy: BackendPolicy,
         counters: RequestCounters,
     ) -> None:
@@ -49,7 +49,7 @@ class Handover:
         request = ticket.request
         self._book.take(ticket)
         try:
-            self._fairness[request.priority_class].on_dispatched(request)
+            self._fairness[request.priority_class].account.on_dispatched(request)
             priority = priority_of()
         except Exception:
             # Out of the queue and not sent: end it now, or its client would wait for nothing.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from scheduler_svc.dispatch.openings import BackendState
 from scheduler_svc.dispatch.queue_book import QueueBook
-from scheduler_svc.policies import FairnessPolicy
+from scheduler_svc.policies import Fairness
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +47,14 @@ class ModelSnapshot:
 
 
 def class_snapshots(
-    book: QueueBook, fairness: Mapping[str, FairnessPolicy], user: str, max_users: int
+    book: QueueBook, fairness: Mapping[str, Fairness], user: str, max_users: int
 ) -> list[ClassSnapshot]:
     """Each band's depth per user with its fair-share counter, at most `max_users` users per band, most queued
     first (O(n log max_users)); only `user` when it is set."""
     classes = []
     for band in book.bands:
         policy = fairness[band.priority_class.name]
-        counted = policy.counters()
+        counted = policy.account.counters()
         names = ({user} & (band.flows.keys() | counted.keys())) if user else band.flows.keys() | counted.keys()
         depths = {name: len(band.flows[name]) if name in band.flows else 0 for name in names}
         shown = heapq.nsmallest(max_users, depths, key=lambda name: (-depths[name], name))
@@ -66,7 +66,7 @@ def class_snapshots(
                 users=[UserSnapshot(name, depths[name], counted.get(name)) for name in shown],
                 users_total=len(names),
                 truncated=len(shown) < len(names),
-                tracked_users=policy.tracked_users(),
+                tracked_users=policy.account.tracked_users(),
             )
         )
     return classes
@@ -78,7 +78,7 @@ def model_snapshot(
     running: int,
     held_prompt_bytes: int,
     drain_rate: float,
-    fairness: Mapping[str, FairnessPolicy],
+    fairness: Mapping[str, Fairness],
     gates: Sequence[BackendState],
     *,
     user: str,

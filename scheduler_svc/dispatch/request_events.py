@@ -24,7 +24,7 @@ from scheduler_svc.dispatch.metrics import RequestCounters
 from scheduler_svc.dispatch.queue_book import QueueBook
 from scheduler_svc.dispatch.run_ledger import RunLedger
 from scheduler_svc.dispatch.steering import DispatchAuthority, DispatchObserver
-from scheduler_svc.policies import FairnessPolicy
+from scheduler_svc.policies import Fairness
 from scheduler_svc.policies.cost import Prices
 
 log = structlog.get_logger(__name__)
@@ -38,7 +38,7 @@ class RequestEvents:
         clock: Clock,
         book: QueueBook,
         ledger: RunLedger,
-        fairness: Mapping[str, FairnessPolicy],
+        fairness: Mapping[str, Fairness],
         prices: Prices,
         counters: RequestCounters,
         capacity: Capacity,
@@ -98,7 +98,7 @@ class RequestEvents:
             self._book.take(ticket)
         elif ticket.state is TicketState.DISPATCHED:
             self._ledger.end(ticket, self._clock.now())
-            self._fairness[ticket.request.priority_class].on_finished(ticket.request, ticket.completion_tokens)
+            self._fairness[ticket.request.priority_class].account.on_finished(ticket.request, ticket.completion_tokens)
             self._wake()
 
     def settled(self, ticket: Ticket) -> None:
@@ -143,7 +143,7 @@ class RequestEvents:
     def on_generated(self, ticket: Ticket, tokens: int) -> None:
         """The engine generated `tokens` more tokens of the request."""
         request = ticket.request
-        self._fairness[request.priority_class].on_generated(request, tokens)
+        self._fairness[request.priority_class].account.on_generated(request, tokens)
         self._counters.cost(request, self._prices.cost(0, tokens))
         assert ticket.backend is not None
         self._counters.generated(request, ticket.backend.name, tokens)
@@ -166,10 +166,10 @@ class RequestEvents:
         self._ledger.end(ticket, now)
         ticket.requeued()  # first: from here a failure below leaves a ticket that close() can end cleanly
         fairness = self._fairness[request.priority_class]
-        fairness.on_requeued(request)
+        fairness.account.on_requeued(request)
         flow, newly_backlogged = self._book.put(ticket, front=True)
         if newly_backlogged:
-            fairness.on_backlogged(request.user, self._book.band(request.priority_class).flow_views)
+            fairness.account.on_backlogged(request.user, self._book.band(request.priority_class).flow_views)
         self._book.moved(flow)  # the requests behind it moved down one
         self._counters.failed_over(request, handle.name)
         log.warning(

@@ -19,8 +19,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from scheduler_svc.core.queues import OrderKey
-from scheduler_svc.core.request import RequestView
+from scheduler_svc.policies.interfaces import OrderKey, RequestView
 from scheduler_svc.policies.registry import Registry
 
 

@@ -55,7 +55,13 @@ from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.metrics import SchedulerMetrics
 from scheduler_svc.dispatch.scheduler import Scheduler
-from scheduler_svc.policies import BACKEND_POLICIES, BAND_POLICIES, FAIRNESS_POLICIES, ORDERING_POLICIES
+from scheduler_svc.policies import (
+    BACKEND_POLICIES,
+    BAND_POLICIES,
+    FAIRNESS_POLICIES,
+    ORDERING_POLICIES,
+    scheduling_params,
+)
 
 START = 1000.0  # the virtual clock's reading at time 0 (any value: the events count from it)
 
@@ -352,7 +358,8 @@ class GoldenDriver:
 # -- what a golden configuration must state ---------------------------------------------------------------
 def unstated_fields(raw: dict[str, Any]) -> list[str]:
     """The configuration fields `raw` (a config file's parsed tables) leaves to their defaults: every field
-    of every section, of every entry of a list of sections."""
+    of every section, of every entry of a list of sections, and every parameter a registered policy reads
+    from [scheduling] (whichever is chosen: each scenario states them all)."""
     return _unstated(Config, raw, "")
 
 
@@ -361,6 +368,9 @@ def _unstated(cls: type[Any], raw: dict[str, Any], where: str) -> list[str]:
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         name = f"{where}{field.name}"
+        if field.metadata.get("extra"):  # the policies' own parameters, among the table's keys
+            missing += [f"{where}{key}" for key in sorted(scheduling_params()) if key not in raw]
+            continue
         if field.name not in raw:
             missing.append(name)
             continue

@@ -4,7 +4,6 @@ outcomes of calls whose deadline passes in the queue, and shutdown that tells cl
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -13,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients import error_reason, from_rpc_error, retry_delay
 from scheduler_svc.app.server import SchedulerServer
-from scheduler_svc.policies import RoundRobinFairness
+from scheduler_svc.policies.fairness.turns import FirstInTurn, TurnView
 from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, queue_depth, serving, until_settled
 
 
@@ -124,15 +123,15 @@ async def test_a_failing_band_is_counted_logged_once_and_turns_health_until_it_r
     )
     async with serving(config, engine.factory()) as server, client_for(server) as client:
         dispatcher = server.scheduler.dispatchers["m"]
-        real_select = RoundRobinFairness.select
+        real_select = FirstInTurn.select
         broken_band = {"interactive"}
 
-        def select(policy: RoundRobinFairness, flows: Mapping[str, Any], *args: Any) -> str | None:
-            if next(iter(flows.values())).head().priority_class in broken_band:
+        def select(chooser: FirstInTurn, view: TurnView, eligible: Any) -> str | None:
+            if next(iter(view.flows.values())).head().priority_class in broken_band:
                 raise RuntimeError("a policy bug")
-            return real_select(policy, flows, *args)
+            return real_select(chooser, view, eligible)
 
-        monkeypatch.setattr(RoundRobinFairness, "select", select)
+        monkeypatch.setattr(FirstInTurn, "select", select)
         logged: list[str] = []
         real_report = server.scheduler.errors.report
 

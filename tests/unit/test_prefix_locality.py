@@ -206,7 +206,7 @@ def test_config_selects_and_validates_the_backend_policy() -> None:
         config_from_dict(model(locality={"deficit_bound": 10}))
     with pytest.raises(ConfigError, match="max_load_factor"):
         config_from_dict(model(backend_policy="prefix_locality", locality={"max_load_factor": 0.5}))
-    with pytest.raises(ConfigError, match="must not be negative"):
+    with pytest.raises(ConfigError, match=r"locality\.index_max_bytes must be >= 0"):
         config_from_dict(model(locality={"index_max_bytes": -1}))
 
 

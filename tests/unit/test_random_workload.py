@@ -11,15 +11,23 @@ import contextlib
 import math
 import random
 from collections import defaultdict
+from collections.abc import Iterator
 
 import pytest
 
 from scheduler_svc.core.errors import QueueFull
 from scheduler_svc.core.ticket import Outcome, TicketState
 from scheduler_svc.policies import FAIRNESS_POLICIES
+from tests.unit import prompt_share_policy
 from tests.unit.dispatch_harness import Harness
 
-POLICIES = sorted(FAIRNESS_POLICIES.describe())
+POLICIES = sorted([*FAIRNESS_POLICIES.describe(), prompt_share_policy.NAME])  # the shipped ones and a test one
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _test_policy() -> Iterator[None]:
+    with prompt_share_policy.registered():
+        yield
 
 
 def check_invariants(h: Harness, with_metrics: bool = False) -> None:
