@@ -218,10 +218,20 @@ class ModelDispatcher:
         if self.observer is not None:
             self.observer.on_generated(ticket, tokens)
 
-    def on_finished(self, ticket: Ticket) -> None:
+    def on_finished(self, ticket: Ticket, outcome: Outcome) -> None:
+        """A dispatched request ended: its backend is free of it. Fairness charges what the engine did: a
+        request that ended before any engine answered it (cancelled while chosen or being sent) is refunded."""
         self._release(ticket)
-        self.fairness[ticket.request.priority_class].on_finished(ticket.request, ticket.completion_tokens)
+        reached = outcome is Outcome.COMPLETED or ticket.reached_engine
+        self.fairness[ticket.request.priority_class].on_finished(
+            ticket.request, ticket.completion_tokens, reached_engine=reached
+        )
         self.wake()
+
+    def on_aborted(self, ticket: Ticket) -> None:
+        """The request's open engine request was closed before its end (its caller left, or it was cut)."""
+        assert ticket.backend is not None
+        self._counters.engine_aborted(ticket.request, ticket.backend.name, answered=ticket.accepted_at is not None)
 
     def _release(self, ticket: Ticket) -> None:
         """A dispatched request no longer holds its backend."""
