@@ -146,8 +146,7 @@ def _validate(config: Config) -> None:
         raise ConfigError("models: configure at least one [[models]] entry")
     if config.server.unhealthy_after_failed_passes < 1 or config.server.unhealthy_after_stalled_seconds < 0:
         raise ConfigError("server: unhealthy_after_failed_passes must be >= 1, unhealthy_after_stalled_seconds >= 0")
-    if config.server.http_max_body_bytes < 0:
-        raise ConfigError("server.http_max_body_bytes must be >= 0 (0: derived from max_prompt_bytes)")
+    _validate_http(config)
     if not (
         config.server.stream_read_interval_seconds == 0 or 0.005 <= config.server.stream_read_interval_seconds <= 1
     ):
@@ -266,6 +265,46 @@ def _validate(config: Config) -> None:
 _CLUSTER_STORES = ("memory", "redis")
 _REPLICA_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _KEY_PREFIX = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+# The HTTP door's body bounds, worked out from the configuration (0 means derived) in this one place.
+BODY_MARGIN_BYTES = 256 * 1024  # room for the fields besides the prompt
+READING_BODIES = 16  # http_max_reading_bytes = 0: this many largest bodies at once, all callers
+READING_BODIES_PER_USER = 4  # http_max_reading_bytes_per_user = 0: this many for one caller
+
+
+def http_body_limit(config: Config) -> int:
+    """The largest HTTP request body: configured, else twice the largest prompt (JSON escaping) plus room
+    for the other fields."""
+    largest_prompt = max((model.max_prompt_bytes for model in config.models), default=0)
+    return config.server.http_max_body_bytes or 2 * largest_prompt + BODY_MARGIN_BYTES
+
+
+def http_reading_limits(config: Config) -> tuple[int, int]:
+    """Body bytes the HTTP door holds while reading, all callers and per caller (configured, else derived)."""
+    body = http_body_limit(config)
+    server = config.server
+    return (
+        server.http_max_reading_bytes or READING_BODIES * body,
+        server.http_max_reading_bytes_per_user or READING_BODIES_PER_USER * body,
+    )
+
+
+def _validate_http(config: Config) -> None:
+    server = config.server
+    for name in ("http_max_body_bytes", "http_max_reading_bytes", "http_max_reading_bytes_per_user"):
+        if getattr(server, name) < 0:
+            raise ConfigError(f"server.{name} must be >= 0 (0: derived)")
+    for name in ("http_header_timeout_seconds", "http_body_timeout_seconds", "http_idle_timeout_seconds"):
+        if not getattr(server, name) > 0:
+            raise ConfigError(f"server.{name} must be > 0")
+    body = http_body_limit(config)
+    total, per_user = http_reading_limits(config)
+    if not body <= per_user <= total:
+        raise ConfigError(
+            f"server.http_max_reading_bytes_per_user ({per_user}) must be at least the body limit ({body}) and at "
+            f"most server.http_max_reading_bytes ({total}), or a body could never be read"
+        )
 
 
 def _validate_cluster(cluster: ClusterConfig) -> None:

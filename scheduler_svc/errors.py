@@ -13,6 +13,9 @@
     ├── QueueFull                       a queue cap was hit (with a retry delay)
     │   └── QueueBytesFull              a byte cap was hit
     ├── QueueTimeout                    the deadline or queue TTL passed in the queue
+    ├── DeadlineExceeded                the call's deadline passed while it ran (HTTP door)
+    ├── ReadTimeout                     the request's headers or body came too slowly (HTTP door)
+    ├── ReadCapacityFull                too many request-body bytes being read at once (HTTP door)
     └── ShuttingDown                    the service is draining
     backends.errors.BackendError        the engine failed (the backend port's own tree)
 
@@ -116,3 +119,21 @@ class ShuttingDown(SchedulerError):
     """The service is draining and admits nothing new."""
 
     reason = "SHUTTING_DOWN"
+
+
+class DeadlineExceeded(SchedulerError):
+    """The call's deadline passed while its answer was being generated (the engine request is aborted)."""
+
+    reason = "DEADLINE_EXCEEDED"
+
+
+class ReadTimeout(SchedulerError):
+    """The HTTP door stopped waiting for a request's headers or body."""
+
+    reason = "READ_TIMEOUT"
+
+
+class ReadCapacityFull(SchedulerError):
+    """The HTTP door holds as many request-body bytes being read as it allows (all callers, or this one)."""
+
+    reason = "READ_CAPACITY_FULL"

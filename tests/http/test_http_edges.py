@@ -229,7 +229,7 @@ async def test_queue_updates_are_sse_comments_with_live_position_then_the_stream
                     engine.waiting = 0  # the gate opens: dispatched, then text
     comments = [line for line in lines if line.startswith(":")]
     assert [c.split()[2] for c in comments] == ["position=3", "position=2", "position=1"], comments
-    assert comments[0].startswith(": queued position=3 depth=3 eta=")
+    assert comments[0] == ": queued position=3 depth=3"  # nothing dispatched yet: no estimate, no eta
     assert lines.index(comments[-1]) < lines.index(next(line for line in lines if line.startswith("data: {")))
     assert lines[-1] == "data: [DONE]"
 
