@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from scheduler_svc.admission import admit_call, count_rejection
 from scheduler_svc.auth import Authenticator
@@ -92,12 +92,13 @@ class HttpDoor:
 
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self.body_limit, middlewares=[self._middleware])
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/v1/models/{model:.+}", self._model)  # ids may hold slashes (org/name)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
+        routes = app.router
+        routes.add_post("/v1/chat/completions", self._chat, expect_handler=_expect)
+        routes.add_post("/v1/completions", self._completions, expect_handler=_expect)
+        routes.add_get("/v1/models", self._models, expect_handler=_expect)
+        routes.add_get("/v1/models/{model:.+}", self._model, expect_handler=_expect)  # ids may hold slashes
+        routes.add_get("/healthz", self._healthz, expect_handler=_expect)
+        routes.add_get("/readyz", self._readyz, expect_handler=_expect)
         return app
 
     def runner(self, *, shutdown_timeout: float) -> web.AppRunner:
@@ -160,9 +161,11 @@ class HttpDoor:
         loop = asyncio.get_running_loop()
         started = loop.time()  # a call's deadline counts from its headers, as the client's own clock does
         model = ""
+        body_read = False
         try:
             user = self._identify(request)  # before the body: a caller without identity learns nothing more
             async with self.intake.body(request, user) as raw:  # the body's bytes are held until parsed
+                body_read = True
                 body = decode_json(raw)
                 model = body["model"] if isinstance(body.get("model"), str) else ""
                 call = parse_call(body, kind)
@@ -181,7 +184,10 @@ class HttpDoor:
             )
         except SchedulerError as exc:
             count_rejection(self._scheduler, model, exc)
-            return json_response(error_reply(exc))
+            response = json_response(error_reply(exc))
+            if not body_read:  # what is left of the body is not read: the connection ends with this answer
+                response.force_close()
+            return response
         deadline = None
         if call_timeout is not None:  # past it, a running request is cut (a queued one expires by itself)
             deadline = loop.call_at(started + call_timeout, _cut_at_deadline, ticket, call_timeout)
@@ -308,6 +314,15 @@ class HttpDoor:
         if not health.serving:
             return web.json_response({"status": "unhealthy", "problems": health.problems}, status=503)
         return web.json_response({"status": "ready"})
+
+
+async def _expect(request: web.Request) -> None:
+    """`Expect: 100-continue` answered as aiohttp does; any other expectation is ignored (RFC 9110 allows
+    it) rather than refused with aiohttp's 417, an answer off the error table, before the door's own code."""
+    expect = request.headers.get("Expect", "")
+    if request.version == HttpVersion11 and expect.lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer itself has not started
 
 
 def _model_object(name: str) -> dict[str, Any]:

@@ -28,8 +28,10 @@ from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
 
+import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from scheduler_svc.errors import (
     InternalError,
@@ -40,6 +42,8 @@ from scheduler_svc.errors import (
     SchedulerError,
 )
 from scheduler_svc.http.errors import ErrorReply, error_reply
+
+log = structlog.get_logger(__name__)
 
 MAX_HEADER_FIELD_BYTES = 8190  # one header line (aiohttp's default, stated here so it is a decision)
 MAX_HEADERS = 64
@@ -124,8 +128,13 @@ class Intake:
                 raise ReadTimeout(
                     f"the request body did not arrive within {self.body_timeout:g} s (server.http_body_timeout_seconds)"
                 ) from None
-            except HttpProcessingError as exc:  # bad chunked framing, a broken compressed body
-                raise MalformedRequest(f"the request body cannot be read: {exc.message}") from None
+            except (RequestPayloadError, HttpProcessingError) as exc:  # bad chunked framing, broken compression
+                # The stream is broken: marked ended, so aiohttp does not read on after the answer (it would
+                # meet the error again, and log it with a traceback); the answer closes the connection.
+                request.content.feed_eof()
+                cause = exc.__cause__ if isinstance(exc, RequestPayloadError) else exc
+                message = cause.message if isinstance(cause, HttpProcessingError) else str(exc)
+                raise MalformedRequest(f"the request body cannot be read: {message}") from None
             body = b"".join(chunks)
             chunks.clear()
             yield body
@@ -211,6 +220,15 @@ class DoorConnection(web.RequestHandler):
         self._rejected(error)
         transport.write(raw_response(error_reply(error)))
         self.force_close()
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        """What escapes aiohttp's own loop: a client's broken body, met again as aiohttp reads on after the
+        answer, was answered and counted already (a debug line); anything else is a bug (counted, logged)."""
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, RequestPayloadError | HttpProcessingError | ConnectionError):
+            log.debug("http_body_unreadable", error=str(exc)[:200])
+            return
+        self._internal(exc if isinstance(exc, BaseException) else RuntimeError(" ".join(map(str, args))))
 
     def handle_error(
         self,
