@@ -361,7 +361,9 @@ def _validate_locality(model: ModelConfig, where: str) -> None:
     loc = model.locality
     if loc.block_chars < 1 or loc.max_blocks_per_request < 1:
         raise ConfigError(f"{where}.locality: block_chars and max_blocks_per_request must be >= 1")
-    if min(loc.index_max_bytes, loc.session_max_bytes, loc.load_slack, loc.deficit_bound) < 0:
+    if min(loc.index_max_bytes, loc.session_max_bytes, loc.session_max_bytes_per_user, loc.load_slack) < 0 or (
+        loc.deficit_bound < 0
+    ):
         raise ConfigError(f"{where}.locality: byte bounds, load_slack and deficit_bound must not be negative")
     if loc.max_load_factor < 1:
         raise ConfigError(f"{where}.locality.max_load_factor must be >= 1 (the model's average load)")

@@ -335,9 +335,15 @@ class LocalityConfig:
         "prefixes it has evicted.",
     )
     session_max_bytes: int = _field(
-        1 << 20,
-        "Memory for the session map (user and prompt_cache_key -> the backend its previous turns went "
-        "to; about 220 bytes plus the key's length an entry); the least recently used are forgotten first.",
+        16 << 20,
+        "Memory for the session map (user and prompt_cache_key -> the backend its previous turns went to; "
+        "about 220 bytes plus the key's length a session, 400 bytes plus the id's length a user), all users "
+        "together; when it fills, the least recently active user's oldest session is forgotten first.",
+    )
+    session_max_bytes_per_user: int = _field(
+        64 << 10,
+        "Memory for one user's sessions (its oldest forgotten first), so one user's keys never push out "
+        "another's: 64 KiB holds about 130 sessions of 256-character keys, 250 of short ones.",
     )
     max_load_factor: float = _field(
         1.5,
