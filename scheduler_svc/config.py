@@ -231,6 +231,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{where}: max_prompt_bytes and the byte caps must be >= 1")
         if model.max_prompt_bytes > MAX_PROMPT_BYTES_LIMIT:
             raise ConfigError(f"{where}: max_prompt_bytes is at most {MAX_PROMPT_BYTES_LIMIT}")
+        if not 0 < model.min_retry_after_seconds <= 300:
+            raise ConfigError(f"{where}: min_retry_after_seconds must be in (0, 300]")
         if model.failover_attempts < 0 or model.failover_cooldown_seconds < 0:
             raise ConfigError(f"{where}: failover_attempts and failover_cooldown_seconds must be >= 0")
         if not 1 <= model.default_max_tokens <= model.max_tokens_limit:

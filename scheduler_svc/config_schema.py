@@ -388,6 +388,13 @@ class ModelConfig:
     max_queued_bytes_per_user: int = _field(
         32 << 20, "Prompt bytes one user's queued and running requests for the model may hold; beyond it the same."
     )
+    min_retry_after_seconds: float = _field(
+        1.0,
+        "The least retry delay a refusal for a full queue suggests (gRPC RetryInfo, HTTP Retry-After). The "
+        "hint itself is the time until a tenth of the backlog in the way can have left the queue: at the "
+        "recent dispatch rate and, while the engines are full, as running requests end (their remaining "
+        "tokens at the engine's time per output token).",
+    )
     failover_attempts: int = _field(
         1,
         "How many times a request that fails before its first token (engine unreachable, connection "

@@ -3,7 +3,7 @@
     SchedulerError                      a failure reported to the client
     ├── InternalError                   a bug of ours, counted in llmsched_internal_errors_total
     ├── InvalidRequest                  the request is malformed
-    │   ├── InvalidField                one named field is unknown or of the wrong type (HTTP door)
+    │   ├── InvalidField                one named field is unknown, of the wrong type or out of range
     │   ├── PromptTooLarge              the prompt exceeds max_prompt_bytes (the limit travels with it)
     │   └── MalformedRequest            the body does not decode
     ├── ModelNotFound                   the model is not configured
@@ -45,8 +45,8 @@ class InvalidRequest(SchedulerError):
 
 
 class InvalidField(InvalidRequest):
-    """One field of the request cannot be taken (unknown, or of the wrong type); `param` names it, as
-    OpenAI's error `param` does."""
+    """One field (or header) of the request cannot be taken: unknown, of the wrong type, or out of range;
+    `param` names it, as OpenAI's error `param` does."""
 
     def __init__(self, param: str, message: str) -> None:
         super().__init__(f"{param}: {message}")
