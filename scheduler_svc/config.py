@@ -146,8 +146,7 @@ def _validate(config: Config) -> None:
         raise ConfigError("models: configure at least one [[models]] entry")
     if config.server.unhealthy_after_failed_passes < 1 or config.server.unhealthy_after_stalled_seconds < 0:
         raise ConfigError("server: unhealthy_after_failed_passes must be >= 1, unhealthy_after_stalled_seconds >= 0")
-    if config.server.http_max_body_bytes < 0:
-        raise ConfigError("server.http_max_body_bytes must be >= 0 (0: derived from max_prompt_bytes)")
+    _validate_http(config)
     if not (
         config.server.stream_read_interval_seconds == 0 or 0.005 <= config.server.stream_read_interval_seconds <= 1
     ):
@@ -231,6 +230,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{where}: max_prompt_bytes, max_queued_bytes and max_queued_bytes_per_user must be >= 1")
         if model.max_prompt_bytes > MAX_PROMPT_BYTES_LIMIT:
             raise ConfigError(f"{where}: max_prompt_bytes is at most {MAX_PROMPT_BYTES_LIMIT}")
+        if not 0.001 <= model.min_retry_after_seconds <= 300:
+            raise ConfigError(f"{where}: min_retry_after_seconds must be between 0.001 and 300")
         if model.failover_attempts < 0 or model.failover_cooldown_seconds < 0:
             raise ConfigError(f"{where}: failover_attempts and failover_cooldown_seconds must be >= 0")
         if not 1 <= model.default_max_tokens <= model.max_tokens_limit:
@@ -265,6 +266,46 @@ def _validate(config: Config) -> None:
 _CLUSTER_STORES = ("memory", "redis")
 _REPLICA_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _KEY_PREFIX = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+# The HTTP door's body bounds, worked out from the configuration (0 means derived) in this one place.
+BODY_MARGIN_BYTES = 256 * 1024  # room for the fields besides the prompt
+READING_BODIES = 16  # http_max_reading_bytes = 0: this many largest bodies at once, all callers
+READING_BODIES_PER_USER = 4  # http_max_reading_bytes_per_user = 0: this many for one caller
+
+
+def http_body_limit(config: Config) -> int:
+    """The largest HTTP request body: configured, else twice the largest prompt (JSON escaping) plus room
+    for the other fields."""
+    largest_prompt = max((model.max_prompt_bytes for model in config.models), default=0)
+    return config.server.http_max_body_bytes or 2 * largest_prompt + BODY_MARGIN_BYTES
+
+
+def http_reading_limits(config: Config) -> tuple[int, int]:
+    """Body bytes the HTTP door holds while reading, all callers and per caller (configured, else derived)."""
+    body = http_body_limit(config)
+    server = config.server
+    return (
+        server.http_max_reading_bytes or READING_BODIES * body,
+        server.http_max_reading_bytes_per_user or READING_BODIES_PER_USER * body,
+    )
+
+
+def _validate_http(config: Config) -> None:
+    server = config.server
+    for name in ("http_max_body_bytes", "http_max_reading_bytes", "http_max_reading_bytes_per_user"):
+        if getattr(server, name) < 0:
+            raise ConfigError(f"server.{name} must be >= 0 (0: derived)")
+    for name in ("http_header_timeout_seconds", "http_body_timeout_seconds", "http_idle_timeout_seconds"):
+        if not getattr(server, name) > 0:
+            raise ConfigError(f"server.{name} must be > 0")
+    body = http_body_limit(config)
+    total, per_user = http_reading_limits(config)
+    if not body <= per_user <= total:
+        raise ConfigError(
+            f"server.http_max_reading_bytes_per_user ({per_user}) must be at least the body limit ({body}) and at "
+            f"most server.http_max_reading_bytes ({total}), or a body could never be read"
+        )
 
 
 def _validate_cluster(cluster: ClusterConfig) -> None:
@@ -321,9 +362,19 @@ def _validate_locality(model: ModelConfig, where: str) -> None:
     loc = model.locality
     if loc.block_chars < 1 or loc.max_blocks_per_request < 1:
         raise ConfigError(f"{where}.locality: block_chars and max_blocks_per_request must be >= 1")
-    if min(loc.index_max_bytes, loc.session_max_bytes, loc.load_slack, loc.deficit_bound) < 0:
+    if (
+        min(
+            loc.index_max_bytes,
+            loc.session_max_bytes,
+            loc.session_max_bytes_per_user,
+            loc.load_slack,
+            loc.deficit_bound,
+        )
+        < 0
+    ):
         raise ConfigError(
-            f"{where}.locality: index_max_bytes, session_max_bytes, load_slack and deficit_bound must not be negative"
+            f"{where}.locality: index_max_bytes, session_max_bytes, session_max_bytes_per_user, load_slack and "
+            "deficit_bound must not be negative"
         )
     if loc.max_load_factor < 1:
         raise ConfigError(f"{where}.locality.max_load_factor must be >= 1 (the model's average load)")

@@ -22,7 +22,7 @@ import structlog
 from backends.errors import BackendError
 from scheduler_svc.activity import ClassActivity
 from scheduler_svc.backend_handle import BackendHandle
-from scheduler_svc.capacity import Capacity
+from scheduler_svc.capacity import Capacity, dispatch_eta
 from scheduler_svc.clock import Clock
 from scheduler_svc.config import ModelConfig, SchedulingConfig
 from scheduler_svc.errors import InternalError, QueueTimeout, ShuttingDown
@@ -43,6 +43,21 @@ from scheduler_svc.request import QueuedRequest
 from scheduler_svc.ticket import Outcome, Ticket
 
 log = structlog.get_logger(__name__)
+
+FREES_REFRESH_SECONDS = 0.25  # how long an estimate of when running requests end is reused
+
+
+def _time_left(ticket: Ticket, now: float) -> float | None:
+    """Expected seconds until a running request ends: the tokens it may still generate at its engine's last
+    time per output token (else its own pace so far); None when neither is known."""
+    assert ticket.backend is not None
+    reading = ticket.backend.estimator.reading
+    tpot = reading.tpot_seconds if reading is not None and reading.ok else None
+    if not tpot and ticket.first_token_at is not None and ticket.completion_tokens > 1:
+        tpot = (now - ticket.first_token_at) / (ticket.completion_tokens - 1)
+    if not tpot:
+        return None
+    return max(0, ticket.request.max_tokens - ticket.completion_tokens) * tpot
 
 
 class ModelDispatcher:
@@ -107,6 +122,7 @@ class ModelDispatcher:
             f"dispatch:{model.name}", ServiceHealth(), max_failed_passes=3, max_stall_seconds=0.0
         )
         self._on_done = on_done
+        self._frees_cache: dict[str, tuple[float, list[float] | None]] = {}  # class -> (when, `_frees`)
         self.dispatches = 0  # requests sent so far (the watchdog compares it between looks)
         self._dispatches_at_last_look = 0
         self.observer: DispatchObserver | None = None  # told of each request's events (a cluster follower)
@@ -129,7 +145,7 @@ class ModelDispatcher:
             # Server ids are unique: a second ticket for one would corrupt the queue (never a client's doing).
             raise InternalError(f"request {request.request_id} is already queued or running here")
         if not force:
-            self.capacity.check(request, self.busy, self.drain.rate(self.clock.now()))
+            self.capacity.check(request, self.busy, self.dispatch_eta)
         ticket = Ticket(request, self)
         self._put_in_queue(ticket)
         self.capacity.hold(request)
@@ -219,10 +235,20 @@ class ModelDispatcher:
         if self.observer is not None:
             self.observer.on_generated(ticket, tokens)
 
-    def on_finished(self, ticket: Ticket) -> None:
+    def on_finished(self, ticket: Ticket, outcome: Outcome) -> None:
+        """A dispatched request ended: its backend is free of it. Fairness charges what the engine did: a
+        request that ended before any engine answered it (cancelled while chosen or being sent) is refunded."""
         self._release(ticket)
-        self.fairness[ticket.request.priority_class].on_finished(ticket.request, ticket.completion_tokens)
+        reached = outcome is Outcome.COMPLETED or ticket.reached_engine
+        self.fairness[ticket.request.priority_class].on_finished(
+            ticket.request, ticket.completion_tokens, reached_engine=reached
+        )
         self.wake()
+
+    def on_aborted(self, ticket: Ticket) -> None:
+        """The request's open engine request was closed before its end (its caller left, or it was cut)."""
+        assert ticket.backend is not None
+        self._counters.engine_aborted(ticket.request, ticket.backend.name, answered=ticket.accepted_at is not None)
 
     def _release(self, ticket: Ticket) -> None:
         """A dispatched request no longer holds its backend."""
@@ -300,18 +326,40 @@ class ModelDispatcher:
         return told if told is not None else flow.position(ticket.request)
 
     def estimated_wait(self, ticket: Ticket) -> float | None:
-        """Seconds until dispatch at the current drain rate, assuming each backlogged user of the band is
-        served in turn and higher bands go first; None while the rate is unknown."""
-        rate = self.drain.rate(self.clock.now())
+        """Seconds until the queued ticket is dispatched, assuming each backlogged user of the band is served
+        in turn and higher bands go first (`dispatch_eta` of the dispatches up to its own); None when the
+        scheduler cannot estimate it (nothing dispatched lately and nothing running to end)."""
         position = self.position(ticket)
-        if rate <= 0 or position == 0:
+        if position == 0:
             return None
         band = self.queues.band(ticket.request.priority_class)
         ahead_in_higher_bands = sum(
             b.size for b in self.queues.bands if b.priority_class.rank < band.priority_class.rank
         )
         ahead = ahead_in_higher_bands + position * max(1, len(band.flows)) - 1
-        return ahead / rate
+        return self.dispatch_eta(ahead + 1, ticket.request.priority_class)
+
+    def dispatch_eta(self, needed: int, priority_class: str) -> float | None:
+        """Seconds until `needed` more requests of the class's band can have left the queue: at the recent
+        dispatch rate, and while no backend can take one now, as running requests end and make room (see
+        `capacity.dispatch_eta`). None when neither is known."""
+        now = self.clock.now()
+        frees = self._frees(priority_class, now)
+        return dispatch_eta(needed, self.drain.rate(now), frees)
+
+    def _frees(self, priority_class: str, now: float) -> list[float] | None:
+        """When no backend can take a request of the class now: each running request's expected seconds
+        left (its remaining tokens at its engine's time per output token), ascending; None while one can.
+        Worked out at most once per FREES_REFRESH_SECONDS per class (queue notices ask for every waiter)."""
+        cached = self._frees_cache.get(priority_class)
+        if cached is not None and 0 <= now - cached[0] < FREES_REFRESH_SECONDS:
+            return cached[1]
+        cls = self.classes[priority_class]
+        frees: list[float] | None = None
+        if not self.gates.open(cls, cls, "", now):  # "": a user with nothing running (no gauge updates)
+            frees = sorted(t for t in (_time_left(ticket, now) for ticket in self._running.values()) if t is not None)
+        self._frees_cache[priority_class] = (now, frees)
+        return frees
 
     @property
     def busy(self) -> int:

@@ -56,8 +56,10 @@ class FairnessPolicy(Protocol):
         """`tokens` more tokens were generated for `request` (dispatched from this band)."""
         ...
 
-    def on_finished(self, request: RequestView, generated: int) -> None:
-        """`request` ended (any outcome) after generating `generated` tokens."""
+    def on_finished(self, request: RequestView, generated: int, *, reached_engine: bool = True) -> None:
+        """`request` ended (any outcome) after generating `generated` tokens. `reached_engine` False: no
+        engine ever answered it (cancelled while being chosen or sent), so what `on_dispatched` charged is
+        undone, as for `on_requeued`, since the engine did no work for it."""
         ...
 
     def on_requeued(self, request: RequestView) -> None:
@@ -136,7 +138,7 @@ class _ServiceHooks:
     def on_generated(self, request: RequestView, tokens: int) -> None:
         return None
 
-    def on_finished(self, request: RequestView, generated: int) -> None:
+    def on_finished(self, request: RequestView, generated: int, *, reached_engine: bool = True) -> None:
         self._ended(request.user)
         if self._idle(request.user):
             self._try_forget(request.user, self._clock.now())
@@ -515,11 +517,11 @@ class _VirtualCounterFairness(_ServiceHooks):
     def on_generated(self, request: RequestView, tokens: int) -> None:
         self._unpend(request, settle=True)
 
-    def on_finished(self, request: RequestView, generated: int) -> None:
-        self._unpend(request, settle=True)
+    def on_finished(self, request: RequestView, generated: int, *, reached_engine: bool = True) -> None:
+        self._unpend(request, settle=reached_engine)
         if self._grace > 0:
             self._ended_at[request.user] = self._clock.now()
-        super().on_finished(request, generated)
+        super().on_finished(request, generated, reached_engine=reached_engine)
 
     def on_requeued(self, request: RequestView) -> None:
         self._unpend(request, settle=False)
@@ -721,13 +723,14 @@ class VirtualTokenCounterFairness(BasicVirtualTokenCounterFairness):
         if remaining:
             self._reserve(request.user, -self._counted(remaining))
 
-    def on_finished(self, request: RequestView, generated: int) -> None:
+    def on_finished(self, request: RequestView, generated: int, *, reached_engine: bool = True) -> None:
         self._release(request)
-        previous = self._mean_length.get(request.user)
-        self._mean_length[request.user] = (
-            float(generated) if previous is None else previous + self.SMOOTHING * (generated - previous)
-        )
-        super().on_finished(request, generated)
+        if reached_engine:  # one that never reached an engine says nothing about its user's answer lengths
+            previous = self._mean_length.get(request.user)
+            self._mean_length[request.user] = (
+                float(generated) if previous is None else previous + self.SMOOTHING * (generated - previous)
+            )
+        super().on_finished(request, generated, reached_engine=reached_engine)
 
     def _all_ended(self, user: str) -> None:
         super()._all_ended(user)
