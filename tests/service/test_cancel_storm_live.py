@@ -180,6 +180,16 @@ def _journal_by_tag(lines: list[dict[str, Any]]) -> dict[str, list[str]]:
     return events
 
 
+def _admitted(server: SchedulerServer) -> float:
+    """Requests admitted for model `m`, every class together."""
+    return sum(
+        sample.value
+        for metric in server.scheduler.metrics.registry.collect()
+        for sample in metric.samples
+        if sample.name == "llmsched_requests_admitted_total" and sample.labels.get("model") == "m"
+    )
+
+
 def _counter(server: SchedulerServer, name: str, **labels: str) -> float:
     return server.scheduler.metrics.registry.get_sample_value(name, {"model": "m", **labels}) or 0.0
 
@@ -228,9 +238,14 @@ async def test_cancel_storms_through_both_doors_leave_nothing_at_the_engine(tmp_
             if classic:
                 blockers = []
             cancelled_before = _counter(server, "llmsched_request_outcomes_total", outcome="cancelled")
+            admitted_before = _admitted(server)
             tasks = [asyncio.ensure_future(storm.run(c, f"other-{i % 2}")) for i, c in enumerate(blockers)]
             tasks += [asyncio.ensure_future(storm.run(c, "storm")) for c in calls]
-            await asyncio.sleep(rng.uniform(0.05, 0.4))  # the storm breaks wherever the calls are
+            # Every call is in before the storm (on a loaded machine the clients may still be connecting), so
+            # each one the storm ends is one the scheduler counts; then it breaks wherever the calls are.
+            expected = admitted_before + len(tasks)
+            await eventually(lambda: _admitted(server) >= expected, what="every call admitted")  # noqa: B023
+            await asyncio.sleep(rng.uniform(0.05, 0.4))
             storm.storm.set()
             async with asyncio.timeout(30):
                 await asyncio.gather(*tasks)
