@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -101,6 +102,23 @@ class HttpEngine:
             return BackendLoad(ok=False, read_at=read_at, error=f"HTTP {exc.status}")
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
             return BackendLoad(ok=False, read_at=read_at, error=f"{type(exc).__name__}: {exc}")
+
+    @contextlib.asynccontextmanager
+    async def streaming(
+        self, path: str, body: dict[str, Any], request_id: str
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST (as `post_stream`) and hold the engine's response for the block. The connection goes back to
+        the pool only when the block ends normally; any other end closes it, which aborts the request in
+        the engine: an error, a cancel, and the close of an adapter's generator at any of its yields (its
+        caller left) alike. Cancelled while the request is being sent or its answer awaited, aiohttp
+        closes the connection itself, so the engine drops it or never starts it."""
+        response = await self.post_stream(path, body, request_id)
+        try:
+            yield response
+        except BaseException:
+            response.close()
+            raise
+        response.release()
 
     async def post_stream(self, path: str, body: dict[str, Any], request_id: str) -> aiohttp.ClientResponse:
         """POST and return the response once its headers say success; map failures to BackendErrors.

@@ -51,19 +51,17 @@ def openai_body(request: GenerationRequest, engine_model: str) -> tuple[str, dic
 async def stream_openai(
     engine: HttpEngine, path: str, body: dict[str, Any], request_id: str
 ) -> AsyncGenerator[GenerationEvent, None]:
-    """POST a streaming request and turn its SSE chunks into TextDelta ... Finished.
+    """POST a streaming request and turn its SSE chunks into Accepted, TextDelta ... Finished.
 
-    Leaving the iterator early (client cancelled) closes the connection, which makes the engine abort
-    the request and free its slot and KV cache.
+    Leaving the iterator early (client cancelled) at any of its yields, `Accepted` included, closes the
+    connection, which makes the engine abort the request and free its slot and KV cache.
     """
     chat = path.endswith("/chat/completions")
-    response = await engine.post_stream(path, body, request_id)
-    yield Accepted()
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     counted = 0  # tokens reported in TextDeltas so far
-    clean = False
-    try:
+    async with engine.streaming(path, body, request_id) as response:
+        yield Accepted()
         try:
             done = False
             failure: BackendUnavailable | None = None
@@ -113,12 +111,6 @@ async def stream_openai(
                 f"engine {engine.name} ended the request with finish_reason={finish_reason!r}",
                 backend=engine.name,
             )
-        clean = True
-    finally:
-        if clean:
-            response.release()
-        else:
-            response.close()
     yield Finished(
         finish_reason=_FINISH_REASONS[finish_reason],
         prompt_tokens=int(usage["prompt_tokens"]) if usage and "prompt_tokens" in usage else None,

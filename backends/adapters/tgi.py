@@ -84,12 +84,11 @@ class TgiBackend(HttpAdapter):
 
     async def _generate_stream(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         name = self._engine.name
-        response = await self._engine.post_stream("/generate_stream", tgi_body(request), request.request_id)
-        yield Accepted()
         details: dict[str, Any] | None = None
         tokens = 0
-        clean = False
-        try:
+        # Closed on any early end, the yield of Accepted included: that aborts the request in the engine.
+        async with self._engine.streaming("/generate_stream", tgi_body(request), request.request_id) as response:
+            yield Accepted()
             try:
                 async for batch in iter_sse_batches(response):
                     texts: list[str] = []
@@ -116,12 +115,6 @@ class TgiBackend(HttpAdapter):
                 raise stream_failure(exc, name) from exc
             if details is None:
                 raise BackendUnavailable(f"engine {name} ended the stream without details", backend=name)
-            clean = True
-        finally:
-            if clean:
-                response.release()
-            else:
-                response.close()
         yield Finished(
             finish_reason=_FINISH_REASONS.get(details.get("finish_reason", ""), "stop"),
             prompt_tokens=details.get("input_length"),

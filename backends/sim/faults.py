@@ -24,6 +24,13 @@ class Faults:
     """After this many tokens the connection is closed mid-response, as if the engine died."""
     reject_all_with_status: int | None = None
     """Generation endpoints answer this HTTP status (with the flavor's error body) without running."""
+    intake_delay_ms: int | None = None
+    """A generation request waits this long before its body is read: it is on its way, and the engine has
+    not got it (a client that leaves meanwhile never reaches the journal)."""
+    answer_delay_ms: int | None = None
+    """The OpenAI-compatible routes hold their answer (the response headers) this long after the request
+    reached the engine (journaled `received`): a front end slow to answer. A client that leaves meanwhile
+    aborts the request."""
 
     def to_json(self) -> dict[str, Any]:
         """The faults as `GET /sim/faults` shows them."""

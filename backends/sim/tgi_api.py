@@ -8,6 +8,7 @@ inside the stream; `/generate` answers 429 / 422 / 424 instead. The last stream 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -188,6 +189,8 @@ class TgiApi:
     async def _read(self, request: web.Request) -> tuple[Any, web.Response | None]:
         """Count the request, apply injected rejection, parse JSON; a response means 'answer this'."""
         self._metrics.request_received()
+        if self._faults.intake_delay_ms:
+            await asyncio.sleep(self._faults.intake_delay_ms / 1000)  # the injected delay itself
         status = self._faults.reject_all_with_status
         if status is not None:
             self._engine.note_rejected()

@@ -8,6 +8,8 @@ stream started is one `data: {"error": {...}}` chunk followed by `[DONE]`, as vL
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from backends.sim.config import SimConfig
@@ -90,6 +92,8 @@ class VllmApi:
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         header_id = request.headers.get("X-Request-Id")
+        if self._faults.intake_delay_ms:
+            await asyncio.sleep(self._faults.intake_delay_ms / 1000)  # the injected delay itself
         status = self._faults.reject_all_with_status
         if status is not None:
             self._engine.note_rejected()
@@ -116,6 +120,8 @@ class VllmApi:
         writer = ChunkWriter(kind, new_response_id(kind, header_id), self._config.model_name, self._fingerprint)
         handle = self._engine.add_request(header_id or writer.response_id, parsed.params, x_request_id=header_id)
         try:
+            if self._faults.answer_delay_ms:
+                await asyncio.sleep(self._faults.answer_delay_ms / 1000)  # the injected delay itself
             if parsed.stream:
                 return await self._stream(request, handle, parsed, writer)
             return await self._respond(request, handle, writer)

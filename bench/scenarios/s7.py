@@ -1,10 +1,16 @@
 """S7 faults: a flood at ten times the engine's capacity with caps on, while the engine is killed and
 restarted, its metrics go dark for 10 s, clients cancel 1,000 requests (half queued, half running), reuse
 live request ids and send oversized prompts. Every admitted request must end in exactly one outcome.
+Then cancel storms: 100 streams (2,000-token answers, five users within their caps) behind an engine full
+of them, all cancelled at once while freed slots go to the next of them; no engine request may outlive
+its caller.
 
 Each outcome is counted three ways that must agree: by the clients (how each call ended), by the
 scheduler (`llmsched_request_outcomes_total`, scraped before and after) and by the engine (the
-simulator's `--journal`, which survives its SIGKILL). The three are joined by a tag, not by request id:
+simulator's `--journal`, which survives its SIGKILL). The storms' cancels likewise: the calls the clients
+cancelled, the scheduler's cancelled outcomes and engine aborts (`llmsched_engine_aborts_total`), and the
+journal's aborted requests; an engine request a caller cancelled that the journal shows finished or never
+ended is an orphan. The three are joined by a tag, not by request id:
 every call's prompt starts with a line `s7:<n>` that the journal records as the request's `tag`, so the
 join does not depend on what id the scheduler gives the engine (a server-made id) nor on the ids being
 unique (duplicate ids are part of the test).
@@ -74,6 +80,11 @@ class S7Params:
     max_queued_bytes_per_user: int = 64_000
     per_request_overhead: int = 24 * 1024  # docs/operations.md, sizing: ~24 KB per open Stream call
     per_prompt_byte: float = 3.4  # docs/operations.md, sizing: RSS per queued prompt byte (gRPC's, protobuf's, ours)
+    storm_rounds: int = 5
+    storm_streams: int = 100  # per round, spread over storm_users (each within max_queued_per_user)
+    storm_users: int = 5
+    storm_tokens: int = 2000
+    storm_prompt_bytes: int = 200
     warmup_seconds: float = 3.0
     drain_timeout: float = 60.0
     channels: int = 8
@@ -92,7 +103,7 @@ class Call:
     """One client call and how it ended, as the client saw it."""
 
     n: int
-    kind: str  # flood, qcancel, rcancel, dup-first, dup-second, oversized
+    kind: str  # flood, qcancel, rcancel, dup-first, dup-second, oversized, storm
     user: str
     request_id: str
     admitted: bool = False
@@ -102,11 +113,12 @@ class Call:
     end: str = ""  # completed, cancelled, error, "" while running, hung
     code: str = ""
     reason: str = ""
-    cancel_phase: str = ""  # queued, dispatched, running
+    cancel_phase: str = ""  # queued, dispatched, running, storm
+    prefix: str = "s7"
 
     @property
     def tag(self) -> str:
-        return f"s7:{self.n}"
+        return f"{self.prefix}:{self.n}"
 
     @property
     def outcome(self) -> str | None:
@@ -136,9 +148,10 @@ class Attempt:
 class Load:
     """The clients of one S7 run: starts calls, keeps their records."""
 
-    def __init__(self, stubs: list[pb_grpc.SchedulerServiceStub], p: S7Params) -> None:
+    def __init__(self, stubs: list[pb_grpc.SchedulerServiceStub], p: S7Params, prefix: str = "s7") -> None:
         self.stubs = stubs
         self.p = p
+        self.prefix = prefix  # of every call's tag: the storms' calls are told apart from the flood's
         self.calls: list[Call] = []
         self.tasks: set[asyncio.Task[None]] = set()
         self._n = 0
@@ -149,7 +162,7 @@ class Load:
 
     def new(self, kind: str, user: str, request_id: str | None = None) -> Call:
         self._n += 1
-        call = Call(self._n, kind, user, request_id or f"s7-{self._n}")
+        call = Call(self._n, kind, user, request_id or f"{self.prefix}-{self._n}", prefix=self.prefix)
         self.calls.append(call)
         return call
 
@@ -216,6 +229,50 @@ class Load:
                 call.end = "hung"
             rpc.cancel()
             raise
+
+    async def run_until(self, call: Call, storm: asyncio.Event, admitted: asyncio.Event, round_: StormRound) -> None:
+        """One Stream call asking for a long answer, cancelled when the storm breaks (if still going)."""
+        params = pb.GenerationParams(
+            model=SCHEDULED_MODEL,
+            prompt=self.prompt(call, self.p.storm_prompt_bytes),
+            max_tokens=self.p.storm_tokens,
+            ignore_eos=True,
+            request_id=call.request_id,
+        )
+        stub = self.stubs[call.n % len(self.stubs)]
+        rpc = cast(
+            "grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]",
+            stub.Stream(pb.StreamRequest(params=params), metadata=(("x-user-id", call.user),)),
+        )
+
+        async def read() -> None:
+            try:
+                async for event in rpc:
+                    if event.HasField("queued"):
+                        call.admitted = True
+                        admitted.set()
+                    elif event.HasField("dispatched"):
+                        call.dispatches += 1
+                        round_.dispatched()
+                    elif event.HasField("delta"):
+                        call.tokens += event.delta.tokens or 1
+                    elif event.HasField("finished"):
+                        call.end = "completed"
+            except grpc.aio.AioRpcError as exc:
+                call.end, call.code, call.reason = call.end or "error", exc.code().name, error_reason(exc) or ""
+            finally:
+                admitted.set()  # or refused: either way it has its answer to admission
+
+        reader = asyncio.ensure_future(read())
+        breaks = asyncio.ensure_future(storm.wait())
+        await asyncio.wait({reader, breaks}, return_when=asyncio.FIRST_COMPLETED)
+        breaks.cancel()
+        if not reader.done() and rpc.cancel():
+            call.end, call.cancel_phase = "cancelled", "storm"
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        if not call.end:
+            call.end, call.code = "error", "OK_WITHOUT_FINISHED"
 
 
 async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -520,6 +577,79 @@ def analyse(
     }
 
 
+class StormRound:
+    """How many of a storm's calls an engine took, and the moment it is full of them."""
+
+    def __init__(self, engine_slots: int) -> None:
+        self.count = 0
+        self.full = asyncio.Event()
+        self._slots = engine_slots
+
+    def dispatched(self) -> None:
+        self.count += 1
+        if self.count >= self._slots:
+            self.full.set()
+
+
+async def _storms(load: Load, p: S7Params) -> None:
+    """Cancel storms, one after another: a few users' streams, the first of them filling the engine and the
+    rest queued behind it (each user within its caps), all cancelled at once; freed slots go to the next of
+    them while the cancels land."""
+    for round_ in range(p.storm_rounds):
+        storm = asyncio.Event()
+        calls = [load.new("storm", f"storm-{round_}-{i % p.storm_users}") for i in range(p.storm_streams)]
+        admitted = [asyncio.Event() for _ in calls]
+        watch = StormRound(p.max_num_seqs)
+        tasks = [load.start(c, load.run_until(c, storm, a, watch)) for c, a in zip(calls, admitted, strict=True)]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(30):
+                await asyncio.gather(*(a.wait() for a in admitted), watch.full.wait())  # all queued, engine full
+        storm.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(1.0)  # the last aborts reach the engine and its journal
+
+
+def analyse_storms(
+    calls: list[Call],
+    by_tag: dict[str, list[Attempt]],
+    before: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+    after: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+) -> dict[str, Any]:
+    """The storms' cancels three ways: clients, scheduler (outcomes and engine aborts), engine journal."""
+
+    def delta(name: str, **labels: str) -> int:
+        return round(_sum(after, name, **labels) - _sum(before, name, **labels))
+
+    cancelled = [c for c in calls if c.end == "cancelled"]
+    journal: Counter[str] = Counter()
+    orphans = []
+    for c in cancelled:
+        attempts = by_tag.get(c.tag, [])
+        if not attempts:
+            journal["never reached the engine"] += 1
+            continue
+        last = attempts[-1]
+        journal[last.end or "never ended"] += 1
+        if last.end not in ("aborted", "refused"):
+            orphans.append(f"{c.tag} {last.end or 'never ended'} {last.events}")
+    aborted = journal["aborted"]
+    scheduler_aborts = delta("llmsched_engine_aborts_total")
+    return {
+        "storm_calls": len(calls),
+        "storm_rounds": len({c.user.rsplit("-", 1)[0] for c in calls}),
+        "storm_admitted": sum(c.admitted for c in calls),
+        "storm_clients_cancelled": len(cancelled),
+        "storm_clients_other": dict(Counter(f"{c.end} {c.code}".strip() for c in calls if c.end != "cancelled")),
+        "storm_scheduler_cancelled": delta("llmsched_request_outcomes_total", outcome="cancelled"),
+        "storm_scheduler_aborts": scheduler_aborts,
+        "storm_scheduler_aborts_answered": delta("llmsched_engine_aborts_total", stage="answered"),
+        "storm_engine": dict(journal),
+        "storm_engine_aborted": aborted,
+        "storm_orphans": len(orphans),
+        "storm_orphan_list": orphans[:20],
+    }
+
+
 async def _body(p: S7Params, workdir: Path) -> dict[str, Any]:
     stack = Stack(p, workdir)
     log: list[str] = []
@@ -574,12 +704,17 @@ async def _body(p: S7Params, workdir: Path) -> dict[str, Any]:
         after = await _scrape(session, metrics_url)
         stop_sampling.set()
         await sampler
+        storms = Load(load.stubs, p, prefix="storm")
+        await _storms(storms, p)
+        after_storms = await _scrape(session, metrics_url)
         scheduler_alive = sched.proc.popen.poll() is None
         lines = read_journal(stack.journal)
 
     by_tag, boots = engine_attempts(lines)
-    by_tag = {tag: attempts for tag, attempts in by_tag.items() if tag not in warm_tags}
+    storm_tags = {tag: attempts for tag, attempts in by_tag.items() if tag.startswith("storm:")}
+    by_tag = {tag: attempts for tag, attempts in by_tag.items() if tag not in warm_tags and tag not in storm_tags}
     figures = analyse(load.calls, by_tag, before, after)
+    figures.update(analyse_storms(storms.calls, storm_tags, after, after_storms))
     figures.update(
         {
             "flood_rate": flooded / p.flood_seconds,
@@ -654,6 +789,9 @@ async def run(provider: EngineProvider, p: S7Params | None = None) -> list[Scena
         # down) is counted by the scheduler alone, so the clients' count is a floor for the scheduler's
         Target("failovers clients saw that the scheduler did not count", "0", RUN, max(0, f["failovers"]["clients"] - f["failovers"]["scheduler"]), 0, 0, False),  # noqa: E501
         Target("cancelled running requests not aborted at the engine", "0", RUN, f["running_cancels_not_aborted_count"], 0, 0, False),  # noqa: E501
+        Target("cancel storms: engine requests that outlived their cancelled caller (orphans)", "0", RUN, f["storm_orphans"], 0, 0, False),  # noqa: E501
+        Target("cancel storms: cancels the clients made that the scheduler did not count", "0", RUN, abs(f["storm_clients_cancelled"] - f["storm_scheduler_cancelled"]), 0, 0, False),  # noqa: E501
+        Target("cancel storms: engine aborts the scheduler did not make (journal - scheduler)", "0", RUN, max(0, f["storm_engine_aborted"] - f["storm_scheduler_aborts"]), 0, 0, False),  # noqa: E501
         Target("peak minus idle RSS (MB)", f"<= bytes cap x 3.4 + max_queued x 24 KB (docs/operations.md) = {bound:.1f}", RUN, f["rss_growth_mb"], bound, bound, False),  # noqa: E501
         Target("duplicate live ids answered ALREADY_EXISTS", "100%", RUN, _fraction(f["duplicates_already_exists"], f["duplicates_sent"]), 1.0, 1.0, True, "%"),  # noqa: E501
         Target("oversized prompts answered PROMPT_TOO_LARGE", "100%", RUN, _fraction(f["oversized_refused"], f["oversized_sent"]), 1.0, 1.0, True, "%"),  # noqa: E501
@@ -666,6 +804,12 @@ async def run(provider: EngineProvider, p: S7Params | None = None) -> list[Scena
         f"Cancels: {f['queued_cancels']} while queued ({f['queued_cancels_reached_engine']} of them had already "
         f"reached the engine), {f['running_cancels']} after the first token ({f['running_cancels_engine_killed']} "
         "ended by the engine's SIGKILL first).",
+        f"Cancel storms: {f['storm_rounds']} rounds of {p.storm_streams} streams of {p.storm_tokens} tokens; "
+        f"cancelled by the clients {f['storm_clients_cancelled']} (other ends: {f['storm_clients_other'] or 'none'}), "
+        f"by the scheduler {f['storm_scheduler_cancelled']} with {f['storm_scheduler_aborts']} engine requests "
+        f"closed ({f['storm_scheduler_aborts_answered']} after the engine answered); at the engine: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(f["storm_engine"].items()))
+        + f"; orphans {f['storm_orphans']}.",
         "Duplicate ids, second call: " + ", ".join(f"{k} {v}" for k, v in sorted(f["duplicates"].items())),
         "Oversized prompts: " + ", ".join(f"{k} {v}" for k, v in sorted(f["oversized"].items())),
         f"Scheduler RSS: idle {f['idle_rss_mb']:.1f} MB, peak {f['peak_rss_mb']:.1f} MB (sampled every 100 ms).",
@@ -693,7 +837,8 @@ DEFINITION = Definition(
     f"{_P.flood_users} users; the engine SIGKILLed at {_P.kill_at:g} s and restarted; its metrics down "
     f"{_P.metrics_down_for:g} s from {_P.metrics_down_at:g} s; {_P.queued_cancels} cancels while queued and "
     f"{_P.running_cancels} while running; {_P.duplicates} live duplicate request ids; {_P.oversized} oversized "
-    "prompts",
+    f"prompts; {_P.storm_rounds} cancel storms of {_P.storm_streams} streams ({_P.storm_tokens}-token answers) "
+    "cancelled at once",
     layout=f"one simulator ({_P.max_num_seqs} slots, with its request journal, which survives SIGKILL) and one "
     f"scheduler with caps on (max_queued {_P.max_queued}, per user {_P.max_queued_per_user}, max_queued_bytes "
     f"{_P.max_queued_bytes:,})",
@@ -702,6 +847,7 @@ DEFINITION = Definition(
     targets=(
         "the three counts agree; none lost; none served twice",
         "every cancelled running request aborted at the engine",
+        "cancel storms: no engine request outlives its cancelled caller; clients, scheduler and journal agree",
         "duplicates answered ALREADY_EXISTS, oversized prompts PROMPT_TOO_LARGE",
         "peak minus idle RSS <= the bytes cap x 3.4 + max_queued x 24 KB",
     ),

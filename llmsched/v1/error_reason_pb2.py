@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ellmsched/v1/error_reason.proto\x12\x0bllmsched.v1*\x9d\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0fINVALID_REQUEST\x10\x01\x12\x15\n\x11MALFORMED_REQUEST\x10\x02\x12\x14\n\x10PROMPT_TOO_LARGE\x10\x03\x12\x13\n\x0fMODEL_NOT_FOUND\x10\x04\x12\x13\n\x0fUNAUTHENTICATED\x10\x05\x12\x15\n\x11PERMISSION_DENIED\x10\x06\x12\x15\n\x11REQUEST_ID_IN_USE\x10\x07\x12\x0e\n\nQUEUE_FULL\x10\x08\x12\x14\n\x10QUEUE_BYTES_FULL\x10\t\x12\x11\n\rQUEUE_TIMEOUT\x10\n\x12\x11\n\rSHUTTING_DOWN\x10\x0b\x12\x17\n\x13\x42\x41\x43KEND_UNAVAILABLE\x10\x0c\x12\x16\n\x12\x42\x41\x43KEND_OVERLOADED\x10\r\x12\x1c\n\x18\x42\x41\x43KEND_REJECTED_REQUEST\x10\x0e\x12\x1a\n\x16\x42\x41\x43KEND_PROTOCOL_ERROR\x10\x0f\x12\x11\n\rBACKEND_ERROR\x10\x10\x12\x0c\n\x08INTERNAL\x10\x11\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ellmsched/v1/error_reason.proto\x12\x0bllmsched.v1*\xde\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0fINVALID_REQUEST\x10\x01\x12\x15\n\x11MALFORMED_REQUEST\x10\x02\x12\x14\n\x10PROMPT_TOO_LARGE\x10\x03\x12\x13\n\x0fMODEL_NOT_FOUND\x10\x04\x12\x13\n\x0fUNAUTHENTICATED\x10\x05\x12\x15\n\x11PERMISSION_DENIED\x10\x06\x12\x15\n\x11REQUEST_ID_IN_USE\x10\x07\x12\x0e\n\nQUEUE_FULL\x10\x08\x12\x14\n\x10QUEUE_BYTES_FULL\x10\t\x12\x11\n\rQUEUE_TIMEOUT\x10\n\x12\x11\n\rSHUTTING_DOWN\x10\x0b\x12\x17\n\x13\x42\x41\x43KEND_UNAVAILABLE\x10\x0c\x12\x16\n\x12\x42\x41\x43KEND_OVERLOADED\x10\r\x12\x1c\n\x18\x42\x41\x43KEND_REJECTED_REQUEST\x10\x0e\x12\x1a\n\x16\x42\x41\x43KEND_PROTOCOL_ERROR\x10\x0f\x12\x11\n\rBACKEND_ERROR\x10\x10\x12\x0c\n\x08INTERNAL\x10\x11\x12\x10\n\x0cREAD_TIMEOUT\x10\x12\x12\x16\n\x12READ_CAPACITY_FULL\x10\x13\x12\x15\n\x11\x44\x45\x41\x44LINE_EXCEEDED\x10\x14\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmsched.v1.error_reason_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORREASON']._serialized_start=48
-  _globals['_ERRORREASON']._serialized_end=461
+  _globals['_ERRORREASON']._serialized_end=526
 # @@protoc_insertion_point(module_scope)

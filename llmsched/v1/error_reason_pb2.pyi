@@ -95,6 +95,21 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """gRPC INTERNAL, HTTP 500, not retryable.
     A bug of the scheduler's (counted in llmsched_internal_errors_total).
     """
+    READ_TIMEOUT: _ErrorReason.ValueType  # 18
+    """gRPC DEADLINE_EXCEEDED, HTTP 408, retryable.
+    The HTTP door stopped waiting for the request's headers or body (server.http_header_timeout_seconds,
+    server.http_body_timeout_seconds); the connection is closed. Sent by the HTTP door only.
+    """
+    READ_CAPACITY_FULL: _ErrorReason.ValueType  # 19
+    """gRPC UNAVAILABLE, HTTP 503, retryable.
+    The HTTP door is reading as many request-body bytes as it holds at once, for all callers or for this one
+    (server.http_max_reading_bytes, server.http_max_reading_bytes_per_user). Sent by the HTTP door only.
+    """
+    DEADLINE_EXCEEDED: _ErrorReason.ValueType  # 20
+    """gRPC DEADLINE_EXCEEDED, HTTP 504, not retryable.
+    The call's deadline passed while its answer was being generated; the engine request was aborted. Sent by
+    the HTTP door (x-request-timeout-ms bounds the whole call); over gRPC the deadline ends the call itself.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call of llmsched.v1 failed: every error status carries a google.rpc.ErrorInfo (domain "llmsched.v1")
@@ -178,5 +193,20 @@ Any other failure between the scheduler and the engine.
 INTERNAL: ErrorReason.ValueType  # 17
 """gRPC INTERNAL, HTTP 500, not retryable.
 A bug of the scheduler's (counted in llmsched_internal_errors_total).
+"""
+READ_TIMEOUT: ErrorReason.ValueType  # 18
+"""gRPC DEADLINE_EXCEEDED, HTTP 408, retryable.
+The HTTP door stopped waiting for the request's headers or body (server.http_header_timeout_seconds,
+server.http_body_timeout_seconds); the connection is closed. Sent by the HTTP door only.
+"""
+READ_CAPACITY_FULL: ErrorReason.ValueType  # 19
+"""gRPC UNAVAILABLE, HTTP 503, retryable.
+The HTTP door is reading as many request-body bytes as it holds at once, for all callers or for this one
+(server.http_max_reading_bytes, server.http_max_reading_bytes_per_user). Sent by the HTTP door only.
+"""
+DEADLINE_EXCEEDED: ErrorReason.ValueType  # 20
+"""gRPC DEADLINE_EXCEEDED, HTTP 504, not retryable.
+The call's deadline passed while its answer was being generated; the engine request was aborted. Sent by
+the HTTP door (x-request-timeout-ms bounds the whole call); over gRPC the deadline ends the call itself.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

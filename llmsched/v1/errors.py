@@ -47,6 +47,9 @@ ERRORS: dict[str, ErrorSpec] = {
     "BACKEND_PROTOCOL_ERROR": ErrorSpec(_C.INTERNAL, 502, False, "the engine answered something unparsable"),
     "BACKEND_ERROR": ErrorSpec(_C.INTERNAL, 502, False, "any other failure between us and the engine"),
     "INTERNAL": ErrorSpec(_C.INTERNAL, 500, False, "a bug of ours"),
+    "READ_TIMEOUT": ErrorSpec(_C.DEADLINE_EXCEEDED, 408, True, "HTTP: the request's headers or body came too slowly"),
+    "READ_CAPACITY_FULL": ErrorSpec(_C.UNAVAILABLE, 503, True, "HTTP: too many body bytes being read at once"),
+    "DEADLINE_EXCEEDED": ErrorSpec(_C.DEADLINE_EXCEEDED, 504, False, "HTTP: the call's deadline passed while running"),
 }
 """Reason (an `ErrorReason` value name, sent as `ErrorInfo.reason`) -> how it travels."""
 

@@ -90,6 +90,8 @@ class SchedulerServer:
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._metrics_runner: web.AppRunner | None = None
         self._http_runner: web.AppRunner | None = None
+        self._http_server: asyncio.Server | None = None
+        self.http_door: HttpDoor | None = None  # set at start when server.http_listen is on
         self._scheduler_task: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
         self.port = 0
@@ -163,9 +165,16 @@ class SchedulerServer:
         self.metrics_port = await self._listen(self._metrics_runner, self.config.server.metrics_listen)
 
     async def _start_http(self, authenticator: Authenticator) -> None:
-        door = HttpDoor(self.scheduler, authenticator)
-        self._http_runner = door.runner(shutdown_timeout=1.0)  # runs after the drain: little is left by then
-        self.http_port = await self._listen(self._http_runner, self.config.server.http_listen)
+        """The HTTP door: its runner for the application's life, served through the door's own connection
+        protocol (where its read bounds live) rather than a TCPSite."""
+        door = self.http_door = HttpDoor(self.scheduler, authenticator)
+        runner = self._http_runner = door.runner(shutdown_timeout=1.0)  # runs after the drain: little is left
+        await runner.setup()
+        host, port = _split(self.config.server.http_listen)
+        ssl_context = self._tls.ssl_context() if self._tls is not None else None
+        loop = asyncio.get_running_loop()
+        self._http_server = await loop.create_server(lambda: door.connection(runner), host, port, ssl=ssl_context)
+        self.http_port = int(self._http_server.sockets[0].getsockname()[1])
 
     async def _listen(self, runner: web.AppRunner, address: str) -> int:
         """Serve `runner` on `address` (with the shared TLS settings); the port bound."""
@@ -207,6 +216,9 @@ class SchedulerServer:
             await self.agent.aclose()
             self.agent = None
         await self._grpc.stop(grace=1.0)
+        if self._http_server is not None:
+            self._http_server.close()  # no new connections; the runner's cleanup closes the open ones
+            self._http_server = None
         if self._http_runner is not None:
             await self._http_runner.cleanup()
             self._http_runner = None

@@ -24,6 +24,7 @@ from backends.registry import BACKEND_KINDS, capabilities
 from scheduler_svc.app.event_loop import EVENT_LOOPS
 from scheduler_svc.app.tls import ServerTls
 from scheduler_svc.config import ClusterConfig, Config, ConfigError, build, check_bounds
+from scheduler_svc.config.derived import check_http_bounds
 from scheduler_svc.core.identity import user_id_problem
 from scheduler_svc.core.keys import load_key_digests
 from scheduler_svc.policies import check_config
@@ -68,6 +69,7 @@ def _validate(config: Config) -> None:
         raise ConfigError("models: configure at least one [[models]] entry")
     if config.server.event_loop not in EVENT_LOOPS:
         raise ConfigError(f"server.event_loop {config.server.event_loop!r}: one of {', '.join(EVENT_LOOPS)}")
+    check_http_bounds(config)
     if not re.fullmatch(r"[a-z0-9-]{1,64}", config.server.http_user_header):
         raise ConfigError("server.http_user_header: 1-64 lower-case letters, digits and dashes")
     class_names = [c.name for c in config.scheduling.classes]

@@ -33,9 +33,44 @@ class ServerConfig:
     )
     http_max_body_bytes: int = _field(
         0,
-        "Largest HTTP request body the door reads (413 beyond it); 0: twice the largest max_prompt_bytes "
-        "plus 256 KiB (JSON escaping may double a prompt). Prompts are still held to max_prompt_bytes.",
+        "Largest HTTP request body the door reads: a larger Content-Length is refused at once, a body that "
+        "grows past it while read likewise (413); 0: twice the largest max_prompt_bytes plus 256 KiB (JSON "
+        "escaping may double a prompt). Prompts are still held to max_prompt_bytes.",
         bounds=">= 0",
+    )
+    http_max_reading_bytes: int = _field(
+        0,
+        "Request-body bytes the HTTP door holds while reading and parsing bodies, all connections together, "
+        "past each body's first 64 KiB (those are read whatever the total, so ordinary requests still are): a "
+        "body that would pass it is refused with 503 (reason READ_CAPACITY_FULL), so many slow or stalled "
+        "large bodies hold bounded memory. 0: 16 x the body limit (36 MiB at the defaults).",
+        bounds=">= 0",
+    )
+    http_max_reading_bytes_per_user: int = _field(
+        0,
+        "The same bound for one caller's bodies, all their bytes (the caller is identified before its body "
+        "is read), so one caller's slow bodies leave room for everyone else's. 0: 4 x the body limit (9 MiB "
+        "at the defaults). At least the body limit, at most http_max_reading_bytes.",
+        bounds=">= 0",
+    )
+    http_header_timeout_seconds: float = _field(
+        10.0,
+        "From a request's first byte, how long the HTTP door waits for its headers to be complete; then it "
+        "answers 408 (reason READ_TIMEOUT) and closes the connection.",
+        bounds="> 0",
+    )
+    http_body_timeout_seconds: float = _field(
+        30.0,
+        "From a request's headers, how long the HTTP door waits for its whole body; then 408 (READ_TIMEOUT) "
+        "and the connection is closed. Bounds a slow or stalled body whatever its Content-Length says.",
+        bounds="> 0",
+    )
+    http_idle_timeout_seconds: float = _field(
+        15.0,
+        "An HTTP connection with no request in progress (kept alive between requests, or opened and silent) "
+        "is closed after this long. Over the SDKs' own pool expiry (httpx: 5 s), so they rarely send on a "
+        "connection being closed.",
+        bounds="> 0",
     )
     http_user_header: str = _field(
         "x-user-id",
@@ -321,9 +356,16 @@ class LocalityConfig:
         bounds=">= 0",
     )
     session_max_bytes: int = _field(
-        1 << 20,
-        "Memory for the session map (user and prompt_cache_key -> the backend its previous turns went "
-        "to; about 220 bytes plus the key's length an entry); the least recently used are forgotten first.",
+        16 << 20,
+        "Memory for the session map (user and prompt_cache_key -> the backend its previous turns went to; "
+        "about 220 bytes plus the key's length a session, 400 bytes plus the id's length a user), all users "
+        "together; when it fills, the least recently active user's oldest session is forgotten first.",
+        bounds=">= 0",
+    )
+    session_max_bytes_per_user: int = _field(
+        64 << 10,
+        "Memory for one user's sessions (its oldest forgotten first), so one user's keys never push out "
+        "another's: 64 KiB holds about 130 sessions of 256-character keys, 250 of short ones.",
         bounds=">= 0",
     )
     max_load_factor: float = _field(
@@ -378,6 +420,14 @@ class ModelConfig:
         32 << 20,
         "Prompt bytes one user's queued and running requests for the model may hold; beyond it the same.",
         bounds=">= 1",
+    )
+    min_retry_after_seconds: float = _field(
+        1.0,
+        "The least retry delay a refusal for a full queue suggests (gRPC RetryInfo, HTTP Retry-After). The "
+        "hint itself is the time until a tenth of the backlog in the way can have left the queue: at the "
+        "recent dispatch rate and, while the engines are full, as running requests end (their remaining "
+        "tokens at the engine's time per output token).",
+        bounds="0.001 to 300",
     )
     failover_attempts: int = _field(
         1,

@@ -10,7 +10,7 @@ import uuid
 
 from backends.base import ChatMessage, SamplingParams
 from scheduler_svc.config import Config
-from scheduler_svc.core.errors import InvalidRequest, ModelNotFound, PromptTooLarge
+from scheduler_svc.core.errors import InvalidField, InvalidRequest, ModelNotFound, PromptTooLarge
 from scheduler_svc.core.request import ClientRequest, QueuedRequest
 from scheduler_svc.core.text import client_text
 
@@ -26,47 +26,47 @@ def build_request(
 ) -> QueuedRequest:
     """Validate `message` for `user`; `timeout` is the call's remaining deadline in seconds, if any."""
     if not message.model:
-        raise InvalidRequest("model is required")
+        raise InvalidField("model", "required")
     model = config.model(message.model)
     if model is None:
         served = [m.name for m in config.models]
         raise ModelNotFound(f"unknown model {client_text(message.model)}; served models: {served}")
     if message.prompt and message.messages:
-        raise InvalidRequest("set either prompt or messages, not both")
+        raise InvalidField("prompt", "set either prompt or messages, not both")
     messages: tuple[ChatMessage, ...] | None = None
     if len(message.messages) > MAX_MESSAGES:
-        raise InvalidRequest(f"messages: at most {MAX_MESSAGES}, got {len(message.messages)}")
+        raise InvalidField("messages", f"at most {MAX_MESSAGES}, got {len(message.messages)}")
     if message.messages:
         for i, m in enumerate(message.messages):
             if m.role not in ROLES:
-                raise InvalidRequest(f"messages[{i}].role must be one of {ROLES}, got {client_text(m.role)}")
+                raise InvalidField(f"messages[{i}].role", f"must be one of {ROLES}, got {client_text(m.role)}")
         messages = tuple(message.messages)
         if not any(m.content.strip() for m in messages):
-            raise InvalidRequest("messages are all empty")
+            raise InvalidField("messages", "all empty")
     elif not message.prompt.strip():
-        raise InvalidRequest("prompt is empty: set prompt or messages")
+        raise InvalidField("prompt", "empty: set prompt or messages")
     max_tokens = model.default_max_tokens if message.max_tokens is None else message.max_tokens
     if not 1 <= max_tokens <= model.max_tokens_limit:
-        raise InvalidRequest(f"max_tokens must be between 1 and {model.max_tokens_limit}, got {max_tokens}")
+        raise InvalidField("max_tokens", f"must be between 1 and {model.max_tokens_limit}, got {max_tokens}")
     temperature = message.temperature
     if temperature is not None and not (math.isfinite(temperature) and 0 <= temperature <= 10):
-        raise InvalidRequest(f"temperature must be between 0 and 10, got {temperature}")
+        raise InvalidField("temperature", f"must be between 0 and 10, got {temperature}")
     top_p = message.top_p
     if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
-        raise InvalidRequest(f"top_p must be in (0, 1], got {top_p}")
+        raise InvalidField("top_p", f"must be in (0, 1], got {top_p}")
     presence_penalty = _penalty(message.presence_penalty, "presence_penalty")
     frequency_penalty = _penalty(message.frequency_penalty, "frequency_penalty")
     if len(message.prompt_cache_key) > MAX_CACHE_KEY_CHARS:
-        raise InvalidRequest(f"prompt_cache_key: at most {MAX_CACHE_KEY_CHARS} characters")
+        raise InvalidField("prompt_cache_key", f"at most {MAX_CACHE_KEY_CHARS} characters")
     if len(message.stop) > MAX_STOP_STRINGS or any(not s for s in message.stop):
-        raise InvalidRequest(f"stop: at most {MAX_STOP_STRINGS} non-empty strings")
+        raise InvalidField("stop", f"at most {MAX_STOP_STRINGS} non-empty strings")
     class_name = message.priority_class or config.scheduling.default_class
     priority_class = config.scheduling.priority_class(class_name)
     if priority_class is None:
         known = [c.name for c in config.scheduling.classes]
-        raise InvalidRequest(f"unknown priority_class {client_text(class_name)}; known: {known}")
+        raise InvalidField("priority_class", f"unknown class {client_text(class_name)}; known: {known}")
     if message.request_id and not _REQUEST_ID.match(message.request_id):
-        raise InvalidRequest("request_id: 1-128 characters of letters, digits and ._:/-")
+        raise InvalidField("request_id", "1-128 characters of letters, digits and ._:/-")
     if timeout is not None and timeout <= 0:
         raise InvalidRequest("the call's deadline has already passed")
     deadlines = [now + t for t in (timeout, priority_class.queue_ttl_seconds or None) if t is not None]
@@ -109,7 +109,7 @@ def _penalty(value: float | None, name: str) -> float | None:
     if value is None:
         return None
     if not (math.isfinite(value) and -2 <= value <= 2):
-        raise InvalidRequest(f"{name} must be between -2 and 2, got {value}")
+        raise InvalidField(name, f"must be between -2 and 2, got {value}")
     return value
 
 

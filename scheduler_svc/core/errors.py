@@ -3,7 +3,7 @@
     SchedulerError                      a failure reported to the client
     ├── InternalError                   a bug of ours, counted in llmsched_internal_errors_total
     ├── InvalidRequest                  the request is malformed
-    │   ├── InvalidField                one named field is unknown or of the wrong type (HTTP door)
+    │   ├── InvalidField                one named field is unknown, of the wrong type or out of range
     │   ├── PromptTooLarge              the prompt exceeds max_prompt_bytes (the limit travels with it)
     │   └── MalformedRequest            the body does not decode
     ├── ModelNotFound                   the model is not configured
@@ -13,6 +13,9 @@
     ├── QueueFull                       a queue cap was hit (with a retry delay)
     │   └── QueueBytesFull              a byte cap was hit
     ├── QueueTimeout                    the deadline or queue TTL passed in the queue
+    ├── DeadlineExceeded                the call's deadline passed while it ran (HTTP door)
+    ├── ReadTimeout                     the request's headers or body came too slowly (HTTP door)
+    ├── ReadCapacityFull                too many request-body bytes being read at once (HTTP door)
     └── ShuttingDown                    the service is draining
     backends.errors.BackendError        the engine failed (the backend port's own tree)
 
@@ -42,8 +45,8 @@ class InvalidRequest(SchedulerError):
 
 
 class InvalidField(InvalidRequest):
-    """One field of the request cannot be taken (unknown, or of the wrong type); `param` names it, as
-    OpenAI's error `param` does."""
+    """One field (or header) of the request cannot be taken: unknown, of the wrong type, or out of range;
+    `param` names it, as OpenAI's error `param` does."""
 
     def __init__(self, param: str, message: str) -> None:
         super().__init__(f"{param}: {message}")
@@ -116,3 +119,21 @@ class ShuttingDown(SchedulerError):
     """The service is draining and admits nothing new."""
 
     reason = "SHUTTING_DOWN"
+
+
+class DeadlineExceeded(SchedulerError):
+    """The call's deadline passed while its answer was being generated (the engine request is aborted)."""
+
+    reason = "DEADLINE_EXCEEDED"
+
+
+class ReadTimeout(SchedulerError):
+    """The HTTP door stopped waiting for a request's headers or body."""
+
+    reason = "READ_TIMEOUT"
+
+
+class ReadCapacityFull(SchedulerError):
+    """The HTTP door holds as many request-body bytes being read as it allows (all callers, or this one)."""
+
+    reason = "READ_CAPACITY_FULL"

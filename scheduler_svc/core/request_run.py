@@ -104,6 +104,10 @@ class RunHost(Protocol):
 
     def on_generated(self, ticket: Ticket, tokens: int) -> None: ...
 
+    def on_aborted(self, ticket: Ticket) -> None:
+        """The ticket's open engine request was closed before its end (caller gone, or cut)."""
+        ...
+
     def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
         """Requeue a ticket its backend failed before the first token; False: it fails as it is."""
         ...
@@ -179,8 +183,9 @@ class RequestRun:
         )
         shown = False  # whether the caller has seen any of this generation's text
         announced = False  # whether the caller has heard that the engine took it (Dispatched)
+        finished = False  # whether the engine said the answer is complete
         if ticket.cut_reason is not None:
-            ticket.close(Outcome.FAILED)
+            ticket.close(ticket.cut_outcome)
             raise ticket.cut_reason
         ticket.runner = asyncio.current_task()
         ticket.sent_at = host.now()  # the adapter's first step is the request to the engine
@@ -208,6 +213,7 @@ class RequestRun:
                         if not event.last:  # the finish is in hand: its end is read at once
                             await self._pacing.pause(ticket.completion_tokens)
                     elif isinstance(event, Finished):
+                        finished = True
                         # a busy engine merges tokens into one chunk: charge what its usage says was missed
                         missed = event.completion_tokens - ticket.completion_tokens
                         if missed > 0:
@@ -216,14 +222,18 @@ class RequestRun:
                         shown = True
                         yield Done(event.finish_reason, event.prompt_tokens, event.completion_tokens)
         except asyncio.CancelledError:
+            if not finished:
+                host.on_aborted(ticket)  # the engine request, closed on the way out, is aborted there
             runner = ticket.runner
             if ticket.cut_reason is None or runner is None:
                 ticket.close(Outcome.CANCELLED)
                 raise
             runner.uncancel()  # our own cut, not the caller's: end with its status instead
-            ticket.close(Outcome.FAILED)
+            ticket.close(ticket.cut_outcome)
             raise ticket.cut_reason from None
         except GeneratorExit:
+            if not finished:
+                host.on_aborted(ticket)
             ticket.close(Outcome.CANCELLED)
             raise
         except BackendError as exc:

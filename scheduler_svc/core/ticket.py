@@ -65,8 +65,8 @@ class TicketHost(Protocol):
         """End a queued ticket whose deadline passed."""
         ...
 
-    def release(self, ticket: Ticket) -> None:
-        """The ticket is closing: take it out of its queue, or free its backend."""
+    def release(self, ticket: Ticket, outcome: Outcome) -> None:
+        """The ticket is closing with `outcome`: take it out of its queue, or free its backend."""
         ...
 
     def settled(self, ticket: Ticket) -> None:
@@ -95,7 +95,8 @@ class Ticket:
         self._woken = asyncio.Event()
         self._close_reason: Exception | None = None
         self.runner: asyncio.Task[object] | None = None  # the task running the generation, while it runs
-        self.cut_reason: Exception | None = None  # set when shutdown cuts the running generation
+        self.cut_reason: Exception | None = None  # set when shutdown or a deadline cuts the running generation
+        self.cut_outcome = Outcome.FAILED  # the outcome a cut generation ends with
         self.watches_position = False  # a streaming client wants to hear when its position changes
 
     # -- called by the dispatcher -------------------------------------------------------------------
@@ -129,12 +130,20 @@ class Ticket:
         """The request's position in its queue changed: wake the waiter, which re-reads it."""
         self._woken.set()
 
-    def cut(self, reason: Exception) -> bool:
-        """End a running generation now (shutdown's grace is over): the engine request is aborted and the
-        caller gets `reason` instead of the rest of the answer. False when nothing is running."""
+    @property
+    def reached_engine(self) -> bool:
+        """Whether an engine answered this request (its response started, or a token came): what it did
+        for the request is then charged, while one that never got that far is refunded."""
+        return self.accepted_at is not None or self.first_token_at is not None
+
+    def cut(self, reason: Exception, outcome: Outcome = Outcome.FAILED) -> bool:
+        """End a running generation now (shutdown's grace is over, or the call's deadline passed): the
+        engine request is aborted, the caller gets `reason` instead of the rest of the answer and the ticket
+        ends with `outcome`. False when nothing is running."""
         if self.state is not TicketState.DISPATCHED:
             return False
         self.cut_reason = reason  # a generation not started yet fails as it starts
+        self.cut_outcome = outcome
         if self.runner is not None and not self.runner.done():
             self.runner.cancel()
         return True
@@ -183,7 +192,7 @@ class Ticket:
             deadline = self.request.deadline
             expired = deadline is not None and self._host.now() >= deadline - DEADLINE_SLACK_SECONDS
             outcome = Outcome.EXPIRED if self.state is TicketState.QUEUED and expired else Outcome.CANCELLED
-        self._host.release(self)
+        self._host.release(self, outcome)
         self._record(outcome)
 
     def _record(self, outcome: Outcome) -> None:

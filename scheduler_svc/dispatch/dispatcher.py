@@ -33,6 +33,7 @@ from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.capacity import Capacity
 from scheduler_svc.dispatch.cluster_port import ClusterPort
 from scheduler_svc.dispatch.decisions import Decisions
+from scheduler_svc.dispatch.drain_estimate import DrainEstimate
 from scheduler_svc.dispatch.failover import FailoverRule
 from scheduler_svc.dispatch.handover import Handover
 from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth, StallWatch
@@ -116,6 +117,7 @@ class ModelDispatcher:
             series,
         )
         self._capacity = Capacity(model, self._book)
+        self._drain = DrainEstimate(clock, self._ledger, self._gates, classes, self._handover.drain_rate)
         self._shutdown = Shutdown(self._book, self._ledger)
         self._stall_watch = StallWatch(health)
 
@@ -202,7 +204,7 @@ class ModelDispatcher:
             # Server ids are unique: a second ticket for one would corrupt the queue (never a client's doing).
             raise InternalError(f"request {request_id} is already queued or running here")
         if not force:
-            self._capacity.check(request, self.busy, self._handover.drain_rate(self.clock.now()))
+            self._capacity.check(request, self.busy, self._drain.eta)
         ticket = Ticket(request, self._events)
         _, newly_backlogged = self._book.put(ticket)
         if newly_backlogged:
@@ -231,11 +233,13 @@ class ModelDispatcher:
         await self._book.notify_positions(interval)
 
     def outlook(self, ticket: Ticket) -> Outlook:
-        """The model's queue depth and the ticket's estimated wait: at the current drain rate, each backlogged
-        user of its band served in turn and better bands first (None while the rate is unknown)."""
-        rate = self._handover.drain_rate(self.clock.now())
+        """The model's queue depth and the ticket's estimated wait: each backlogged user of its band served in
+        turn and better bands first, the requests ahead leaving as `drain_estimate` says (None when it cannot
+        say: nothing dispatched lately and nothing running to end)."""
         position = self._events.position(ticket)
-        wait = None if rate <= 0 or position == 0 else self._book.ahead(ticket, position) / rate
+        wait = None
+        if position:
+            wait = self._drain.eta(self._book.ahead(ticket, position) + 1, ticket.request.priority_class)
         return Outlook(len(self._book), wait)
 
     @property

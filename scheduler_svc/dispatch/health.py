@@ -19,7 +19,7 @@ import structlog
 log = structlog.get_logger(__name__)
 
 # Fixed label values of llmsched_internal_errors_total (never a client string).
-COMPONENTS = ("admission", "dispatch", "positions", "monitor", "servicer", "watchdog", "cluster")
+COMPONENTS = ("admission", "dispatch", "positions", "monitor", "servicer", "http", "watchdog", "cluster")
 MAX_DISTINCT_LOGGED = 256  # distinct errors remembered for the once-only log; later new ones log again
 
 

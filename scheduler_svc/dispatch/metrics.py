@@ -51,6 +51,15 @@ class SchedulerMetrics:
             ["model", "backend"],
             registry=r,
         )
+        self.engine_aborts = Counter(
+            "llmsched_engine_aborts",
+            "Engine requests closed before their end because their caller left, their deadline passed or "
+            "shutdown cut them: closing the connection aborts them in the engine. `stage` answered: the engine "
+            "had answered (it held the request); sent: it was being sent or its answer awaited (the engine "
+            "dropped it, or never got it).",
+            ["model", "backend", "stage"],
+            registry=r,
+        )
         self.outcomes = Counter(
             "llmsched_request_outcomes",
             "Final outcome of every admitted request (exactly one each).",
@@ -285,6 +294,8 @@ class BackendSeries:
 
     dispatched: Any
     failovers: Any
+    aborts_answered: Any
+    aborts_sent: Any
     accept: Any
     generated_tokens: Any
     in_flight: Any
@@ -318,6 +329,8 @@ def backend_series(metrics: SchedulerMetrics, model: str, backend: str, classes:
     return BackendSeries(
         dispatched=metrics.dispatched.labels(*labels),
         failovers=metrics.failovers.labels(*labels),
+        aborts_answered=metrics.engine_aborts.labels(*labels, "answered"),
+        aborts_sent=metrics.engine_aborts.labels(*labels, "sent"),
         accept=metrics.engine_accept.labels(*labels),
         generated_tokens=metrics.generated_tokens.labels(*labels),
         in_flight=metrics.in_flight.labels(*labels),
@@ -400,6 +413,12 @@ class RequestCounters:
     def failed_over(self, request: QueuedRequest, backend: str) -> None:
         """`backend` failed the request before its first token and it was queued again."""
         self._backends[backend].failovers.inc()
+
+    @_served_here
+    def engine_aborted(self, request: QueuedRequest, backend: str, *, answered: bool) -> None:
+        """The request's engine request at `backend` was closed before its end (see `engine_aborts`)."""
+        series = self._backends[backend]
+        (series.aborts_answered if answered else series.aborts_sent).inc()
 
     @_served_here
     def first_token(self, request: QueuedRequest, ttft: float) -> None:

@@ -92,13 +92,17 @@ class RequestEvents:
         self._book.take(ticket)
         ticket.end_in_queue(Outcome.EXPIRED, QueueTimeout(f"request {ticket.request.request_id} expired in the queue"))
 
-    def release(self, ticket: Ticket) -> None:
-        """The ticket is closing: take it out of its queue, or free its backend and settle its fair share."""
+    def release(self, ticket: Ticket, outcome: Outcome) -> None:
+        """The ticket is closing with `outcome`: take it out of its queue, or free its backend and settle its
+        fair share. Fairness charges what the engine did: a request that ended before any engine answered it
+        (cancelled while chosen or being sent) is refunded."""
         if ticket.state is TicketState.QUEUED:
             self._book.take(ticket)
         elif ticket.state is TicketState.DISPATCHED:
             self._ledger.end(ticket, self._clock.now())
-            self._fairness[ticket.request.priority_class].account.on_finished(ticket.request, ticket.completion_tokens)
+            reached = outcome is Outcome.COMPLETED or ticket.reached_engine
+            account = self._fairness[ticket.request.priority_class].account
+            account.on_finished(ticket.request, ticket.completion_tokens, reached_engine=reached)
             self._wake()
 
     def settled(self, ticket: Ticket) -> None:
@@ -149,6 +153,11 @@ class RequestEvents:
         self._counters.generated(request, ticket.backend.name, tokens)
         if self._observer is not None:
             self._observer.on_generated(ticket, tokens)
+
+    def on_aborted(self, ticket: Ticket) -> None:
+        """The request's open engine request was closed before its end (its caller left, or it was cut)."""
+        assert ticket.backend is not None
+        self._counters.engine_aborted(ticket.request, ticket.backend.name, answered=ticket.accepted_at is not None)
 
     def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
         """The backend failed `ticket` before its first token: queue it again at the head of its user's queue

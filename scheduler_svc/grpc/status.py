@@ -8,8 +8,8 @@
     PermissionDenied                                      PERMISSION_DENIED
     AlreadyExists                                         ALREADY_EXISTS
     QueueFull, QueueBytesFull                             RESOURCE_EXHAUSTED (+ google.rpc.RetryInfo)
-    QueueTimeout                                          DEADLINE_EXCEEDED
-    ShuttingDown                                          UNAVAILABLE
+    QueueTimeout, DeadlineExceeded, ReadTimeout           DEADLINE_EXCEEDED (the last two: HTTP door only)
+    ShuttingDown, ReadCapacityFull                        UNAVAILABLE (the last: HTTP door only)
     BackendError, BackendProtocolError                    INTERNAL
     BackendUnavailable                                    UNAVAILABLE
     BackendOverloaded                                     RESOURCE_EXHAUSTED
@@ -36,12 +36,15 @@ from backends.errors import (
 )
 from scheduler_svc.core.errors import (
     AlreadyExists,
+    DeadlineExceeded,
     InvalidRequest,
     ModelNotFound,
     PermissionDenied,
     PromptTooLarge,
     QueueFull,
     QueueTimeout,
+    ReadCapacityFull,
+    ReadTimeout,
     SchedulerError,
     ShuttingDown,
     Unauthenticated,
@@ -59,7 +62,10 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     QueueTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ReadTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    ReadCapacityFull: grpc.StatusCode.UNAVAILABLE,
     BackendError: grpc.StatusCode.INTERNAL,
     BackendUnavailable: grpc.StatusCode.UNAVAILABLE,
     BackendOverloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -12,41 +12,51 @@ caps, TTLs and outcome counters. Its life:
 With `x-queue-updates: true` a stream starts at admission instead and carries `: queued ...` comment lines
 while it waits; a later failure then arrives in the stream. The server runs with aiohttp's handler
 cancellation: a client that disconnects cancels its handler task, which closes the run, which withdraws a
-queued request or aborts the engine request, exactly as a cancelled gRPC call does.
+queued request or aborts the engine request, exactly as a cancelled gRPC call does. `x-request-timeout-ms`
+bounds the whole call, as a gRPC deadline does: past it a queued request ends 504 `queue_timeout`, a
+running one is cut (its engine request aborted) and ends 504 `deadline_exceeded`.
+
+What is read before admission (headers, the body, idle connections) is bounded in `intake`. Every answer
+is in OpenAI's error shape from the one error table, aiohttp's own included; a bug is INTERNAL, counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
+from scheduler_svc.config.derived import http_body_limit, http_reading_limits
 from scheduler_svc.core.auth import Authenticator
-from scheduler_svc.core.errors import PromptTooLarge, SchedulerError
+from scheduler_svc.core.errors import DeadlineExceeded, ModelNotFound, SchedulerError
 from scheduler_svc.core.request_run import Chunk, Dispatched, Done, Failed, Queued
-from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.core.text import client_text
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
 from scheduler_svc.dispatch.intake import admit_call, count_rejection
 from scheduler_svc.dispatch.scheduler import Scheduler
 from scheduler_svc.http import headers as hdr
 from scheduler_svc.http import shapes
 from scheduler_svc.http.errors import ErrorReply, error_reply
+from scheduler_svc.http.intake import (
+    LINGER_SECONDS,
+    MAX_HEADER_FIELD_BYTES,
+    MAX_HEADERS,
+    DoorConnection,
+    Intake,
+    ReadBudget,
+)
 from scheduler_svc.http.parsing import Call, Kind, decode_json, parse_call
 
 log = structlog.get_logger(__name__)
 
-BODY_MARGIN_BYTES = 256 * 1024
-MAX_HEADER_FIELD_BYTES = 8190  # one header line (aiohttp's default, stated here so it is a decision)
-MAX_HEADERS = 64
-
-
-def default_body_limit(max_prompt_bytes: int) -> int:
-    """Twice the largest prompt (JSON escaping) plus room for the other fields."""
-    return 2 * max_prompt_bytes + BODY_MARGIN_BYTES
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def json_response(reply: ErrorReply, request_id: str = "") -> web.Response:
@@ -62,31 +72,80 @@ class HttpDoor:
     def __init__(self, scheduler: Scheduler, authenticator: Authenticator) -> None:
         self._scheduler = scheduler
         self._auth = authenticator
-        server = scheduler.config.server
+        config = scheduler.config
+        server = config.server
         self._user_header = server.http_user_header
-        self.body_limit = server.http_max_body_bytes or default_body_limit(
-            max(model.max_prompt_bytes for model in scheduler.config.models)
+        self.body_limit = http_body_limit(config)
+        self.intake = Intake(
+            body_limit=self.body_limit,
+            body_timeout=server.http_body_timeout_seconds,
+            budget=ReadBudget(*http_reading_limits(config)),
         )
+        self._header_timeout = server.http_header_timeout_seconds
+        # aiohttp's settings of every connection (`connection`); the keep-alive timer closes idle ones
+        self._connection_settings: dict[str, Any] = {
+            "access_log": None,
+            "keepalive_timeout": server.http_idle_timeout_seconds,
+            "lingering_time": LINGER_SECONDS,
+            "max_field_size": MAX_HEADER_FIELD_BYTES,
+            "max_headers": MAX_HEADERS,
+        }
 
     def application(self) -> web.Application:
-        app = web.Application(client_max_size=self.body_limit, middlewares=[_json_errors])
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
+        app = web.Application(client_max_size=self.body_limit, middlewares=[self._middleware])
+        routes = app.router
+        routes.add_post("/v1/chat/completions", self._chat, expect_handler=_expect)
+        routes.add_post("/v1/completions", self._completions, expect_handler=_expect)
+        routes.add_get("/v1/models", self._models, expect_handler=_expect)
+        routes.add_get("/v1/models/{model:.+}", self._model, expect_handler=_expect)  # ids may hold slashes
+        routes.add_get("/healthz", self._healthz, expect_handler=_expect)
+        routes.add_get("/readyz", self._readyz, expect_handler=_expect)
         return app
 
     def runner(self, *, shutdown_timeout: float) -> web.AppRunner:
-        """A runner whose handlers are cancelled when their client disconnects (that cancels the request)."""
+        """A runner whose handlers are cancelled when their client disconnects (that cancels the request).
+        Serve it with `connection` as the protocol factory (`SchedulerServer` does), not a TCPSite: that is
+        where the door's read bounds live."""
         return web.AppRunner(
             self.application(),
-            access_log=None,
             handler_cancellation=True,
             shutdown_timeout=shutdown_timeout,
-            max_field_size=MAX_HEADER_FIELD_BYTES,
-            max_headers=MAX_HEADERS,
+            **self._connection_settings,
         )
+
+    def connection(self, runner: web.AppRunner) -> DoorConnection:
+        """A protocol for one new connection to the door (`loop.create_server`'s factory, after setup)."""
+        assert runner.server is not None, "runner.setup() first"
+        return DoorConnection(
+            runner.server,
+            loop=asyncio.get_running_loop(),
+            header_timeout=self._header_timeout,
+            rejected=lambda exc: count_rejection(self._scheduler, "", exc),
+            internal=lambda exc: self._scheduler.errors.report("http", exc),
+            **self._connection_settings,
+        )
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Marks the connection busy while a request is handled (`DoorConnection`'s header clock), and answers
+        in OpenAI's shape what aiohttp raises (unknown path, wrong method) and any bug (INTERNAL, counted)."""
+        connection = request.protocol
+        if isinstance(connection, DoorConnection):
+            connection.request_started()
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return _routing_error(exc)
+        except ConnectionError:  # the client left while we wrote: nothing to answer
+            raise
+        except Exception as exc:
+            self._scheduler.errors.report("http", exc)
+            return json_response(error_reply(exc))
+        finally:
+            if isinstance(connection, DoorConnection):
+                connection.request_finished()
 
     def _identify(self, request: web.Request) -> str:
         transport = request.transport
@@ -99,38 +158,47 @@ class HttpDoor:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completion")
 
-    async def _body(self, request: web.Request) -> bytes:
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise PromptTooLarge(
-                f"the request body is over {self.body_limit} bytes (server.http_max_body_bytes)",
-                limit=self.body_limit,
-            ) from None
-
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        started = loop.time()  # a call's deadline counts from its headers, as the client's own clock does
         model = ""
+        body_read = False
         try:
             user = self._identify(request)  # before the body: a caller without identity learns nothing more
-            body = decode_json(await self._body(request))
-            model = str(body.get("model") or "")
-            call = parse_call(body, kind)
+            async with self.intake.body(request, user) as raw:  # the body's bytes are held until parsed
+                body_read = True
+                body = decode_json(raw)
+                model = body["model"] if isinstance(body.get("model"), str) else ""
+                call = parse_call(body, kind)
+            headers = request.headers
+            priority_class = hdr.single(headers, hdr.PRIORITY_CLASS_HEADER)
             asked = dataclasses.replace(
                 call.request,
-                request_id=request.headers.get(hdr.REQUEST_ID_HEADER, ""),
-                priority_class=request.headers.get(hdr.PRIORITY_CLASS_HEADER, call.metadata_priority_class),
+                request_id=hdr.single(headers, hdr.REQUEST_ID_HEADER) or "",
+                priority_class=call.metadata_priority_class if priority_class is None else priority_class,
             )
-            timeout = hdr.timeout_seconds(request.headers)
-            updates = call.stream and hdr.wants_queue_updates(request.headers)
+            call_timeout = hdr.call_timeout_seconds(headers)
+            timeout = hdr.timeout_seconds(headers)
+            if timeout is not None:
+                timeout -= loop.time() - started
+            updates = call.stream and hdr.wants_queue_updates(headers)
             ticket = await admit_call(
                 self._scheduler, asked, identify=lambda: user, timeout=timeout, watch_positions=updates
             )
         except SchedulerError as exc:
             count_rejection(self._scheduler, model, exc)
-            return json_response(error_reply(exc))
+            response = json_response(error_reply(exc))
+            if not body_read:  # what is left of the body is not read: the connection ends with this answer
+                response.force_close()
+            return response
+        deadline = None
+        if call_timeout is not None:  # past it, a running request is cut (a queued one expires by itself)
+            deadline = loop.call_at(started + call_timeout, _cut_at_deadline, ticket, call_timeout)
         try:
             return await self._respond(request, call, ticket)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             ticket.close()
 
     async def _respond(self, request: web.Request, call: Call, ticket: Ticket) -> web.StreamResponse:
@@ -210,21 +278,30 @@ class HttpDoor:
         return stream
 
     def _queued_line(self, ticket: Ticket, position: int) -> str:
+        """`queued position=3 depth=40 eta=2.1s`; no `eta` while the scheduler cannot estimate the wait."""
         outlook = self._scheduler.outlook(ticket)
-        wait = outlook.estimated_wait
-        eta = "?" if wait is None else f"{wait:.1f}s"
-        return f"queued position={position} depth={outlook.depth} eta={eta}"
+        eta = "" if outlook.estimated_wait is None else f" eta={outlook.estimated_wait:.1f}s"
+        return f"queued position={position} depth={outlook.depth}{eta}"
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
             self._identify(request)
         except SchedulerError as exc:
             return json_response(error_reply(exc))
-        data = [
-            {"id": model.name, "object": "model", "created": 0, "owned_by": "llm-scheduler"}
-            for model in self._scheduler.config.models
-        ]
+        data = [_model_object(model.name) for model in self._scheduler.config.models]
         return web.json_response({"object": "list", "data": data})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        """`GET /v1/models/{id}`: the model, or 404 `model_not_found` (the SDKs' `models.retrieve`)."""
+        name = request.match_info["model"]
+        try:
+            self._identify(request)
+            if self._scheduler.config.model(name) is None:
+                served = [m.name for m in self._scheduler.config.models]
+                raise ModelNotFound(f"unknown model {client_text(name)}; served models: {served}")
+        except SchedulerError as exc:
+            return json_response(error_reply(exc))
+        return web.json_response(_model_object(name))
 
     async def _healthz(self, _: web.Request) -> web.Response:
         """Liveness: the process answers."""
@@ -240,20 +317,34 @@ class HttpDoor:
         return web.json_response({"status": "ready"})
 
 
-@web.middleware
-async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """aiohttp's own answers (unknown path, wrong method) in OpenAI's error shape too."""
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "invalid_request")
-        body = {"error": {"message": exc.reason, "type": "invalid_request_error", "param": None, "code": code}}
-        return web.Response(
-            status=exc.status,
-            text=json.dumps(body),
-            content_type="application/json",
-            headers={"x-should-retry": "false"},
-        )
+async def _expect(request: web.Request) -> None:
+    """`Expect: 100-continue` answered as aiohttp does; any other expectation is ignored (RFC 9110 allows
+    it) rather than refused with aiohttp's 417, an answer off the error table, before the door's own code."""
+    expect = request.headers.get("Expect", "")
+    if request.version == HttpVersion11 and expect.lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer itself has not started
+
+
+def _model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llm-scheduler"}
+
+
+def _cut_at_deadline(ticket: Ticket, seconds: float) -> None:
+    """The call's deadline passed: a running request is cut (its engine request aborted) and ends EXPIRED;
+    a queued one is left to expire in its queue (504 queue_timeout)."""
+    if ticket.state is TicketState.DISPATCHED:
+        reason = DeadlineExceeded(f"the call's deadline ({seconds:g} s, x-request-timeout-ms) passed while it ran")
+        ticket.cut(reason, Outcome.EXPIRED)
+
+
+def _routing_error(exc: web.HTTPException) -> web.Response:
+    """aiohttp's own answers (unknown path, wrong method) in OpenAI's error shape."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "invalid_request")
+    body = {"error": {"message": exc.reason, "type": "invalid_request_error", "param": None, "code": code}}
+    return web.Response(
+        status=exc.status,
+        text=json.dumps(body),
+        content_type="application/json",
+        headers={"x-should-retry": "false"},
+    )

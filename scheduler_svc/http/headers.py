@@ -3,6 +3,9 @@
 Identity goes through the same `Authenticator` as gRPC metadata: with API keys, `Authorization: Bearer <key>`
 alone decides the user; with `auth.identity_from_client_cert`, the TLS client certificate; otherwise the
 configured trusted header (`server.http_user_header`, `x-user-id` by default). A body's `user` never does.
+
+Every header the door reads is taken once: sent twice it is refused (an identity header with 401, as gRPC
+metadata is; any other with 400), never first-wins, and a value that is not UTF-8 is refused the same way.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scheduler_svc.core.auth import USER_HEADER, Authenticator, PeerInfo, http_wording
-from scheduler_svc.core.errors import InvalidRequest
+from scheduler_svc.core.auth import AUTH_HEADER, USER_HEADER, Authenticator, PeerInfo, http_wording
+from scheduler_svc.core.errors import InvalidField, Unauthenticated
 
 REQUEST_ID_HEADER = "x-request-id"
 TIMEOUT_MS_HEADER = "x-request-timeout-ms"
@@ -31,6 +34,8 @@ def identify(
     metadata: list[tuple[str, str | bytes]] = []
     for name, value in headers:
         lower = name.lower()
+        if lower in (user_header, AUTH_HEADER) and not _utf8(value):
+            raise Unauthenticated(f"`{lower}` is not valid UTF-8")
         if lower == user_header:
             metadata.append((USER_HEADER, value))
         elif lower != USER_HEADER:
@@ -51,15 +56,48 @@ def peer_info(certificate: Mapping[str, Any]) -> PeerInfo:
     }
 
 
+def single(headers: Mapping[str, str], name: str) -> str | None:
+    """The value of header `name` (None: absent); InvalidField when it is sent more than once or is not
+    UTF-8 (aiohttp hands undecodable bytes over as lone surrogates)."""
+    getall = getattr(headers, "getall", None)
+    values: list[str] = getall(name, []) if getall is not None else ([headers[name]] if name in headers else [])
+    if len(values) > 1:
+        raise InvalidField(name, "header sent more than once")
+    if values and not _utf8(values[0]):
+        raise InvalidField(name, "header value is not valid UTF-8")
+    return values[0] if values else None
+
+
+def _utf8(value: str | bytes) -> bool:
+    if isinstance(value, bytes) or value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def call_timeout_seconds(headers: Mapping[str, str]) -> float | None:
+    """The whole call's deadline from `x-request-timeout-ms` (None: none), as the OpenAI SDKs' `timeout` and
+    a gRPC deadline bound a call: queued, and then while its answer is generated. A malformed value is a 400."""
+    raw = single(headers, TIMEOUT_MS_HEADER)
+    if raw is None:
+        return None
+    value = _positive(raw)
+    if value is None:
+        raise InvalidField(TIMEOUT_MS_HEADER, "a positive number of milliseconds")
+    return min(value / 1000, MAX_TIMEOUT_SECONDS)
+
+
 def timeout_seconds(headers: Mapping[str, str]) -> float | None:
-    """The call's deadline from `x-request-timeout-ms`, else from the SDK's own timeout header (seconds).
-    A malformed `x-request-timeout-ms` is a 400; a malformed SDK header is ignored (not the caller's words)."""
-    raw = headers.get(TIMEOUT_MS_HEADER)
-    if raw is not None:
-        value = _positive(raw)
-        if value is None:
-            raise InvalidRequest(f"{TIMEOUT_MS_HEADER}: a positive number of milliseconds")
-        return min(value / 1000, MAX_TIMEOUT_SECONDS)
+    """How long the request may wait in the queue: the call's deadline (`x-request-timeout-ms`), else the
+    SDK's own timeout header (seconds; the SDKs' timeout is per read, and nothing is read while a request is
+    queued). A malformed `x-request-timeout-ms` is a 400; a malformed SDK header is ignored (not the
+    caller's words)."""
+    call = call_timeout_seconds(headers)
+    if call is not None:
+        return call
     for name in SDK_TIMEOUT_HEADERS:
         if (raw := headers.get(name)) is not None and (value := _positive(raw)) is not None:
             return min(value, MAX_TIMEOUT_SECONDS)
@@ -76,4 +114,4 @@ def _positive(raw: str) -> float | None:
 
 def wants_queue_updates(headers: Mapping[str, str]) -> bool:
     """Whether a streaming client opted in to queue-position comment lines."""
-    return headers.get(QUEUE_UPDATES_HEADER, "").strip().lower() == "true"
+    return (single(headers, QUEUE_UPDATES_HEADER) or "").strip().lower() == "true"

@@ -63,14 +63,42 @@ class Call:
 
 
 def decode_json(raw: bytes) -> Mapping[str, Any]:
-    """The body as a JSON object; anything else (bad UTF-8, NaN, not an object) is MALFORMED_REQUEST."""
+    """The body as a JSON object; anything else (bad UTF-8, NaN, not an object, a string that is not valid
+    Unicode, nesting deeper than any field of the API) is MALFORMED_REQUEST."""
     try:
         body = json.loads(raw, parse_constant=_no_constant)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
         raise MalformedRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # nested beyond what the decoder follows
+        raise MalformedRequest(f"the request body nests deeper than {MAX_NESTING} levels") from None
     if not isinstance(body, dict):
         raise MalformedRequest("the request body must be a JSON object")
+    _check_strings(body)
     return body
+
+
+MAX_NESTING = 16  # the API's deepest field is at 4 (messages[i].content[j].text)
+
+
+def _check_strings(body: Any) -> None:
+    """Every key and string of the body is valid Unicode (JSON may escape a lone surrogate, which no
+    protobuf string, log line or engine takes), and nothing nests deeper than MAX_NESTING."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode()
+                except UnicodeEncodeError:
+                    raise MalformedRequest("a string in the request is not valid Unicode (a lone surrogate)") from None
+        elif isinstance(value, dict | list):
+            if depth > MAX_NESTING:
+                raise MalformedRequest(f"the request body nests deeper than {MAX_NESTING} levels")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                stack.append((key, depth))
+                stack.append((item, depth + 1))
 
 
 def _no_constant(name: str) -> Any:

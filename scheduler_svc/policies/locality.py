@@ -47,7 +47,7 @@ class PrefixLocality:
     def __init__(self, settings: LocalityConfig | None = None) -> None:
         self._settings = settings or LocalityConfig()
         self._indexes: dict[str, PrefixIndex] = {}  # backend name -> what was sent there (one per backend)
-        self.sessions = SessionMap(self._settings.session_max_bytes)
+        self.sessions = SessionMap(self._settings.session_max_bytes, self._settings.session_max_bytes_per_user)
         self._hashed: OrderedDict[str, list[int]] = OrderedDict()  # request id -> its chain (a small cache)
         self._sends = 0  # dispatches heard so far: which backend got a prefix last
 

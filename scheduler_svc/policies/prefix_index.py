@@ -13,7 +13,8 @@ sent (the caller's send number, one counter across the model's backends), so of 
 hold a prefix the one that got it last can be preferred: a user's turns then converge on one engine
 instead of alternating between two caches.
 
-`SessionMap` maps a (user, session key) to the backend its previous turns went to, within a bound in bytes.
+`SessionMap` maps a (user, session key) to the backend its previous turns went to, within a bound in bytes
+per user and one for all users: one user's keys never evict another's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from backends.base import ChatMessage
 ENTRY_BYTES = 192
 # Bytes one session costs besides its key's characters: the entry, the key and value objects.
 SESSION_ENTRY_BYTES = 220
+# Bytes one user with sessions costs besides its id's characters: its entry in the map of users and its own
+# dict of sessions (measured with tracemalloc, as the entries above).
+USER_ENTRY_BYTES = 400
 # Prompt characters per token, the estimate admission uses too: turns an engine's cache size in tokens
 # into blocks of prompt characters.
 CHARS_PER_TOKEN = 4
@@ -99,45 +103,94 @@ class PrefixIndex:
             self._blocks.popitem(last=False)
 
 
-class SessionMap:
-    """(user, session key) -> the backend its previous turns went to: LRU within `max_bytes`."""
+class _Sessions:
+    """One user's sessions: key -> backend, least recently used first (a dict keeps insertion order)."""
 
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
+    __slots__ = ("backends", "bytes")
+
+    def __init__(self) -> None:
+        self.backends: dict[str, str] = {}
         self.bytes = 0
-        self._backends: OrderedDict[str, str] = OrderedDict()
+
+
+class SessionMap:
+    """(user, session key) -> the backend its previous turns went to.
+
+    Each user's sessions are an LRU of their own within `max_bytes_per_user`, so one user's keys never push
+    out another's, however many it sends. All users together stay within `max_bytes`: when that fills, the
+    least recently active user's oldest session goes first (one user alone never holds more than its share,
+    so it cannot fill the map while fewer than max_bytes / max_bytes_per_user users use sessions).
+    """
+
+    def __init__(self, max_bytes: int, max_bytes_per_user: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.max_bytes_per_user = max_bytes if max_bytes_per_user is None else max_bytes_per_user
+        self.bytes = 0
+        self._users: OrderedDict[str, _Sessions] = OrderedDict()  # least recently active first
 
     def __len__(self) -> int:
-        return len(self._backends)
+        return sum(len(sessions.backends) for sessions in self._users.values())
+
+    @property
+    def users(self) -> int:
+        """Users with at least one session remembered."""
+        return len(self._users)
+
+    def user_bytes(self, user: str) -> int:
+        """Bytes `user`'s sessions are counted at (its share of the map included)."""
+        sessions = self._users.get(user)
+        return 0 if sessions is None else sessions.bytes
 
     @staticmethod
-    def _key(user: str, session: str) -> str:
-        return f"{user}\x00{session}"  # one user's key never steers another's requests
+    def _cost(session: str) -> int:
+        return SESSION_ENTRY_BYTES + len(session.encode("utf-8", "surrogatepass"))
 
     @staticmethod
-    def _cost(key: str) -> int:
-        return SESSION_ENTRY_BYTES + len(key.encode())
+    def _user_cost(user: str) -> int:
+        return USER_ENTRY_BYTES + len(user.encode("utf-8", "surrogatepass"))
 
     def get(self, user: str, session: str) -> str | None:
         """Where the session's previous turn went, or None."""
-        key = self._key(user, session)
-        backend = self._backends.get(key)
+        sessions = self._users.get(user)
+        if sessions is None:
+            return None
+        backend = sessions.backends.pop(session, None)
         if backend is not None:
-            self._backends.move_to_end(key)
+            sessions.backends[session] = backend  # now the most recently used
+            self._users.move_to_end(user)
         return backend
 
     def put(self, user: str, session: str, backend: str) -> None:
         """The session's latest turn went to `backend`."""
-        key = self._key(user, session)
-        if key in self._backends:
-            self._backends[key] = backend
-            self._backends.move_to_end(key)
+        sessions = self._users.get(user)
+        if sessions is not None and session in sessions.backends:
+            del sessions.backends[session]
+            sessions.backends[session] = backend
+            self._users.move_to_end(user)
             return
-        cost = self._cost(key)
-        if cost > self.max_bytes:
+        cost = self._cost(session)
+        added = cost + (self._user_cost(user) if sessions is None else 0)
+        if added > min(self.max_bytes, self.max_bytes_per_user):
             return
-        self._backends[key] = backend
-        self.bytes += cost
-        while self.bytes > self.max_bytes:
-            old, _ = self._backends.popitem(last=False)
-            self.bytes -= self._cost(old)
+        if sessions is None:
+            sessions = self._users[user] = _Sessions()
+        else:
+            self._users.move_to_end(user)
+        sessions.backends[session] = backend
+        sessions.bytes += added
+        self.bytes += added
+        while sessions.bytes > self.max_bytes_per_user:  # the user's own oldest first
+            self._forget_oldest(user, sessions)
+        while self.bytes > self.max_bytes:  # then the least recently active user's
+            quiet = next(iter(self._users))
+            self._forget_oldest(quiet, self._users[quiet])
+
+    def _forget_oldest(self, user: str, sessions: _Sessions) -> None:
+        oldest = next(iter(sessions.backends))
+        del sessions.backends[oldest]
+        freed = self._cost(oldest)
+        if not sessions.backends:  # nothing left of the user
+            freed = sessions.bytes
+            del self._users[user]
+        sessions.bytes -= freed
+        self.bytes -= freed

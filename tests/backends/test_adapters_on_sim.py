@@ -112,16 +112,24 @@ async def test_vllm_load_reads_waiting_running_and_tpot_under_load() -> None:
     assert first.cache_tokens == config.kv_cache_blocks * config.kv_block_size  # no prefix cache: the KV cache
 
 
-async def test_closing_the_stream_aborts_the_request_in_the_engine() -> None:
-    async with running_simulator(SimConfig(decode_base_ms=20.0)) as sim:
-        backend = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
+@pytest.mark.parametrize(("flavor", "chat"), [("vllm", False), ("vllm", True), ("tgi", False), ("tgi", True)])
+@pytest.mark.parametrize("events_read", [1, 2])  # closed at Accepted (the engine's answer), or at the first text
+async def test_closing_the_stream_at_any_event_aborts_the_request_in_the_engine(
+    flavor: str, chat: bool, events_read: int
+) -> None:
+    async with running_simulator(SimConfig(flavor=flavor, decode_base_ms=20.0)) as sim:  # type: ignore[arg-type]
+        backend = (VllmBackend if flavor == "vllm" else TgiBackend)(name="b", url=sim.url, engine_model="sim-model")
         try:
-            events = backend.generate(req(tokens=500))
-            assert isinstance(await anext(events), Accepted)
-            assert isinstance(await anext(events), TextDelta)
-            await events.aclose()  # type: ignore[attr-defined]
-            await eventually(lambda: sim.engine.stats()["aborted_total"] == 1, what="engine abort")
-            assert sim.engine.stats()["running"] == 0
+            request = req(tokens=500, messages=(ChatMessage("user", "hi"),)) if chat else req(tokens=500)
+            events = backend.generate(request)
+            kinds = [type(await anext(events)) for _ in range(events_read)]
+            assert kinds == [Accepted, TextDelta][:events_read]
+            await events.aclose()
+            # At once, not when the adapter is closed or the 500 tokens are done: the connection is closed.
+            await eventually(lambda: sim.engine.stats()["aborted_total"] == 1, timeout=2.0, what="engine abort")
+            stats = sim.engine.stats()
+            assert (stats["running"], stats["completed_total"]) == (0, 0)
+            assert stats["generated_tokens_total"] < 50
         finally:
             await backend.aclose()
 

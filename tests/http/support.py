@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Any
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import IO, Any
 
 import aiohttp
 
 from backends.base import Backend
 from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.config import BackendConfig, ModelConfig
-from tests.helpers import make_config, serving
+from tests.helpers import REPO_ROOT, make_config, serving
 
 HTTP_ON = {"http_listen": "127.0.0.1:0"}
 
@@ -39,3 +45,52 @@ async def sse_lines(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
         line = raw.decode().rstrip("\r\n")
         if line:
             yield line
+
+
+@dataclass
+class ChildService:
+    """The test service in a process of its own (tests/service/fuzz_server.py), HTTP door on."""
+
+    process: subprocess.Popen[str]
+    log: IO[str]
+    grpc_address: str
+    http_address: str
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.process.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS for the service")
+
+    def server_log(self) -> str:
+        """What the service wrote to stderr (tracebacks of anything it did not handle)."""
+        self.log.seek(0)
+        return self.log.read()[-6000:]
+
+
+@contextmanager
+def child_service(server: dict[str, Any] | None = None) -> Iterator[ChildService]:
+    """Run the service with the HTTP door on (and `server` settings) in a child process, so its RSS is its own."""
+    settings = json.dumps({**HTTP_ON, **(server or {})})
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "tests.service.fuzz_server", settings]
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+        )
+        try:
+            assert process.stdout is not None
+            grpc_address, http_address = process.stdout.readline().strip(), process.stdout.readline().strip()
+            if not http_address:
+                log.seek(0)
+                raise RuntimeError(f"the service did not start:\n{log.read()}")
+            yield ChildService(process, log, grpc_address, http_address)
+        finally:
+            if process.stdin is not None:
+                process.stdin.close()  # the service stops when its stdin closes
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

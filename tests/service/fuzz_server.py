@@ -1,13 +1,17 @@
-"""The service the fuzz test attacks, in a process of its own: `python -m tests.service.fuzz_server`.
+"""The service the fuzz and memory tests attack, in a process of its own:
+`python -m tests.service.fuzz_server ['{"http_listen": "127.0.0.1:0", ...}']`.
 
-It serves the test config with an engine that answers every request at once and keeps nothing, prints
-`<grpc address>` on stdout, and stops when its stdin closes. A process apart lets the test measure the
-service's RSS alone: hypothesis keeps the values it generated for the whole run, in the test's process.
+It serves the test config (with the `[server]` settings given as JSON, if any) with an engine that answers
+every request at once and keeps nothing, prints `<grpc address>` on stdout (and `<http address>` on the
+next line when the HTTP door is on), and stops when its stdin closes. A process apart lets a test measure
+the service's RSS alone: hypothesis keeps the values it generated for the whole run, in the test's process,
+and a client's own buffers are the test's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -36,9 +40,12 @@ class InstantEngine(FakeBackend):
 
 
 async def main() -> None:
-    configure_logging("warning")  # to stderr: stdout carries the address only
-    async with serving(make_config(), InstantEngine) as server:
+    configure_logging("warning")  # to stderr: stdout carries the addresses only
+    server_settings = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    async with serving(make_config(server=server_settings), InstantEngine) as server:
         print(server.address, flush=True)
+        if server.http_address:
+            print(server.http_address, flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test closes it
 
 

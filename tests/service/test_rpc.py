@@ -63,7 +63,7 @@ async def test_queued_updates_report_position_while_waiting() -> None:
     ("kwargs", "code", "text"),
     [
         ({"model": "nope", "prompt": "x"}, grpc.StatusCode.NOT_FOUND, "unknown model 'nope'"),
-        ({"model": "m", "prompt": ""}, grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
+        ({"model": "m", "prompt": ""}, grpc.StatusCode.INVALID_ARGUMENT, "prompt: empty"),
         ({"model": "m", "prompt": "x", "messages": [("user", "y")]}, grpc.StatusCode.INVALID_ARGUMENT, "not both"),
         ({"model": "m", "prompt": "x", "priority_class": "vip"}, grpc.StatusCode.INVALID_ARGUMENT, "priority_class"),
         ({"model": "m", "prompt": "x", "max_tokens": 0}, grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),

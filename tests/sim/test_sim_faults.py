@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from backends.sim import running_simulator
+from backends.sim.journal import read_journal
 from tests.sim.support import fast_config, sse_lines, sse_payloads, stats, wait_until
 
 
@@ -95,6 +97,8 @@ async def test_bad_fault_requests_are_refused(session: aiohttp.ClientSession) ->
                 "stream_error_after_tokens": None,
                 "stream_cut_after_tokens": None,
                 "reject_all_with_status": None,
+                "intake_delay_ms": None,
+                "answer_delay_ms": None,
             }
 
 
@@ -131,3 +135,24 @@ async def test_restart_on_the_same_port(session: aiohttp.ClientSession) -> None:
         async with session.post(second.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}) as response:
             assert response.status == 200
         assert (await stats(session, second.url))["completed_total"] == 1
+
+
+async def test_a_client_gone_during_an_injected_intake_or_answer_delay(
+    session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Leaving while the body waits to be read: the engine never gets the request. Leaving while its answer
+    is held: the engine got it (journaled) and aborts it."""
+    path = tmp_path / "journal.jsonl"
+    body = {"prompt": "x", "max_tokens": 500, "stream": True}
+    async with running_simulator(fast_config(journal=str(path))) as sim:
+        for fault, request_id in (("intake_delay_ms", "in-transit"), ("answer_delay_ms", "unanswered")):
+            await set_faults(session, sim.url, **{fault: 10_000})
+            post = session.post(sim.url + "/v1/completions", json=body, headers={"X-Request-Id": request_id})
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await post
+            await set_faults(session, sim.url, **{fault: None})
+        await wait_until(lambda: sim.engine.stats()["aborted_total"] == 1, what="the unanswered request aborted")
+    events = [(line["event"], line.get("id")) for line in read_journal(path) if line["event"] != "boot"]
+    assert {request_id for _, request_id in events} == {"unanswered"}  # the engine generates while it holds
+    assert events[0][0] == "received" and events[-1][0] == "aborted"  # its answer, and then aborts

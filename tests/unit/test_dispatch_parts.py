@@ -17,11 +17,18 @@ from scheduler_svc.core.errors import QueueBytesFull, QueueFull
 from scheduler_svc.core.queues import Flow, ModelQueues
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.dispatch.backend_handle import BackendHandle
-from scheduler_svc.dispatch.capacity import MAX_RETRY_SECONDS, UNKNOWN_RATE_RETRY_SECONDS, Capacity, retry_after
+from scheduler_svc.dispatch.capacity import (
+    MAX_RETRY_SECONDS,
+    UNKNOWN_RETRY_SECONDS,
+    Capacity,
+    DispatchEta,
+    dispatch_eta,
+    retry_hint,
+)
 from scheduler_svc.dispatch.failover import FailoverRule
 from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.dispatch.positions import PositionNotifier
-from tests.unit.dispatch_harness import CapGate
+from tests.unit.dispatch_harness import CapGate, Harness
 
 
 def model(**fields: Any) -> tuple[ModelConfig, ModelQueues]:
@@ -44,28 +51,74 @@ def request(rid: str, user: str = "u", prompt_bytes: int = 10, deadline: float |
     )
 
 
+def no_estimate(needed: int, priority_class: str) -> float | None:
+    return None
+
+
 # -- capacity ------------------------------------------------------------------------------------------
-def test_retry_hint_is_a_tenth_of_the_backlog_at_the_rate_within_bounds() -> None:
-    assert retry_after(100, 5.0) == 2.0
-    assert retry_after(3, 5.0) == 0.2  # at least one request's time
-    assert retry_after(1, 1000.0) == 0.1  # never below the minimum
-    assert retry_after(10**9, 1.0) == MAX_RETRY_SECONDS
-    assert retry_after(100, 0.0) == UNKNOWN_RATE_RETRY_SECONDS
+def test_dispatch_eta_is_the_later_of_the_drain_rate_and_running_requests_ending() -> None:
+    assert dispatch_eta(10, 5.0, None) == 2.0  # engines can take more: the rate alone
+    assert dispatch_eta(1, 0.0, None) is None  # nothing known
+    # Engines full: not before running requests end, whatever the recent rate.
+    assert dispatch_eta(1, 100.0, [80.0, 90.0]) == 80.0
+    assert dispatch_eta(2, 100.0, [80.0, 90.0]) == 90.0
+    assert dispatch_eta(4, 100.0, [80.0, 90.0]) == 180.0  # two waves of the longest
+    assert dispatch_eta(30, 0.1, [1.0, 2.0]) == 300.0  # the rate is the later here
+    assert dispatch_eta(3, 0.0, [5.0]) == 15.0
+
+
+def test_retry_hint_is_the_estimate_within_the_floor_and_the_ceiling() -> None:
+    assert retry_hint(2.5, floor=1.0) == 2.5
+    assert retry_hint(0.2, floor=1.0) == 1.0  # never below the floor
+    assert retry_hint(None, floor=0.5) == UNKNOWN_RETRY_SECONDS
+    assert retry_hint(10.0**9, floor=1.0) == MAX_RETRY_SECONDS
 
 
 def test_capacity_refuses_past_the_count_caps_with_a_hint() -> None:
-    config, queues = model(max_queued=3, max_queued_per_user=2)
+    config, queues = model(max_queued=3, max_queued_per_user=2, min_retry_after_seconds=0.1)
     capacity = Capacity(config, queues)
+    asked: list[tuple[int, str]] = []
+
+    def at_rate(rate: float) -> DispatchEta:
+        def eta(needed: int, priority_class: str) -> float | None:
+            asked.append((needed, priority_class))
+            return dispatch_eta(needed, rate, None)
+
+        return eta
+
     for rid, user in (("a1", "a"), ("a2", "a")):
-        capacity.check(request(rid, user), busy=0, rate=0.0)
+        capacity.check(request(rid, user), busy=0, eta=at_rate(0.0))
         queues.push(request(rid, user))
     with pytest.raises(QueueFull, match="user a has 2 requests queued") as per_user:
-        capacity.check(request("a3", "a"), busy=2, rate=10.0)
-    assert per_user.value.retry_after_seconds == 0.1  # 2 queued, 10/s shared by one backlogged user
+        capacity.check(request("a3", "a"), busy=2, eta=at_rate(10.0))
+    assert per_user.value.retry_after_seconds == 0.1  # one dispatch for its one backlogged user, at 10/s
     queues.push(request("b1", "b"))
     with pytest.raises(QueueFull, match="has 3 requests queued") as model_full:
-        capacity.check(request("c1", "c"), busy=3, rate=0.0)
-    assert model_full.value.retry_after_seconds == UNKNOWN_RATE_RETRY_SECONDS
+        capacity.check(request("c1", "c"), busy=3, eta=at_rate(0.0))
+    assert model_full.value.retry_after_seconds == UNKNOWN_RETRY_SECONDS
+    assert asked[-1] == (1, "interactive")
+
+
+def test_a_full_queue_behind_long_answers_hints_when_they_end_not_the_recent_rate() -> None:
+    """Every slot held by 80-second answers and a burst just dispatched: the hint is when the first of them
+    ends (not 0.2 s from the burst's rate, which the SDKs' two retries spent in half a second)."""
+    h = Harness(model={"max_queued_per_user": 2, "max_tokens_limit": 4000}, cap=2)
+    for _ in range(2):
+        h.submit("long", max_tokens=2000)
+    h.dispatch()  # both slots taken, within the same second: a high recent rate
+    h.reading(running=2, tpot=0.04)  # 2000 tokens at 40 ms: 80 s each
+    h.step(0.04)  # a first token each
+    for _ in range(2):
+        h.submit("u")
+    with pytest.raises(QueueFull) as full:
+        h.submit("u")
+    assert full.value.retry_after_seconds == pytest.approx(1999 * 0.04)
+    # The queued requests' own estimate: the same ends, nothing shown as 0.
+    ticket = next(t for t in h.tickets.values() if t.request.user == "u")
+    assert h.dispatcher.outlook(ticket).estimated_wait == pytest.approx(1999 * 0.04)
+    # Nothing dispatched lately and nothing running: no estimate (the queue line leaves eta out).
+    idle = Harness(cap=0)
+    assert idle.dispatcher.outlook(idle.submit("u")).estimated_wait is None
 
 
 def test_capacity_holds_prompt_bytes_until_released() -> None:
@@ -73,12 +126,12 @@ def test_capacity_holds_prompt_bytes_until_released() -> None:
     capacity = Capacity(config, queues)
     capacity.hold(request("a1", "a", prompt_bytes=50))
     with pytest.raises(QueueBytesFull, match="user a holds 50 prompt bytes"):
-        capacity.check(request("a2", "a", prompt_bytes=20), busy=1, rate=0.0)
+        capacity.check(request("a2", "a", prompt_bytes=20), busy=1, eta=no_estimate)
     capacity.hold(request("b1", "b", prompt_bytes=40))
     with pytest.raises(QueueBytesFull, match="model m holds 90 prompt bytes"):
-        capacity.check(request("c1", "c", prompt_bytes=20), busy=2, rate=0.0)
+        capacity.check(request("c1", "c", prompt_bytes=20), busy=2, eta=no_estimate)
     capacity.release(request("a1", "a", prompt_bytes=50))
-    capacity.check(request("a2", "a", prompt_bytes=20), busy=1, rate=0.0)
+    capacity.check(request("a2", "a", prompt_bytes=20), busy=1, eta=no_estimate)
     assert capacity.held_bytes == 40 and capacity.user_bytes("a") == 0 and capacity.user_bytes("b") == 40
 
 

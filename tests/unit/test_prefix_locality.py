@@ -77,6 +77,39 @@ def test_index_memory_stays_within_its_bound_in_bytes() -> None:
     assert PrefixIndex(max_bytes=0).capacity == 0
 
 
+def test_one_users_session_keys_never_evict_anothers() -> None:
+    """2,500 distinct 256-character keys of one user: it keeps its most recent ones within its share,
+    another user's session is untouched, and the map stays within both bounds."""
+    sessions = SessionMap(max_bytes=1 << 20, max_bytes_per_user=64 << 10)
+    sessions.put("bob", "bob-chat", "b1")
+    for i in range(2_500):
+        sessions.put("alice", f"{i:06d}" + "k" * 250, "b0")
+    assert sessions.get("bob", "bob-chat") == "b1"
+    assert sessions.user_bytes("alice") <= 64 << 10 and sessions.bytes <= 1 << 20
+    assert sessions.get("alice", f"{2_499:06d}" + "k" * 250) == "b0"  # its latest stays
+    assert sessions.get("alice", f"{0:06d}" + "k" * 250) is None  # its oldest went
+    kept = len(sessions) - 1
+    assert 100 < kept < 150, kept  # about 64 KiB / (220 + 256 bytes)
+    # All users together: past the total, the least recently active user's oldest session goes first.
+    shared = SessionMap(max_bytes=3_000, max_bytes_per_user=1_500)
+    for user in ("u1", "u2", "u3"):
+        shared.put(user, "s", "b0")
+    shared.get("u1", "s")  # u1 active again: u2 is now the least recently active
+    for i in range(4):
+        shared.put("u4", f"s{i}", "b0")
+    assert shared.get("u2", "s") is None and shared.get("u1", "s") == "b0" and shared.bytes <= 3_000
+    assert shared.users == 3  # u2 forgotten whole: nothing of it is left behind
+
+
+def test_a_flood_of_session_keys_does_not_move_another_users_turn() -> None:
+    p = policy(load_slack=0)
+    b0, b1 = opening("b0", in_flight=1), opening("b1", in_flight=1)
+    p.on_dispatched(request("turn 1", user="bob", cache_key="bob-chat"), "b1")
+    for i in range(2_500):
+        p.on_dispatched(request("x", user="mallory", cache_key=f"{i:06d}" + "k" * 250), "b0")
+    assert p.choose(request("turn 2", user="bob", cache_key="bob-chat"), [b0, b1]) is b1
+
+
 def test_session_map_is_per_user_lru_and_bounded_in_bytes() -> None:
     sessions = SessionMap(max_bytes=2_000)
     sessions.put("alice", "chat-1", "b1")

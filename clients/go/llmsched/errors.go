@@ -42,6 +42,9 @@ var errorTable = map[string]ReasonSpec{
 	"BACKEND_PROTOCOL_ERROR":   {codes.Internal, false},
 	"BACKEND_ERROR":            {codes.Internal, false},
 	"INTERNAL":                 {codes.Internal, false},
+	"READ_TIMEOUT":             {codes.DeadlineExceeded, true},
+	"READ_CAPACITY_FULL":       {codes.Unavailable, true},
+	"DEADLINE_EXCEEDED":        {codes.DeadlineExceeded, false},
 }
 
 // Error is a failed call: the gRPC code, the reason (an llmsched.v1.ErrorReason value name, from

@@ -67,8 +67,10 @@ class Account(Protocol):
         """`tokens` more tokens were generated for `request` (dispatched from this band)."""
         ...
 
-    def on_finished(self, request: RequestView, generated: int) -> None:
-        """`request` ended (any outcome) after generating `generated` tokens."""
+    def on_finished(self, request: RequestView, generated: int, *, reached_engine: bool = True) -> None:
+        """`request` ended (any outcome) after generating `generated` tokens. `reached_engine` False: no
+        engine ever answered it (cancelled while being chosen or sent), so what `on_dispatched` charged is
+        undone, as for `on_requeued`, since the engine did no work for it."""
         ...
 
     def on_requeued(self, request: RequestView) -> None:

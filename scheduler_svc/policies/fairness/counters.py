@@ -80,7 +80,8 @@ class Reservations(Protocol):
         ...
 
     def finished(self, request: RequestView, generated: int) -> None:
-        """The request ended after generating `generated` tokens (after `released`)."""
+        """The request, which an engine answered, ended after generating `generated` tokens (after
+        `released`)."""
         ...
 
     def all_ended(self, user: str) -> None: ...
@@ -253,11 +254,12 @@ class CounterAccount:
             self._reserved.generated(request, tokens)
         self._moved(request.user, self.weights.group_of(request.user))
 
-    def on_finished(self, request: RequestView, generated: int) -> None:
+    def on_finished(self, request: RequestView, generated: int, *, reached_engine: bool = True) -> None:
         if self._reserved is not None:
             self._reserved.released(request)
-            self._reserved.finished(request, generated)
-        self._unpend(request, settle=True)
+            if reached_engine:  # one that never reached an engine says nothing about its user's answers
+                self._reserved.finished(request, generated)
+        self._unpend(request, settle=reached_engine)
         if self.return_grace > 0:
             self.ended_at[request.user] = self._clock.now()
         self._moved(request.user, self.weights.group_of(request.user))

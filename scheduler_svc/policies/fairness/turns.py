@@ -72,7 +72,7 @@ class TurnAccount:
     def on_generated(self, request: RequestView, tokens: int) -> None:
         return None
 
-    def on_finished(self, request: RequestView, generated: int) -> None:
+    def on_finished(self, request: RequestView, generated: int, *, reached_engine: bool = True) -> None:
         self.activity.finished(request.user)
 
     def on_requeued(self, request: RequestView) -> None:
