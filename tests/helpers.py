@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import inspect
 import time
 import tomllib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,10 +208,23 @@ def outcome_count(server: SchedulerServer, outcome: str, model: str = "m") -> fl
     return value or 0.0
 
 
-async def eventually(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll state that offers no event to wait on (another server's counters), with a hard deadline."""
+async def eventually(
+    predicate: Callable[[], bool | Awaitable[bool]],
+    timeout: float = 10.0,
+    what: str = "condition",
+    every: float = 0.01,
+) -> None:
+    """Poll state that offers no event to wait on (another process's or server's counters, a real engine's
+    queue, a subprocess), with a hard deadline: the one polling helper of the tests. A predicate may be a
+    coroutine function; `every` spaces the looks (a predicate that starts a process looks less often). Where
+    the core's own state is waited for, an event (`until_settled`) or the fake clock does instead."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(every)

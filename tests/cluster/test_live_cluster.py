@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,10 +126,6 @@ def by_role(replicas: list[Replica], watch: RoleWatch, role: str) -> list[Replic
     return [r for r in replicas if watch.now.get(r.name) == role]
 
 
-async def until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    await eventually(predicate, timeout, what)
-
-
 @contextlib.asynccontextmanager
 async def simulator(tmp_path: Path, **config: int) -> AsyncIterator[tuple[SimServer, Path]]:
     journal = tmp_path / "engine.jsonl"
@@ -197,7 +193,7 @@ async def _mid_flood(
                 return replica, live
         return None
 
-    await until(lambda: pick() is not None, 20.0, f"a {role} running mid-flood")
+    await eventually(lambda: pick() is not None, 20.0, f"a {role} running mid-flood")
     picked = pick()
     assert picked is not None
     return picked
@@ -214,7 +210,7 @@ async def aborted_at_engine(journal: Path, ids: list[str], killed_at: float) -> 
         ended = engine.ended("finished") | engine.ended("aborted") | engine.ended("failed")
         return (set(engine.received()) & owned) - ended
 
-    await until(lambda: not left(), 5.0, "the killed replica's requests ended at the engine")
+    await eventually(lambda: not left(), 5.0, "the killed replica's requests ended at the engine")
     engine = EngineLog.read(journal)
     late = {
         e["id"]
@@ -365,7 +361,7 @@ async def test_redis_down_and_restarted_empty_mid_flood(tmp_path: Path, redis_se
         cluster(tmp_path, sim.url, redis_server.url, fallback_max_in_flight=cap) as (replicas, watch),
         flood(replicas, 90, max_tokens=30) as calls,
     ):
-        await until(lambda: calls.done() >= 10, 20.0, "the flood under way")
+        await eventually(lambda: calls.done() >= 10, 20.0, "the flood under way")
         redis_server.stop() if how == "stop" else redis_server.kill()
         stopped_at = time.monotonic()
         degraded_at = await watch.until(
@@ -373,7 +369,7 @@ async def test_redis_down_and_restarted_empty_mid_flood(tmp_path: Path, redis_se
         )
         degraded_wall = time.time()
         done_then = calls.done()
-        await until(lambda: calls.done() >= done_then + 10, 20.0, "serving while degraded")
+        await eventually(lambda: calls.done() >= done_then + 10, 20.0, "serving while degraded")
         redis_server.restart_empty()
         back_wall, back_at = time.time(), time.monotonic()
         shared_at = await watch.until(lambda roles: len(roles) == 3 and one_leader(roles), 10.0, "one leader")

@@ -13,7 +13,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from clients import error_reason, from_rpc_error, retry_delay
 from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.policies.fairness.turns import FirstInTurn, TurnView
-from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, queue_depth, serving, until_settled
+from tests.helpers import (
+    ControlledEngine,
+    client_for,
+    eventually,
+    make_config,
+    outcome_count,
+    queue_depth,
+    serving,
+    until_settled,
+)
 
 
 def _error_metadata(err: grpc.aio.AioRpcError) -> dict[str, str]:
@@ -43,12 +52,12 @@ async def _health(server: SchedulerServer) -> int:
 
 async def _wait_health(server: SchedulerServer, status: int) -> None:
     """Until grpc.health.v1 says `status`: the server mirrors the core's verdict in its own task, and the
-    health service offers no event to wait on, so poll it with a deadline."""
-    deadline = asyncio.get_running_loop().time() + 5.0
-    while await _health(server) != status:
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"health did not become {status} within 5 s")
-        await asyncio.sleep(0.01)
+    health service offers no event to wait on."""
+
+    async def says() -> bool:
+        return await _health(server) == status
+
+    await eventually(says, 5.0, f"health {status}")
 
 
 # -- 1. request ids ------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """The finished Python client (`AsyncClient` and `Client`) against a live scheduler over a real socket: the
 event-order contract, retries that honour RetryInfo and never follow a token, deadline propagation, and
-cancellation, for the asyncio and the blocking variant alike (the blocking one runs in a worker thread)."""
+cancellation, for the asyncio and the blocking variant alike (the blocking one runs in a worker thread). The
+client waits out RetryInfo's delays on real time against the live service, so those waits are timed on the
+wall clock."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Past its first tokens, a long answer is read from its engine at most once per interval, so the tokens
 that arrive in between leave in one message (server.stream_read_interval_seconds): over real gRPC and HTTP
-against the simulator."""
+against the simulator. The pacing grid is the event loop's own time, so lateness is measured on the wall
+clock (the simulator's engine steps run on it too)."""
 
 from __future__ import annotations
 
