@@ -9,7 +9,7 @@ from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.core.clock import FakeClock
 from scheduler_svc.core.queues import ModelQueues
 from scheduler_svc.core.request import QueuedRequest
-from scheduler_svc.policies import WeightResolver
+from scheduler_svc.policies import FAIRNESS_POLICIES, WeightResolver
 from scheduler_svc.policies.fairness.counters import CounterAccount, LeastServed
 from scheduler_svc.policies.fairness.turns import FirstInTurn, TurnAccount
 from scheduler_svc.policies.fairness.weighted_round_robin import PerRequest
@@ -71,3 +71,30 @@ def test_round_robin_keeps_an_ineligible_users_turn() -> None:
     assert chooser.select(account.view(flows), lambda user: user != "a") == "b"
     account.took_turn("b")
     assert chooser.select(account.view(flows), None) == "a", "a kept the first turn while it could not go"
+
+
+def test_a_wait_for_a_returning_user_is_over_at_its_time_even_if_no_choice_is_made_again() -> None:
+    """vtc waits for a user whose request just ended; if the band then empties (or its gate stays closed) no
+    choice is made for it again, and the wait must still end at its time: a wait kept past it would have the
+    loop pass again at once after every pass."""
+    clock = FakeClock()
+    policy = FAIRNESS_POLICIES.create("vtc", WeightResolver(), clock, params={"vtc_return_grace_seconds": 0.05})
+    queues = band_with({"ahead": 3, "behind": 1})
+    flows = queues.band("interactive").flow_views
+    for user in ("ahead", "behind"):
+        policy.account.on_backlogged(user, flows)
+    served = queues.remove("ahead-0")  # ahead has been served far more: behind is behind it
+    assert served is not None
+    policy.account.on_dispatched(served)
+    policy.account.on_generated(served, 400)
+    policy.account.on_finished(served, 400)
+    behind = queues.remove("behind-0")
+    assert behind is not None
+    policy.account.on_dispatched(behind)
+    policy.account.on_generated(behind, 4)
+    policy.account.on_finished(behind, 4)  # behind's answer ended: it is about to return
+    assert policy.select(flows) is None and policy.wake_at() == clock.now() + 0.05
+    for rid in ("ahead-1", "ahead-2"):  # the band empties (ahead's client left): no choice is made again
+        queues.remove(rid)
+    clock.advance(0.05)
+    assert policy.wake_at() is None

@@ -413,7 +413,12 @@ class LeastServed:
         return self._hold_until is not None
 
     def wake_at(self) -> float | None:
-        """When a choice that waited for a returning user should be made again (None: not waiting)."""
+        """When a choice that waited for a returning user should be made again (None: not waiting). A wait
+        whose time has come is over, whether or not the band's choice was made again since: the band may
+        have emptied, or its gate closed, and a wait kept past its time would ask the loop to pass again at
+        once, and again after each pass, until the next choice for the band."""
+        if self._hold_until is not None and self._hold_until <= self._clock.now():
+            self._hold_until = None
         return self._hold_until
 
     def offer(self, view: CounterView, eligible: Eligible | None, bound: float) -> list[str]:
