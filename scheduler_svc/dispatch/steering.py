@@ -2,7 +2,7 @@
 who hears, who confirms an admission. The core defines them and never knows who implements them.
 
 - `DispatchAuthority`: whether a dispatcher sends requests by its own decision (one process, a cluster's
-  leader, a replica cut off from the others) or only when told to (`ModelDispatcher.grant`, a follower),
+  leader, a replica cut off from the others) or only when told to (`ClusterPort.grant`, a follower),
   whether its backends' metrics are scraped (one scrape per engine for a cluster, not one per replica),
   and an extra in-flight cap per backend (a replica gating alone must not fill the engine N times over).
 - `DispatchObserver`: told of each local request's life (accepted, first token, tokens, failed over,

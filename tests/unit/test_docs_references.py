@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from scheduler_svc.config.schema import Config
+from scheduler_svc.policies import scheduling_params
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -154,7 +155,8 @@ def _fields(cls: type[Any], prefix: str = "") -> Iterator[str]:
 
 @cache
 def config_keys() -> set[str]:
-    return set(_fields(Config))
+    """The schema's keys, and the parameters the registered policies read from [scheduling]."""
+    return set(_fields(Config)) | {f"scheduling.{key}" for key in scheduling_params()}
 
 
 def is_config_key(name: str) -> bool:
