@@ -1,0 +1,313 @@
+"""CL the leader's cost: what deciding for the followers' requests costs the model's leader, against what
+serving them costs the followers themselves, and what each request costs Redis.
+
+N replicas on a private redis-server in front of the simulator. Once they have settled, each model's leader
+is read from the replicas' metrics, and every call goes to the next replica that leads no model, so each
+request's decisions are its model's leader's work and everything else (the gRPC call, the engine's stream,
+the reports) its owner's. Over a load window (a fixed request rate for a while, then until every request
+ended) each process's CPU time comes from /proc, Redis's from its own INFO, and Redis's commands from
+INFO commandstats; an idle window of the same length just before gives each process's idle rate (the
+heartbeats), taken off its load figure. Reported per layout: CPU per request of each leader and of the
+followers, their ratio, Redis commands and CPU per request, messages per request by type.
+
+Layouts: one model led by one replica, and (with `models` > 1) the same request rate spread over several
+models whose leases fall on different replicas: decision work spreads with the models. Target (issue 35):
+a leader's CPU per follower-owned request at most 10% of the follower's own CPU for it, so one leader keeps
+up with ten followers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import grpc
+import redis.asyncio as aioredis
+
+from backends._prom import MetricSamples
+from bench.clients import ScheduledClient
+from bench.cluster import Cluster
+from bench.configs import scheduler_config
+from bench.engines import Engine, EngineProvider
+from bench.records import RequestRecord
+from bench.results import ScenarioResult, Table, Target
+from bench.runner import SCHEDULED_MODEL, Mode, RunContext
+from bench.scenarios._cluster import ClusterOptions
+from bench.scenarios._common import STANDARD_CLASS, divide, jsonable, ms, not_run, number, run_modes
+from clients import pb_grpc
+
+ID, TITLE = "CL", "the leader's cost per follower request"
+TARGET = 0.10  # issue 35: a leader's CPU per follower-owned request <= 10% of the follower's own
+GATE_TARGET = 3
+
+
+@dataclass(frozen=True)
+class CLParams:
+    rate: float = 20.0  # requests per second over all models
+    duration: float = 8.0  # seconds of sending (the load window runs on until the last request ends)
+    tokens: int = 64
+    users: int = 8
+    models: int = 2  # the per-model layout's models (one leader each); 1: that layout is not run
+    timeout: float = 90.0
+
+
+def model_name(index: int, models: int) -> str:
+    return SCHEDULED_MODEL if models == 1 else f"{SCHEDULED_MODEL}-{index + 1}"
+
+
+def config_for(models: int) -> Any:
+    """The bench's usual one-model config, its model repeated `models` times under its own names, all on the
+    same engine (each model has its own dispatcher, queues and lease)."""
+
+    def build(engine: Engine) -> Any:
+        config = scheduler_config(
+            engine_url=engine.url,
+            model=SCHEDULED_MODEL,
+            engine_model=engine.model,
+            max_num_seqs=engine.max_num_seqs,
+            fairness="vtc",
+            classes=STANDARD_CLASS,
+            waiting_target=GATE_TARGET,
+        )
+        template = config["models"][0]
+        config["models"] = [{**copy.deepcopy(template), "name": model_name(i, models)} for i in range(models)]
+        return config
+
+    return build
+
+
+@dataclass
+class Snapshot:
+    """Counters of every process at one moment."""
+
+    cpu: list[float]  # per replica, seconds
+    redis_cpu: float
+    commands: dict[str, int]  # Redis command -> calls so far
+    messages: dict[str, float]  # message type -> sent so far, every replica summed
+
+
+async def _metrics(session: aiohttp.ClientSession, url: str) -> MetricSamples:
+    async with session.get(url + "/metrics") as response:
+        return MetricSamples.parse(await response.text())
+
+
+async def leaders(cluster: Cluster, models: Sequence[str]) -> dict[str, int]:
+    """model -> index of the replica that leads it, read from each replica's metrics (`llmsched_cluster_leading`
+    per model; a replica without it leads every model when its role gauge says leader)."""
+    out: dict[str, int] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        samples = await asyncio.gather(*(_metrics(session, r.metrics_url) for r in cluster.replicas))
+    for index, s in enumerate(samples):
+        if s.has("llmsched_cluster_leading"):
+            for model in models:
+                if (s.total("llmsched_cluster_leading", model=model) or 0) >= 1:
+                    out[model] = index
+        elif (s.total("llmsched_cluster_role", role="leader") or 0) >= 1:
+            out.update(dict.fromkeys(models, index))
+    return out
+
+
+async def snapshot(cluster: Cluster, redis: aioredis.Redis) -> Snapshot:
+    info_cpu, stats = await asyncio.gather(redis.info("cpu"), redis.info("commandstats"))
+    commands = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items() if isinstance(v, dict)}
+    messages: dict[str, float] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        samples = await asyncio.gather(*(_metrics(session, r.metrics_url) for r in cluster.replicas))
+    for s in samples:
+        for labels in s.labels("llmsched_cluster_messages_sent_total"):
+            kind = labels.get("type", "?")
+            messages[kind] = messages.get(kind, 0.0) + (s.total("llmsched_cluster_messages_sent_total", type=kind) or 0)
+    main = ("used_cpu_sys_main_thread", "used_cpu_user_main_thread")
+    keys = main if all(k in info_cpu for k in main) else ("used_cpu_sys", "used_cpu_user")
+    return Snapshot(
+        [r.cpu_seconds() for r in cluster.replicas], sum(float(info_cpu[k]) for k in keys), commands, messages
+    )
+
+
+def _delta(a: Snapshot, b: Snapshot) -> Snapshot:
+    return Snapshot(
+        [y - x for x, y in zip(a.cpu, b.cpu, strict=True)],
+        b.redis_cpu - a.redis_cpu,
+        {k: v - a.commands.get(k, 0) for k, v in b.commands.items() if v - a.commands.get(k, 0)},
+        {k: v - a.messages.get(k, 0.0) for k, v in b.messages.items() if v - a.messages.get(k, 0.0)},
+    )
+
+
+async def _body(run: RunContext, p: CLParams, models: int) -> dict[str, Any]:
+    cluster = run.cluster
+    assert cluster is not None and cluster.redis_url
+    names = [model_name(i, models) for i in range(models)]
+    led = await leaders(cluster, names)
+    if sorted(led) != sorted(names):
+        raise RuntimeError(f"not every model has a leader: {led}")
+    followers = [i for i in range(len(cluster.replicas)) if i not in led.values()]
+    if not followers:
+        raise RuntimeError("every replica leads a model: no follower to send to")
+    redis = aioredis.Redis.from_url(cluster.redis_url)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(redis.aclose)
+        clients = {}
+        for i in followers:
+            channel = await stack.enter_async_context(grpc.aio.insecure_channel(cluster.replicas[i].target))
+            stub = pb_grpc.SchedulerServiceStub(channel)
+            clients[i] = {m: ScheduledClient(stub, m, run.clock, run.mode.label) for m in names}
+        idle0 = await snapshot(cluster, redis)
+        await asyncio.sleep(p.duration)  # the idle window: heartbeats only
+        idle1 = await snapshot(cluster, redis)
+        idle = _delta(idle0, idle1)
+        idle_seconds = p.duration
+        start = run.clock.now()
+        load0 = await snapshot(cluster, redis)
+        tasks: list[asyncio.Task[None]] = []
+        records: list[tuple[str, RequestRecord]] = []
+        n = 0
+        while (due := start + n / p.rate) < start + p.duration:
+            await asyncio.sleep(max(0.0, due - run.clock.now()))
+            model = names[n % models]
+            owner = followers[(n // models) % len(followers)]
+            record = RequestRecord(user=f"user{n % p.users}", tag="load", sent=run.clock.now(), max_tokens=p.tokens)
+            record.replica = owner
+            records.append((model, record))
+            tasks.append(asyncio.create_task(clients[owner][model].run(record, f"Leader cost probe {n}.")))
+            n += 1
+        _, pending = await asyncio.wait(tasks, timeout=p.timeout)
+        for task in pending:
+            task.cancel()
+        load1 = await snapshot(cluster, redis)
+        seconds = run.clock.now() - start
+    load = _delta(load0, load1)
+    done = [(m, r) for m, r in records if r.completed]
+    net = [c - i * seconds / idle_seconds for c, i in zip(load.cpu, idle.cpu, strict=True)]
+    per_model = {m: sum(1 for x, _ in done if x == m) for m in names}
+    leader_rows: list[dict[str, Any]] = []
+    for index in sorted(set(led.values())):
+        served = sum(per_model[m] for m, i in led.items() if i == index)
+        leader_rows.append(
+            {
+                "replica": index,
+                "models": sorted(m for m, i in led.items() if i == index),
+                "requests": served,
+                "cpu": load.cpu[index],
+                "net_cpu": net[index],
+                "cpu_per_request": divide(net[index], served),
+            }
+        )
+    follower_cpu = sum(net[i] for i in followers)
+    leaders_cpu = sum(net[i] for i in set(led.values()))
+    redis_net = load.redis_cpu - idle.redis_cpu * seconds / idle_seconds
+    commands = {
+        k: max(0.0, v - idle.commands.get(k, 0) * seconds / idle_seconds) for k, v in sorted(load.commands.items())
+    }
+    return {
+        "leaders": leader_rows,
+        "followers": followers,
+        "requests": len(done),
+        "sent": len(records),
+        "seconds": seconds,
+        "follower_cpu_per_request": divide(follower_cpu, len(done)),
+        "leader_cpu_per_request": divide(leaders_cpu, len(done)),
+        "leader_over_follower": divide(leaders_cpu, follower_cpu),
+        "worst_leader_over_follower": max(
+            (divide(r["cpu_per_request"], divide(follower_cpu, len(done))) or 0.0 for r in leader_rows), default=None
+        ),
+        "idle_cpu_per_second": [c / idle_seconds for c in idle.cpu],
+        "redis_cpu_per_request": divide(redis_net, len(done)),
+        "redis_idle_cpu_per_second": idle.redis_cpu / idle_seconds,
+        "redis_commands_per_request": {k: v / len(done) for k, v in commands.items() if done},
+        "redis_commands_total_per_request": divide(sum(commands.values()), len(done)),
+        "redis_cpu_per_command": divide(redis_net, sum(commands.values())),
+        "messages_per_request": {k: v / len(done) for k, v in sorted(load.messages.items()) if done},
+        "errors": sorted({r.error for _, r in records if r.error and r.error != "cancelled"}),
+    }
+
+
+def _modes(options: ClusterOptions, p: CLParams) -> list[tuple[Mode, int]]:
+    """The one-model layout, and the per-model one; enough replicas that at least one leads nothing."""
+    replicas = max(options.replicas, p.models + 1)
+    layout = options.layout(replicas, "redis")
+    out = [(Mode(f"{replicas} replicas, redis, 1 model", config=config_for(1), layout=layout), 1)]
+    if p.models > 1:
+        label = f"{replicas} replicas, redis, {p.models} models"
+        out.append((Mode(label, config=config_for(p.models), layout=layout), p.models))
+    return out
+
+
+async def run(provider: EngineProvider, options: ClusterOptions, p: CLParams | None = None) -> list[ScenarioResult]:
+    p = p or CLParams()
+    p = dataclasses.replace(p, duration=p.duration * options.scale)
+    workload = (
+        f"{p.rate:g} requests/s for {p.duration:g} s ({p.tokens} output tokens each, {p.users} users, vtc), every call "
+        "to the next replica that leads no model, after an idle window as long; one model, then "
+        f"{p.models} models on the same engine (the same rate spread over them)"
+    )
+    if "redis" not in options.stores:
+        return [ScenarioResult.unavailable(ID, TITLE, workload, "needs the redis layout (--cluster-stores redis)")]
+    runs: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    for mode, models in _modes(options, p):
+        done, missed = await run_modes(
+            provider, [mode], functools.partial(_body, p=p, models=models), timeout=2 * p.duration + p.timeout + 30
+        )
+        runs.update(done)
+        skipped.update(missed)
+    if not runs:
+        return [ScenarioResult.unavailable(ID, TITLE, workload, "; ".join(not_run(skipped)))]
+    result = ScenarioResult(ID, TITLE, workload, provider.describe(), notes=not_run(skipped))
+    result.table = Table(
+        [
+            "run",
+            "requests",
+            "follower CPU / request",
+            "leader CPU / request (each leader)",
+            "leaders ÷ followers",
+            "Redis commands / request",
+            "Redis CPU / request",
+            "Redis CPU / command",
+        ]
+    )
+    for label, r in runs.items():
+        each = ", ".join(
+            f"r{x['replica'] + 1} ({'+'.join(x['models'])}): {ms(x['cpu_per_request'], 3)}" for x in r["leaders"]
+        )
+        result.table.rows.append(
+            [
+                label,
+                str(r["requests"]),
+                ms(r["follower_cpu_per_request"], 3),
+                each,
+                "-" if r["leader_over_follower"] is None else f"{r['leader_over_follower']:.1%}",
+                number(r["redis_commands_total_per_request"], 1),
+                ms(r["redis_cpu_per_request"], 3),
+                "-" if r["redis_cpu_per_command"] is None else f"{r['redis_cpu_per_command'] * 1e6:.1f} us",
+            ]
+        )
+        result.targets.append(
+            Target(
+                "leader CPU per follower-owned request ÷ the follower's own CPU for it (each leader)",
+                f"<= {TARGET:.0%}",
+                label,
+                r["worst_leader_over_follower"],
+                threshold=TARGET,
+                fail_at=1.5 * TARGET,
+                higher_is_better=False,
+                unit="%",
+            )
+        )
+    for label, r in runs.items():
+        commands = ", ".join(f"{k} {v:.2f}" for k, v in r["redis_commands_per_request"].items())
+        messages = ", ".join(f"{k} {v:.2f}" for k, v in r["messages_per_request"].items())
+        result.notes.append(f"{label}: Redis commands per request: {commands}; messages per request: {messages}.")
+    result.notes.append(
+        "CPU figures are each process's CPU time over the load window (from the first request sent until the last "
+        "one ended) minus its idle rate over an idle window as long just before (heartbeats, scrapes). Redis: its "
+        "main thread's CPU (INFO cpu). All processes share this machine's cores with the load generator."
+    )
+    result.raw = {label: jsonable(r) for label, r in runs.items()}
+    return [result]
