@@ -107,7 +107,9 @@ async def settled(servers: list[SchedulerServer], timeout: float = 5.0) -> Sched
         agents = [agent_of(s) for s in servers]
         leaders = [a for a in agents if a.role is Role.LEADING]
         return len(leaders) == 1 and all(
-            a.role is Role.FOLLOWING and a.follower.leader == leaders[0].holder for a in agents if a is not leaders[0]
+            a.role is Role.FOLLOWING and a.follower.leader_of("m") == leaders[0].holder_of("m")
+            for a in agents
+            if a is not leaders[0]
         )
 
     await eventually(ok, timeout, "one leader, the others following it")

@@ -184,38 +184,63 @@ async def test_leave_frees_only_our_own_name(harness: Harness) -> None:
     assert await a.members() == ["r1"]
 
 
-# --- the leader lease ---
+# --- the leader leases ---
 
 
 async def test_one_lease_holder_at_a_time(harness: Harness) -> None:
     a, b = await harness.store(), await harness.store()
-    assert await a.lease_holder() is None
-    assert await a.acquire_lease("r1/a", LONG)
-    assert not await b.acquire_lease("r2/b", LONG)
-    assert await a.acquire_lease("r1/a", LONG)  # already ours
-    assert await b.lease_holder() == "r1/a"
-    assert await a.renew_lease("r1/a", LONG)
-    assert not await b.renew_lease("r2/b", LONG)
-    await b.release_lease("r2/b")  # not held by b: nothing happens
-    assert await a.lease_holder() == "r1/a"
-    await a.release_lease("r1/a")
-    assert await a.lease_holder() is None
-    assert await b.acquire_lease("r2/b", LONG)
-    assert await a.lease_holder() == "r2/b"
+    assert await a.lease_holders(["m"]) == {"m": None}
+    assert await a.acquire_lease("m", "r1/a", LONG)
+    assert not await b.acquire_lease("m", "r2/b", LONG)
+    assert await a.acquire_lease("m", "r1/a", LONG)  # already ours
+    assert await b.lease_holders(["m"]) == {"m": "r1/a"}
+    assert await a.renew_lease("m", "r1/a", LONG)
+    assert not await b.renew_lease("m", "r2/b", LONG)
+    await b.release_lease("m", "r2/b")  # not held by b: nothing happens
+    assert await a.lease_holders(["m"]) == {"m": "r1/a"}
+    await a.release_lease("m", "r1/a")
+    assert await a.lease_holders(["m"]) == {"m": None}
+    assert await b.acquire_lease("m", "r2/b", LONG)
+    assert await a.lease_holders(["m"]) == {"m": "r2/b"}
+
+
+async def test_each_lease_is_separate(harness: Harness) -> None:
+    """One replica may hold one model's lease and another the next one's; taking, renewing or releasing one
+    never touches another, and the lease covering every model ("") is one more of them."""
+    a, b = await harness.store(), await harness.store()
+    assert await a.acquire_lease("m1", "r1/a", LONG)
+    assert await b.acquire_lease("m2", "r2/b", LONG)
+    assert not await a.acquire_lease("m2", "r1/a", LONG)
+    assert not await b.renew_lease("m1", "r2/b", LONG)
+    await b.release_lease("m1", "r2/b")
+    assert await a.lease_holders(["m1", "m2", ""]) == {"m1": "r1/a", "m2": "r2/b", "": None}
+    assert await b.acquire_lease("", "r2/b", LONG)
+    await a.release_lease("m1", "r1/a")
+    assert await b.lease_holders(["m1", "m2", ""]) == {"m1": None, "m2": "r2/b", "": "r2/b"}
+
+
+async def test_the_holders_of_many_leases_are_one_round_trip(harness: Harness) -> None:
+    a = await harness.store()
+    assert await a.acquire_lease("m3", "r1/a", LONG)  # connections made
+    names = [f"m{i}" for i in range(20)]
+    before = harness.round_trips(a)
+    holders = await a.lease_holders(names)
+    assert harness.round_trips(a) - before == 1
+    assert holders == {name: "r1/a" if name == "m3" else None for name in names}
 
 
 async def test_an_unrenewed_lease_expires_and_a_renewed_one_does_not(harness: Harness) -> None:
     ttl = 1.5
     a, b = await harness.store(), await harness.store()
-    assert await a.acquire_lease("r1/a", ttl)
+    assert await a.acquire_lease("m", "r1/a", ttl)
     await harness.advance(0.6 * ttl)
-    assert await a.renew_lease("r1/a", ttl)
+    assert await a.renew_lease("m", "r1/a", ttl)
     await harness.advance(0.6 * ttl)  # 1.2 ttl after taking it: held only because it was renewed
-    assert await b.lease_holder() == "r1/a"
+    assert await b.lease_holders(["m"]) == {"m": "r1/a"}
     await harness.advance(0.5 * ttl)  # 1.1 ttl after the renewal
-    assert await b.lease_holder() is None
-    assert not await a.renew_lease("r1/a", ttl)
-    assert await b.acquire_lease("r2/b", ttl)
+    assert await b.lease_holders(["m"]) == {"m": None}
+    assert not await a.renew_lease("m", "r1/a", ttl)
+    assert await b.acquire_lease("m", "r2/b", ttl)
 
 
 # --- inboxes ---
@@ -306,10 +331,10 @@ async def test_every_call_raises_store_unavailable_when_the_store_is_down(harnes
         lambda: a.renew("r1", "t", LONG),
         lambda: a.leave("r1", "t"),
         a.members,
-        lambda: a.acquire_lease("h", LONG),
-        lambda: a.renew_lease("h", LONG),
-        lambda: a.release_lease("h"),
-        a.lease_holder,
+        lambda: a.acquire_lease("m", "h", LONG),
+        lambda: a.renew_lease("m", "h", LONG),
+        lambda: a.release_lease("m", "h"),
+        lambda: a.lease_holders(["m"]),
         lambda: a.send("r1", [b"x"]),
         lambda: a.receive("r1", 0.1),
     ]
@@ -324,13 +349,13 @@ async def test_after_a_restart_empty_names_and_lease_are_gone_and_inboxes_go_on(
     a, b = await harness.store(), await harness.store()
     await a.join("r1", "ta", LONG)
     await b.join("r2", "tb", LONG)
-    assert await a.acquire_lease("r1/ta", LONG)
+    assert await a.acquire_lease("m", "r1/ta", LONG)
     await a.send("r2", [b"before"])
     assert await b.receive("r2", 1.0) == [b"before"]
     harness.restart_empty()
     assert not await eventually(lambda: a.renew("r1", "ta", LONG))
-    assert await eventually(a.lease_holder) is None
-    assert not await eventually(lambda: a.renew_lease("r1/ta", LONG))
+    assert await eventually(lambda: a.lease_holders(["m"])) == {"m": None}
+    assert not await eventually(lambda: a.renew_lease("m", "r1/ta", LONG))
     assert await eventually(a.members) == []
     await a.join("r1", "ta", LONG)
     await eventually(lambda: a.send("r2", [b"after-1", b"after-2"]))
