@@ -488,9 +488,11 @@ class ClusterConfig:
         "queueing it provisionally (no leader reachable): the verdict, when it comes, still applies.",
     )
     report_interval_seconds: float = _field(
-        0.05,
-        "Generated-token counts go to the leader (fairness counters) at most this often per request; the "
-        "first token, acceptance, failures and the end go at once.",
+        0.25,
+        "Generated-token counts go to each model's leader (its fairness counters) this often, one message for "
+        "all of a replica's running requests; acceptance, the first token, failures and the end go at once. "
+        "The counters of a running request lag by at most this; VTC's look-ahead already reserves tokens "
+        "the request has yet to generate, and a shorter interval costs the leader CPU per token count.",
     )
     degraded_in_flight_cap: int = _field(
         0,
