@@ -6,10 +6,10 @@ A mirror is admitted into the leader's own `Scheduler` (caps and the duplicate-i
 `force` they are skipped for a re-registration) and driven by the ordinary `RequestRun` with a remote
 generation source: when the dispatcher assigns it, the source sends a `Grant` to the owner, then yields the
 owner's reports as the adapter's events would have come (`Accepted`, `TextDelta("", n)` for the first token
-and for each `Tokens` count, `Finished`, or
-raises the reported `BackendError`, so the failover rule runs unchanged). So all the accounting (estimator,
-fairness, cost, metrics) is exactly a local request's. When the run fails (expired, no more failover,
-shutting down) the owner gets a `Fail`.
+and any count before it, `Finished`, or raises the reported `BackendError`, so the failover rule runs
+unchanged); the counts after the first token go to the run's `count_tokens` at once. So all the accounting
+(estimator, fairness, cost, metrics) is exactly a local request's. When the run fails (expired, no more
+failover, shutting down) the owner gets a `Fail`.
 
 A re-registered running request is `adopt`ed: assigned to its backend without a grant. A mirror ends
 silently (nothing sent: the owner knows) when the owner reports its end, when the owner is dead (its
@@ -69,6 +69,7 @@ class Mirror:
     silent: bool = False  # ended by us without telling the owner
     events: asyncio.Queue[_Event] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
+    run: RequestRun | None = None
 
 
 class Leader:
@@ -184,9 +185,18 @@ class Leader:
                 self._drop(mirror, _outcome(report.outcome))
 
     def on_tokens(self, tokens: Tokens) -> None:
+        """Counts of running requests. Once a mirror's run has taken its first token and has nothing else
+        to take, a count is accounted at once (`RequestRun.count_tokens`), not woken through its event queue:
+        the same accounting, for a fraction of the CPU of the many counts a leader takes."""
         for request_id, count in tokens.counts.items():
             mirror = self.mirrors.get(request_id)
-            if mirror is not None and mirror.owner == tokens.sender and count:
+            if mirror is None or mirror.owner != tokens.sender or not count:
+                continue
+            ticket = mirror.ticket
+            started = ticket.state is TicketState.DISPATCHED and ticket.first_token_at is not None
+            if started and mirror.run is not None and mirror.events.empty():
+                mirror.run.count_tokens(count)
+            else:
                 mirror.events.put_nowait(TextDelta("", count))
 
     def release_dead(self, members: Collection[str], read_since: float) -> int:
@@ -203,7 +213,7 @@ class Leader:
     async def _drive(self, mirror: Mirror) -> None:
         ticket = mirror.ticket
         dispatcher = self._scheduler.dispatchers[ticket.request.model]
-        run = RequestRun(
+        run = mirror.run = RequestRun(
             ticket, dispatcher, watch_positions=mirror.watch, generate=lambda t, g: self._remote(mirror, t, g)
         )
         try:

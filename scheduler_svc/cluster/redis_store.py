@@ -18,8 +18,8 @@ Redis operations per call (each call is ONE round trip, bounded by `op_timeout`)
   `leave`: EVALSHA (GET, DEL, ZREM); `members`: EVALSHA (TIME, ZREMRANGEBYSCORE, ZRANGE).
 - `acquire_lease`: EVALSHA (GET, SET PX when free); `renew_lease`: EVALSHA (GET, PEXPIRE);
   `release_lease`: EVALSHA (GET, DEL); `lease_holders`: one MGET of every lease asked.
-- `send(to, k entries)`: one pipeline of k `XADD MAXLEN ~` + one EXPIRE (the outbox sends one entry per
-  destination and wake-up, however many messages it holds).
+- `send({to: k entries, ...})`: one pipeline of k `XADD MAXLEN ~` + one EXPIRE per destination (the outbox
+  sends one entry per destination and wake-up, however many messages it holds, every destination at once).
 - `receive`: one `XREAD COUNT read_batch BLOCK timeout` on the store's own connection (blocking reads never
   hold up the others); after that connection (re)connects, one `XREVRANGE COUNT 1` first (see below).
 A script the server does not know (first use, or after a restart) costs one SCRIPT LOAD more, once.
@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,11 @@ class StoreMetrics:
             ["call"],
             registry=registry,
         )
+
+
+def inbox_key(key_prefix: str, name: str) -> str:
+    """The stream that is replica `name`'s inbox."""
+    return f"{key_prefix}:inbox:{name}"
 
 
 def _ms(seconds: float) -> int:
@@ -286,7 +291,7 @@ class RedisStore:
         member = self._key("member", name)
         async with self._reach("join", self._op_timeout):
             newest = await self._join(
-                keys=[member, self._key("members"), self._key("inbox", name)], args=[name, token, _ms(ttl)]
+                keys=[member, self._key("members"), inbox_key(self._prefix, name)], args=[name, token, _ms(ttl)]
             )
         if newest is None:
             raise DuplicateReplica(f"replica name {name} is held by another live replica")
@@ -332,19 +337,22 @@ class RedisStore:
             holders: list[Any] = await self._redis.mget([self._lease_key(lease) for lease in leases])
         return {lease: None if h is None else _text(h) for lease, h in zip(leases, holders, strict=True)}
 
-    async def send(self, to: str, messages: Sequence[bytes]) -> None:
-        if not messages:
+    async def send(self, batches: Mapping[str, Sequence[bytes]]) -> None:
+        if not any(batches.values()):
             return
-        inbox = self._key("inbox", to)
         async with self._reach("send", self._op_timeout):
             pipe = self._sender.pipeline(transaction=False)
-            for message in messages:
-                pipe.xadd(inbox, {b"m": message}, maxlen=self._inbox_limit, approximate=True)
-            pipe.expire(inbox, INBOX_IDLE_SECONDS)
+            for to, messages in batches.items():
+                if not messages:
+                    continue
+                inbox = inbox_key(self._prefix, to)
+                for message in messages:
+                    pipe.xadd(inbox, {b"m": message}, maxlen=self._inbox_limit, approximate=True)
+                pipe.expire(inbox, INBOX_IDLE_SECONDS)
             await pipe.execute()
 
     async def receive(self, me: str, timeout: float) -> list[bytes]:
-        inbox = self._key("inbox", me)
+        inbox = inbox_key(self._prefix, me)
         block = _ms(timeout) if timeout > 0 else None  # BLOCK 0 would wait forever
         async with self._reach("receive", max(timeout, 0.0) + self._op_timeout):
             await self._reader.initialize()

@@ -14,7 +14,7 @@ Semantics every implementation keeps:
   `renew_lease` extends it only while we hold it, `release_lease` frees it only if we hold it (a handover on
   SIGTERM, or to spread the leases). `lease_holders` reads who holds each of several, in one round trip. The
   holder string is opaque ("name/token").
-- Inboxes: `send` appends messages to a replica's inbox, in order; `receive` returns the messages that
+- Inboxes: `send` appends messages to replicas' inboxes, each inbox's in order; `receive` returns the messages that
   arrived after the last ones it returned, waiting up to `timeout` for the first; a handle reads a name's
   inbox from its own first `join` of that name on (never what an earlier process of the name was sent).
   Inboxes are bounded (oldest dropped) and die with the store; a message to a dead replica is simply never
@@ -24,7 +24,7 @@ Semantics every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 
@@ -81,8 +81,8 @@ class ClusterStore(Protocol):
         """Who holds each of `leases` now (None: nobody), in one round trip."""
         ...
 
-    async def send(self, to: str, messages: Sequence[bytes]) -> None:
-        """Append `messages` to replica `to`'s inbox, in order (one round trip for all of them)."""
+    async def send(self, batches: Mapping[str, Sequence[bytes]]) -> None:
+        """Append each replica's messages to its inbox, in order (one round trip for all of them)."""
         ...
 
     async def receive(self, me: str, timeout: float) -> list[bytes]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler_svc.cluster.store import DuplicateReplica, StoreUnavailable
@@ -140,15 +140,16 @@ class FakeStore:
             out[lease] = None if held is None else held[0]
         return out
 
-    async def send(self, to: str, messages: Sequence[bytes]) -> None:
+    async def send(self, batches: Mapping[str, Sequence[bytes]]) -> None:
         self._op()
-        inbox = self.b.inboxes.setdefault(to, [])
-        inbox.extend(messages)
-        if len(inbox) > self.b.inbox_limit:
-            dropped = len(inbox) - self.b.inbox_limit
-            del inbox[:dropped]
-            self.b.dropped[to] = self.b.dropped.get(to, 0) + dropped
-        self.b.arrived.setdefault(to, asyncio.Event()).set()
+        for to, messages in batches.items():
+            inbox = self.b.inboxes.setdefault(to, [])
+            inbox.extend(messages)
+            if len(inbox) > self.b.inbox_limit:
+                dropped = len(inbox) - self.b.inbox_limit
+                del inbox[:dropped]
+                self.b.dropped[to] = self.b.dropped.get(to, 0) + dropped
+            self.b.arrived.setdefault(to, asyncio.Event()).set()
 
     def _unread_from(self, me: str) -> int:
         generation, upto = self.read_upto.get(me, (self.b.generation, 0))
