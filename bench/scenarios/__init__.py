@@ -1,6 +1,6 @@
 """The scenarios of SCENARIOS.md, by id. S1's runs also give S2, so one entry produces both. C1, C3, C4, C6
 and CB are issue 14's cluster variants (several scheduler replicas in front of one engine); CL measures what
-the cluster's leaders cost per follower request (issue 35)."""
+the cluster's leaders cost per follower request, CN one leader under many followers' load (issue 35)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], Runner]] = {
     "C4": (("C4",), lambda provider, options: c4.run(provider, options.cluster)),
     "C6": (("C6",), lambda provider, options: c6.run(provider, options.cluster)),
     "CB": (("CB",), lambda provider, options: cb.run(provider, options.cluster)),
-    "CL": (("CL",), lambda provider, options: cl.run(provider, options.cluster)),
+    "CL": (("CL", "CN"), lambda provider, options: cl.run(provider, options.cluster)),
 }
 
 TITLES = {
@@ -57,8 +57,9 @@ TITLES = {
     "C6": c6.TITLE,
     "CB": cb.TITLE,
     "CL": cl.TITLE,
+    "CN": cl.LOAD_TITLE,
 }
-CLUSTER = ("C1", "C3", "C4", "C6", "CB", "CL")
+CLUSTER = ("C1", "C3", "C4", "C6", "CB", "CL", "CN")
 
 # R1 (S1/S2 on a real engine in three core layouts: bench/scenarios/real_s1.py) runs outside this table.
 DEFAULT = {"sim": ("S1", "S3", "S4", "S5", "S6", "S7", "S8", *CLUSTER), "vllm": ("R1", "S6", "S8"), "llamacpp": ("R1",)}
