@@ -450,13 +450,15 @@ class SchedulingConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Several scheduler replicas acting as one (issue 14): one leader decides for everyone, each replica
-    serves, streams and cancels the calls it received. `store = "memory"` is one process on its own."""
+    """Several scheduler replicas acting as one (issue 14): each model's leader decides for every replica's
+    requests of that model, each replica serves, streams and cancels the calls it received. `store =
+    "memory"` is one process on its own."""
 
     store: str = _field(
         "memory",
-        'Where replicas meet: "memory" (this process alone, nothing shared) or "redis" (one leader, elected '
-        "on a Redis lease, queues and gates every replica's requests; see the README's cluster section).",
+        'Where replicas meet: "memory" (this process alone, nothing shared) or "redis" (each model\'s leader, '
+        "elected on its own Redis lease, queues and gates every replica's requests of that model; one lease for "
+        'every model with scheduling.fairness_scope = "global"; see docs/cluster.md).',
     )
     redis_url: str = _field(
         "redis://127.0.0.1:6379/0",

@@ -12,7 +12,9 @@ members (a leader releases dead owners' mirrors; everyone keeps the count for th
 share of leases), read who holds every other lease in one round trip, and take the free ones its share allows
 (`leases` explains the spreading); a replica over its share hands one lease over. Store operations per
 heartbeat: 3 + one per lease held (renew, renew_lease each, members, lease_holders), plus one acquire per
-free lease taken or one release per lease handed over.
+free lease taken or one release per lease handed over. A lease handed over that nobody took comes back by
+the free-lease rule; then nothing more is handed over until the members change (one of them takes no lease:
+it is draining after SIGTERM), so leases do not swing back and forth.
 
 Inbox: one blocking `receive` per wake-up returns every entry that arrived; each entry is a batch of messages,
 each handed to the `Leader` or `Follower` part. Sending goes through the `Outbox` (one entry per destination
@@ -89,6 +91,10 @@ class ClusterAgent:
         self.members = 1  # last known number of live replicas (for the degraded cap and the share of leases)
         self._joined = False
         self._stepping_down = False
+        self._member_names: frozenset[str] = frozenset()  # the members at the last look
+        # The members when a lease we handed over came back to us for want of a taker (a member that never
+        # takes leases: one draining after SIGTERM). While they stay the same, nothing is handed over again.
+        self._keep_leases_among: frozenset[str] | None = None
         self._killed = False
         self._look_now = asyncio.Event()
         self.outbox = Outbox(store, self.metrics, self._store_failed)
@@ -292,11 +298,12 @@ class ClusterAgent:
         read_at = self.scheduler.clock.now()
         members = await store.members()
         self.members = max(1, len(members))
+        self._member_names = frozenset(members)
         if self.leader.leading:
             self.leader.release_dead(members, read_at)
         share = fair_share(len(self.leases), self.members)
         led = [lease for lease in self.leases.values() if lease.role is Role.LEADING]
-        if len(led) > share and not self._stepping_down:
+        if len(led) > share and not self._stepping_down and self._member_names != self._keep_leases_among:
             await self._hand_over(led[-1], members)
             led.pop()
         others = [lease for lease in self.leases.values() if lease.role is not Role.LEADING]
@@ -318,9 +325,12 @@ class ClusterAgent:
             holder, ours = None, True
         if holder is None:
             lease.free_looks += 1
-            wanted = ours or under_share or lease.free_looks > 1  # free since our last look: nobody under share
+            unclaimed = lease.free_looks > 1  # free since our last look: nobody under their share took it
+            wanted = ours or under_share or unclaimed
             if not self._stepping_down and wanted and await store.acquire_lease(lease.name, lease.holder, ttl):
                 lease.free_looks = 0
+                if unclaimed and not (ours or under_share):
+                    self._keep_leases_among = self._member_names
                 self._apply(lease, Role.LEADING)
                 return True
             if wanted and not self._stepping_down:  # another replica took it just now

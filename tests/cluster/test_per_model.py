@@ -21,8 +21,8 @@ from scheduler_svc.cluster.leases import EVERY_MODEL
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.server import SchedulerServer
 from scheduler_svc.ticket import Ticket
-from tests.cluster.fake_store import FakeStoreBackend
-from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, leaders_settled, start_replica
+from tests.cluster.fake_store import FakeStore, FakeStoreBackend
+from tests.cluster.replicas import HEARTBEAT, TIMEOUT, agent_of, cluster_config, leaders_settled, start_replica
 from tests.cluster.test_replicas import engine_ids, first_delta
 from tests.helpers import client_for, client_label, eventually
 
@@ -224,3 +224,38 @@ async def test_a_followers_token_counts_reach_its_models_leader_in_full() -> Non
         assert response.usage.completion_tokens == 80
         await eventually(lambda: not agent_of(leader).leader.mirrors, 2.0, "the mirror ended")
         assert list(charged.values()) == [80]
+
+
+async def test_a_lease_nobody_takes_comes_back_and_is_not_handed_over_again() -> None:
+    """A member that takes no lease (a replica draining after SIGTERM still counts as one) puts r0 above its
+    share: r0 hands "b" over, nobody takes it, r0 takes it back by the free-lease rule, and while the members
+    stay the same it hands nothing over again (no lease swinging back and forth, re-registering each time)."""
+    async with running_simulator(SimConfig(**FAST)) as sim:
+        store = FakeStoreBackend()
+        r0 = await start_replica(store, cluster_config(sim.url, "r0", models=MODELS))
+        try:
+            await leaders_settled([r0], MODELS)
+            agent = agent_of(r0)
+            handed: list[tuple[str, ...]] = []
+            hand_over = agent._hand_over
+
+            async def recording_hand_over(lease: LeaseState, members: list[str]) -> None:
+                handed.append(lease.models)
+                await hand_over(lease, members)
+
+            agent._hand_over = recording_hand_over
+            idle = FakeStore(store)
+            await idle.join("draining", "t", 3600.0)  # a member that never looks at the leases
+            await eventually(lambda: handed == [("b",)], 5.0, "b handed over")
+            await eventually(lambda: agent.leading == ["a", "b"], 5.0, "b taken back for want of a taker")
+            beats = 10
+            await asyncio.sleep(beats * HEARTBEAT)  # heartbeats with nothing to do: no event to wait on
+            assert handed == [("b",)] and agent.leading == ["a", "b"]
+            await idle.leave("draining", "t")
+            await eventually(lambda: agent.members == 1, 5.0, "the member gone")
+            async with client_for(r0) as client:
+                for model in MODELS:
+                    response = await client.submit(model, "hi", max_tokens=3, ignore_eos=True)
+                    assert response.usage.completion_tokens == 3
+        finally:
+            await r0.stop(grace=0.5)
