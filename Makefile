@@ -16,7 +16,7 @@ help:
 	@echo "make demo                              scenario S1: a flood and two latecomers, direct vs scheduled"
 	@echo "make bench [ENGINE=sim|vllm|llamacpp]  scenarios side by side, tables + JSON + plots in bench/results"
 	@echo "make bench-check                       fails when a scenario misses its target beyond tolerance"
-	@echo "make bench-cluster                     issue 14: C1 C3 C4 C6 CB, one process vs 3 replicas (memory, redis)"
+	@echo "make bench-cluster                     C1 C3 C4 C6 CB (one process vs 3 replicas), CL CN (the leader's cost)"
 	@echo "make protos                            regenerate llmsched/ (Python API package) and README's error table"
 	@echo "make buf                               buf lint + buf breaking (against main) on protos/"
 
@@ -120,11 +120,13 @@ bench: $(STAMP)
 	$(BIN)/python -m bench --engine $(ENGINE) $(BENCH_ARGS)
 	$(if $(filter sim,$(ENGINE)),$(BIN)/python bench/update_readme.py)
 
-# Issue 14's cluster scenarios alone (also part of `make bench`): one scheduler process, three memory-mode replicas
-# (before) and three replicas on a private redis-server (after), side by side; results in bench/results/cluster.
+# The cluster scenarios alone (also part of `make bench`): one scheduler process, three memory-mode replicas
+# (before) and three replicas on a private redis-server (after), side by side; CL and CN, what a model's leader
+# costs per follower request (three replicas, then one leader under synthetic followers); results in
+# bench/results/cluster.
 .PHONY: bench-cluster
 bench-cluster: $(STAMP)
-	$(BIN)/python -m bench --scenarios C1,C3,C4,C6,CB --out bench/results/cluster $(BENCH_ARGS)
+	$(BIN)/python -m bench --scenarios C1,C3,C4,C6,CB,CL,CN --out bench/results/cluster $(BENCH_ARGS)
 
 # Fails when a scenario falls below its SCENARIOS.md target by more than the stated tolerance.
 bench-check: $(STAMP)

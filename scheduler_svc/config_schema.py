@@ -450,7 +450,7 @@ class SchedulingConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Several scheduler replicas acting as one (issue 14): each model's leader decides for every replica's
+    """Several scheduler replicas acting as one: each model's leader decides for every replica's
     requests of that model, each replica serves, streams and cancels the calls it received. `store =
     "memory"` is one process on its own."""
 

@@ -1,6 +1,6 @@
 """The scenarios of SCENARIOS.md, by id. S1's runs also give S2, so one entry produces both. C1, C3, C4, C6
-and CB are issue 14's cluster variants (several scheduler replicas in front of one engine); CL measures what
-the cluster's leaders cost per follower request, CN one leader under many followers' load (issue 35)."""
+and CB are the cluster variants (several scheduler replicas in front of one engine); CL measures what
+the cluster's leaders cost per follower request, CN one leader under many followers' load."""
 
 from __future__ import annotations
 

@@ -1,19 +1,24 @@
 """CL the leader's cost: what deciding for the followers' requests costs the model's leader, against what
-serving them costs the followers themselves, and what each request costs Redis.
+serving them costs the followers themselves, and what each request costs Redis; CN the same leader under
+the load of many followers.
 
-N replicas on a private redis-server in front of the simulator. Once they have settled, each model's leader
-is read from the replicas' metrics, and every call goes to the next replica that leads no model, so each
-request's decisions are its model's leader's work and everything else (the gRPC call, the engine's stream,
-the reports) its owner's. Over a load window (a fixed request rate for a while, then until every request
-ended) each process's CPU time comes from /proc, Redis's from its own INFO, and Redis's commands from
+CL: N replicas on a private redis-server in front of the simulator. Once they have settled, each model's
+leader is read from the replicas' metrics, and every call goes to the next replica that leads no model, so
+each request's decisions are its model's leader's work and everything else (the gRPC call, the engine's
+stream, the reports) its owner's. Over a load window (a fixed request rate for a while, then until every
+request ended) each process's CPU time comes from /proc, Redis's from its own INFO, and Redis's commands from
 INFO commandstats; an idle window of the same length just before gives each process's idle rate (the
-heartbeats), taken off its load figure. Reported per layout: CPU per request of each leader and of the
-followers, their ratio, Redis commands and CPU per request, messages per request by type.
+heartbeats, the scrapes), taken off its load figure. Reported per layout: CPU per request of each leader and
+of the followers, their ratio, Redis commands and CPU per request, messages per request by type. Layouts: one
+model led by one replica, and (with `models` > 1) the same rate spread over several models, whose leases
+fall on different replicas (target: one leader per model).
 
-Layouts: one model led by one replica, and (with `models` > 1) the same request rate spread over several
-models whose leases fall on different replicas: decision work spreads with the models. Target (issue 35):
-a leader's CPU per follower-owned request at most 10% of the follower's own CPU for it, so one leader keeps
-up with ten followers.
+CN: at CL's light load nearly every message is a round trip of its own, and a follower costs several times
+what its leader does, so two cores cannot show a leader serving many busy followers. One real leader replica
+takes the traffic of synthetic followers (`bench.leader_load`) at rising rates; its CPU per request (minus
+its idle rate), core share and Admit -> Grant latency, Redis's commands and CPU per request. Target: at the
+highest step it sustains, the leader's CPU per follower-owned request is at most 10% of the follower's own
+CPU for it (CL's, same run), so one leader serves at least ten followers.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from clients import pb_grpc
 
 ID, TITLE = "CL", "the leader's cost per follower request"
 LOAD_ID, LOAD_TITLE = "CN", "one leader under many followers' load"
-TARGET = 0.10  # issue 35: a leader's CPU per follower-owned request <= 10% of the follower's own
+TARGET = 0.10  # a leader's CPU per follower-owned request <= 10% of the follower's own: it serves ten
 GATE_TARGET = 3
 
 

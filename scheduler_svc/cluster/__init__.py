@@ -1,4 +1,4 @@
-"""Several scheduler replicas acting as one (issue 14): each model's leader, elected on its own lease in a
+"""Several scheduler replicas acting as one: each model's leader, elected on its own lease in a
 shared store, decides for every replica's requests of that model; each replica serves, streams and cancels
 the calls it received.
 
