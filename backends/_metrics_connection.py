@@ -169,7 +169,7 @@ class _Answer(asyncio.Protocol):
         if size > head.length:
             raise Unsupported("more bytes than the answer's Content-Length")
         if size == head.length:
-            waiter.set_result((head.status, bytes(self._buffer[head.body_start :]), head.keep_alive))
+            waiter.set_result((head.status, bytes(memoryview(self._buffer)[head.body_start :]), head.keep_alive))
 
 
 def _parse_head(head: bytes, body_start: int) -> _Head:
