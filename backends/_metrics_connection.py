@@ -2,24 +2,26 @@
 per-request machinery.
 
 Why: a hundred engines read every 0.2 s are 500 GETs a second. aiohttp's client spends about 100 us of
-Python on each (request and response objects, headers, cookies, timers, the pool): two fifths of a scrape's
+Python on each (request and response objects, headers, cookies, timers, the pool): a third of a scrape's
 CPU in the running scheduler (bench/scrape_scale.py), the rest being the event loop, the parse and the
-gate's bookkeeping. A scrape needs little of that: one GET at a time, on a connection that stays open, of a
-small answer with a Content-Length, which is what vLLM, TGI and llama-server write (llama-server keeps its
-/metrics connections alive, though not its streams, which aiohttp reads on connections it never reuses).
-It asks for no compression, which also spares the engine's front end a gzip per scrape.
+gate's bookkeeping. A scrape needs little of that: one GET at a time, on a connection that stays open, its
+answer read by httptools' parser (llhttp, in C: Content-Length or chunked, as vLLM's /metrics/ writes).
+llama-server keeps its /metrics connections alive, though not its streams, which aiohttp reads on
+connections it never reuses, so there the kept connection also saves a TCP connection a scrape. It asks for
+no compression, which spares the engine's front end a gzip per scrape.
 
-Anything else is aiohttp's: `get` raises `Unsupported` for a URL other than http://, an answer without a
-Content-Length (chunked), a 1xx or 3xx status (aiohttp follows redirects), an encoded body, or one that does
-not parse, and the reader goes through aiohttp for that engine from then on.
+Anything else is aiohttp's: `get` raises `Unsupported` for a URL other than http://, a 1xx or 3xx status
+(aiohttp follows redirects), an encoded body, a body that ends with the connection, or bytes that do not
+parse, and the reader goes through aiohttp for that engine from then on.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import NamedTuple, cast
+from typing import cast
 
 import aiohttp
+import httptools
 import yarl
 
 MAX_HEAD = 64 * 1024  # status line and headers
@@ -102,22 +104,21 @@ class MetricsConnection:
         self._protocol, self._loop = protocol, loop
 
 
-class _Head(NamedTuple):
-    status: int
-    body_start: int
-    length: int
-    keep_alive: bool
-
-
 class _Answer(asyncio.Protocol):
-    """Reads one answer at a time: status line, headers, a body of Content-Length bytes."""
+    """Reads one answer at a time with httptools' parser (llhttp: Content-Length or chunked bodies, trailers,
+    keep-alive rules), refusing what aiohttp should read instead."""
 
     def __init__(self) -> None:
         self.open = False
         self._transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
         self._waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
-        self._head: _Head | None = None
+        self._parser: httptools.HttpResponseParser | None = None
+        self._received = 0  # bytes of the answer so far
+        self._headers_done = False
+        self._framed = False  # a Content-Length or a Transfer-Encoding: not a body that ends with the connection
+        self._encoded = False
+        self._body: list[bytes] = []
+        self._size = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # a TCP connection's (uvloop's is no subclass)
@@ -126,27 +127,17 @@ class _Answer(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
         if self._waiter is not None and not self._waiter.done():
-            if self._buffer:
+            if self._received:
                 self._waiter.set_exception(aiohttp.ClientPayloadError("the engine closed the connection mid-answer"))
             else:
                 self._waiter.set_exception(aiohttp.ServerDisconnectedError())
 
-    def data_received(self, data: bytes) -> None:
-        waiter = self._waiter
-        if waiter is None or waiter.done():  # nothing asked: not an answer to us
-            self.close()
-            return
-        self._buffer += data
-        try:
-            self._advance(waiter)
-        except Unsupported as exc:
-            waiter.set_exception(exc)
-
     def exchange(self, request: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
         """Send `request`; the future gives (status, body, whether the connection may be kept)."""
         assert self._transport is not None
-        self._buffer.clear()
-        self._head = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._received, self._headers_done, self._framed, self._encoded = 0, False, False, False
+        self._body, self._size = [], 0
         self._waiter = asyncio.get_running_loop().create_future()
         self._transport.write(request)
         return self._waiter
@@ -156,47 +147,59 @@ class _Answer(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    def _advance(self, waiter: asyncio.Future[tuple[int, bytes, bool]]) -> None:
-        if self._head is None:
-            end = self._buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._buffer) > MAX_HEAD:
-                    raise Unsupported("answer headers over 64 KB")
-                return
-            self._head = _parse_head(bytes(self._buffer[:end]), end + 4)
-        head = self._head
-        size = len(self._buffer) - head.body_start
-        if size > head.length:
-            raise Unsupported("more bytes than the answer's Content-Length")
-        if size == head.length:
-            waiter.set_result((head.status, bytes(memoryview(self._buffer)[head.body_start :]), head.keep_alive))
+    def data_received(self, data: bytes) -> None:
+        waiter, parser = self._waiter, self._parser
+        if waiter is None or waiter.done() or parser is None:  # nothing asked: not an answer to us
+            self.close()
+            return
+        self._received += len(data)
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            refused = exc.__context__
+            failure = refused if isinstance(refused, Unsupported) else Unsupported(f"unreadable answer: {exc}")
+            self._fail(waiter, failure)
+        except httptools.HttpParserError as exc:  # bytes that are not (or not only) one answer
+            self._fail(waiter, Unsupported(f"unreadable answer: {exc}"))
+        else:
+            if not self._headers_done and self._received > MAX_HEAD:
+                self._fail(waiter, Unsupported("answer headers over 64 KB"))
 
+    def _fail(self, waiter: asyncio.Future[tuple[int, bytes, bool]], failure: Unsupported) -> None:
+        if waiter.done():  # garbage after a whole answer: the answer stands, the connection goes
+            self.close()
+        else:
+            waiter.set_exception(failure)
 
-def _parse_head(head: bytes, body_start: int) -> _Head:
-    """An HTTP/1.1 answer's status line and headers, when its body is a plain Content-Length one;
-    raises Unsupported for anything else."""
-    lines = head.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    if version != "HTTP/1.1" or not rest[:3].isdigit():
-        raise Unsupported(f"status line {lines[0][:80]!r}")
-    status = int(rest[:3])
-    if status < 200 or 300 <= status < 400:
-        raise Unsupported(f"status {status}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip():
-            raise Unsupported(f"header line {line[:80]!r}")
+    # httptools' callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        if name == "content-length" and name in headers:
-            raise Unsupported("two Content-Length headers")
-        headers[name] = value.strip()
-    length = headers.get("content-length", "")
-    if not length.isdigit() or "transfer-encoding" in headers:
-        raise Unsupported("not a Content-Length body")
-    if headers.get("content-encoding", "identity").lower() != "identity":
-        raise Unsupported("an encoded body")
-    if int(length) > MAX_BODY:
-        raise Unsupported(f"a body of {length} bytes")
-    keep_alive = "close" not in headers.get("connection", "").lower()
-    return _Head(status, body_start, int(length), keep_alive)
+        if name in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+        elif name == b"content-encoding" and value.strip().lower() != b"identity":
+            self._encoded = True
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None
+        self._headers_done = True
+        status = self._parser.get_status_code()
+        if status < 200 or 300 <= status < 400:
+            raise Unsupported(f"status {status}")  # aiohttp's: it follows redirects
+        if not self._framed:
+            raise Unsupported("a body that ends with the connection")
+        if self._encoded:
+            raise Unsupported("an encoded body")
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > MAX_BODY:
+            raise Unsupported(f"a body over {MAX_BODY} bytes")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        parser, waiter = self._parser, self._waiter
+        assert parser is not None and waiter is not None
+        self._parser = None  # anything after this answer is not ours
+        if not waiter.done():
+            waiter.set_result((parser.get_status_code(), b"".join(self._body), parser.should_keep_alive()))

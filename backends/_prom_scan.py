@@ -11,9 +11,9 @@ only those are parsed, and the label sets (the same at every scrape) are read on
 The numbers are prometheus-client's on every text it accepts: a line in the usual form
 `name{label="value",...} value [timestamp]` is read here under the same rules (escapes, NaN/Inf, integers
 through int()); any other line naming a wanted series (spaces before `{`, exemplars, a name given inside the
-braces) is handed to prometheus-client's parser alone; and a text that declares a wanted name (or its
-`_total` stem) a counter is parsed whole by it, since it renames such samples to `<name>_total`. Lines of
-other series are not read, so a malformed one there goes unnoticed.
+braces) is handed to prometheus-client's parser alone; and a text with a TYPE comment that declares a
+counter whose family may hold a wanted name is parsed whole by it, since it renames every sample of such a
+family to `<sample name>_total`. Lines of other series are not read, so a malformed one there goes unnoticed.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def samples_named(text: str, names: Iterable[str]) -> Samples:
     for match in finder.lines(text):
         line = match.group(0).strip()
         name = match.group("name")
-        if name is None and line.startswith("#"):  # a counter TYPE: prometheus-client renames its samples
+        if name is None and line.startswith("#"):  # a counter TYPE: prometheus-client renames its family
             return whole_text_samples(text, wanted)
         for sample_name, sample in _line_samples(line, name, wanted):
             found.setdefault(sample_name, []).append(sample)
@@ -68,14 +68,14 @@ def whole_text_samples(text: str, names: Iterable[str] | None = None) -> Samples
 class _Finder:
     """One regular expression that finds, in one pass, the lines that matter for `names`: those a wanted
     name starts, those that start with `{` (a name given as a label), and TYPE comments that declare a
-    wanted name, or the stem of a wanted `_total` name, a counter (prometheus-client renames `x` samples
-    under `# TYPE x counter` to `x_total`). Lines split at `\n` only, as prometheus-client reads them.
-    The pattern starts with a newline, which the regex engine looks for at memchr speed: `str.find` per
-    name, or a `^` in multiline mode, costs several times more on a 50 KB text."""
+    counter of a family that may hold a wanted name (`_families`). Lines split at `\n` only, as
+    prometheus-client reads them. The pattern starts with a newline, which the regex engine looks for at
+    memchr speed: `str.find` per name, or a `^` in multiline mode, costs several times more on a 50 KB text."""
 
     def __init__(self, names: tuple[str, ...]) -> None:
         alternatives = "|".join(re.escape(name) for name in names)
-        stems = "|".join(re.escape(name[:-6] if name.endswith("_total") else name) for name in names)
+        families = sorted({family for name in names for family in _families(name)})
+        stems = "|".join(re.escape(family) for family in families)
         line = (
             rf"[^\S\n]*(?:(?P<name>{alternatives})(?![a-zA-Z0-9_:])|\{{"
             rf'|#[^\S\n]*TYPE[^\S\n]+"?(?:{stems})"?[^\S\n]+counter)[^\n]*'
@@ -88,6 +88,21 @@ class _Finder:
         if first is not None:
             yield first
         yield from self._rest.finditer(text)
+
+
+def _families(name: str) -> set[str]:
+    """The families whose `# TYPE <family> counter` makes prometheus-client rename a sample to or from `name`.
+
+    A family holds the samples its type allows (`f`; a histogram's `f_bucket`, `f_sum`, `f_count`; a
+    summary's `f`, `f_sum`, `f_count`), also those taken in under an earlier TYPE of the same name; a counter
+    family not itself called `..._total` has every one renamed to `<sample name>_total`."""
+    samples = {name, name[:-6]} if name.endswith("_total") else {name}
+    families = set(samples)
+    for sample in samples:
+        for suffix in ("_bucket", "_sum", "_count"):
+            if sample.endswith(suffix):
+                families.add(sample.removesuffix(suffix))
+    return {family for family in families if family and not family.endswith("_total")}
 
 
 @functools.lru_cache(maxsize=64)

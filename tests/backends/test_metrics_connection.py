@@ -158,17 +158,46 @@ async def test_a_status_other_than_200_reaches_the_reader_as_metrics_status() ->
     assert raised.value.status == 404
 
 
+async def test_chunked_answers_are_read_whole_however_the_bytes_arrive() -> None:
+    """vLLM's /metrics/ (prometheus-client's app under uvicorn) answers chunked, with no Content-Length."""
+    body = TEXT.encode()
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"".join(
+        b"%x;ext=1\r\n%s\r\n" % (len(part), part) for part in (body[:7], body[7:])
+    )
+    async with raw_engine([chunked + b"0\r\nX-Trailer: 1\r\n\r\n", chunked + b"0\r\n\r\n"]) as (url, asked):
+        connection = MetricsConnection(yarl.URL(url))
+        try:
+            assert await connection.get(yarl.URL(url + "/metrics"), 5) == (200, body)
+            assert await connection.get(yarl.URL(url + "/metrics"), 5) == (200, body)
+        finally:
+            connection.close()
+    assert len(asked) == 2
+
+
+async def test_bytes_past_an_answer_cost_the_connection_not_the_answer() -> None:
+    body = TEXT.encode()
+    async with raw_engine([answer(body) + b"extra", answer(body)]) as (url, asked):
+        connection = MetricsConnection(yarl.URL(url))
+        try:
+            assert await connection.get(yarl.URL(url + "/metrics"), 5) == (200, body)
+            assert await connection.get(yarl.URL(url + "/metrics"), 5) == (200, body)
+        finally:
+            connection.close()
+    assert len(asked) == 2
+
+
 @pytest.mark.parametrize(
     "odd",
     [
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n15\r\n# TYPE up gauge\nup 1\n\r\n0\r\n\r\n",
         b"HTTP/1.1 307 Temporary Redirect\r\nLocation: /metrics\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\n",
         b"HTTP/1.0 200 OK\r\n\r\n# TYPE up gauge\nup 1\n",
         answer(TEXT.encode(), "Content-Encoding: gzip"),
-        answer(TEXT.encode()) + b"extra",
         b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70_000 + b"\r\n\r\n",
     ],
-    ids=["chunked", "redirect", "http/1.0", "gzip", "extra bytes", "bad length"],
+    ids=["redirect", "1xx", "ends with the connection", "gzip", "bad length", "not http", "huge headers"],
 )
 async def test_an_answer_the_connection_does_not_read_is_unsupported(odd: bytes) -> None:
     async with raw_engine([odd]) as (url, _):
@@ -181,22 +210,19 @@ async def test_an_answer_the_connection_does_not_read_is_unsupported(odd: bytes)
 
 
 async def test_the_reader_turns_to_aiohttp_for_good_at_the_first_answer_it_does_not_read() -> None:
-    async def chunked(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse()
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        await response.write(TEXT.encode())
-        await response.write_eof()
-        return response
+    async def redirecting(request: web.Request) -> web.Response:
+        if request.path == "/metrics":
+            raise web.HTTPTemporaryRedirect("/exported")
+        return web.Response(text=TEXT, content_type="text/plain")
 
-    async with aiohttp_engine(chunked) as (url, peers), aiohttp.ClientSession() as session:
+    async with aiohttp_engine(redirecting) as (url, peers), aiohttp.ClientSession() as session:
         reader = MetricsReader(url + "/metrics", select_on_server=False, own_connection=True)
         try:
             assert [await read(reader, session) for _ in range(3)] == [1.0, 1.0, 1.0]
             assert reader._connection is None
         finally:
             reader.close()
-    assert len(peers) == 4  # the own connection's try, then aiohttp's three
+    assert len(peers) == 7  # the own connection's try, then aiohttp's three, each redirected
 
 
 async def test_a_silent_engine_times_out_and_the_next_scrape_starts_afresh() -> None:

@@ -113,6 +113,18 @@ def test_a_counter_without_total_is_renamed_as_prometheus_client_renames_it() ->
     assert samples_named(text, ("jobs_total", "jobs", "up")) == {"jobs_total": [({}, 5.0)], "up": [({}, 1.0)]}
 
 
+def test_a_family_typed_a_counter_again_has_all_its_samples_renamed() -> None:
+    """prometheus-client keeps one family across TYPE lines of one name and renames all of a counter's
+    samples: a histogram's bucket becomes `..._bucket_total`."""
+    text = '# TYPE h histogram\nh_bucket{le="1"} 2\nh_sum 3\n# TYPE h counter\nh 4\nup 1\n'
+    assert samples_named(text, ("h_bucket", "h_sum_total", "h_total", "up")) == {
+        "h_sum_total": [({}, 3.0)],
+        "h_total": [({}, 4.0)],
+        "up": [({}, 1.0)],
+    }
+    assert_same(text, ("h_bucket", "h_bucket_total", "h_sum", "h_count", "h"))
+
+
 def test_names_given_inside_the_braces_exemplars_and_odd_spacing_are_read() -> None:
     text = (
         '{__name__="w",a="1"} 1\n'
