@@ -12,9 +12,10 @@ one kind, nothing queued: dispatch loops, monitors, adapters, gates as shipped) 
 over `--seconds`: per scrape (all of the process's CPU divided by the scrapes, so the idle loops count
 against the scrapes) and as a share of a core at the interval. Kinds:
 
-- vllm: asks for its samples by `name[]` at /metrics/, answered as vLLM's prometheus-client app answers (2 KB);
+- vllm: asks for its samples by `name[]` at /metrics/, answered as vLLM's prometheus-client app answers
+  (2 KB, chunked, gzipped for a client that accepts it, as aiohttp's does);
 - vllm_whole: a vLLM that does not select (404 at /metrics/): the whole 55 KB, every scrape;
-- llamacpp: llama-server's 2.5 KB; tgi: TGI's exporter, 9 KB.
+- llamacpp: llama-server's 2.6 KB; tgi: TGI's exporter, 11 KB.
 
 Side by side, in alternating order every round, five ways of reading:
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gzip
 import json
 import statistics
 import subprocess
@@ -144,18 +146,28 @@ def text_read(kind: str, texts: dict[str, str]) -> str:
 
 
 def metrics_app(kind: str, text: str) -> web.Application:
-    """One kind's /metrics; vLLM's also answers `name[]` selections at /metrics/, as its own app does."""
+    """One kind's /metrics (with a Content-Length); vLLM's also answers `name[]` selections at /metrics/ as
+    its prometheus-client app does under uvicorn: chunked, and gzipped when the client accepts gzip."""
     body = text.encode()
-    selections: dict[tuple[str, ...], bytes] = {}
+    selections: dict[tuple[tuple[str, ...], bool], bytes] = {}
 
     async def whole(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
-    async def selected(request: web.Request) -> web.Response:
+    async def selected(request: web.Request) -> web.StreamResponse:
         names = tuple(request.query.getall("name[]", ()))
-        if names not in selections:
-            selections[names] = selected_text(text, names).encode()
-        return web.Response(body=selections[names], content_type="text/plain", charset="utf-8")
+        gzipped = "gzip" in request.headers.get("Accept-Encoding", "")
+        if (names, gzipped) not in selections:
+            answer = selected_text(text, names).encode()
+            selections[names, gzipped] = gzip.compress(answer) if gzipped else answer
+        response = web.StreamResponse(headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        if gzipped:
+            response.headers["Content-Encoding"] = "gzip"
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(selections[names, gzipped])
+        await response.write_eof()
+        return response
 
     app = web.Application()
     app.router.add_get("/metrics", whole)
