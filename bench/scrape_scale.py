@@ -69,6 +69,7 @@ from backends.vllm import VllmBackend
 from scheduler_svc.config import config_from_dict
 from scheduler_svc.config_schema import BackendConfig, ServerConfig
 from scheduler_svc.event_loop import EVENT_LOOPS, run_on
+from scheduler_svc.logs import configure_logging
 from scheduler_svc.scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -448,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve:
         run_on(args.loop, lambda: serve(args.engines, args.kinds))
         return 0
+    configure_logging("warning")  # not a line per engine as each first answers
     serving = ["--serve", "--engines", str(args.engines), "--kinds", ",".join(args.kinds), "--loop", args.loop]
     child = subprocess.Popen(
         [sys.executable, "-m", "bench.scrape_scale", *serving],
