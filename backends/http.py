@@ -53,7 +53,9 @@ class HttpEngine:
     ) -> None:
         self.name = name
         self.base_url = url.rstrip("/")
-        self._metrics = MetricsReader(self.base_url + settings.metrics_path, select_on_server=select_metrics_on_server)
+        self._metrics = MetricsReader(
+            self.base_url + settings.metrics_path, select_on_server=select_metrics_on_server, own_connection=True
+        )
         self._metrics_timeout = aiohttp.ClientTimeout(total=settings.metrics_timeout)
         self._request_timeout = aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout)
         self._max_connections = settings.max_connections
@@ -76,6 +78,7 @@ class HttpEngine:
         return self._session
 
     async def aclose(self) -> None:
+        self._metrics.close()
         if self._session is not None:
             await self._session.close()
 

@@ -98,7 +98,7 @@ for i in 1 2 3; do
 MSG
 done
 cat <<MSG
-  Who leads: redis-cli -p $redis_port GET llmsched-run:leader    members: redis-cli -p $redis_port ZRANGE llmsched-run:members 0 -1
+  Who leads sim-model: redis-cli -p $redis_port GET llmsched-run:leader:sim-model    members: redis-cli -p $redis_port ZRANGE llmsched-run:members 0 -1
   Ctrl-C stops everything.
 
 MSG

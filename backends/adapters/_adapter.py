@@ -20,7 +20,7 @@ class HttpAdapter:
 
     CAPABILITIES: ClassVar[BackendCapabilities] = BackendCapabilities()
     FORCE_CLOSE: ClassVar[bool] = False  # never reuse connections (llama.cpp closes them after a response)
-    METRICS: ClassVar[tuple[str, ...] | None] = None  # metric name prefixes `_parse` reads; None: all
+    METRICS: ClassVar[tuple[str, ...] | None] = None  # the sample names `_parse` reads; None: all
     # METRICS are exact sample names the engine selects itself (Prometheus `name[]`): see HttpEngine.scrape
     SELECT_METRICS_ON_SERVER: ClassVar[bool] = False
 

@@ -1,5 +1,6 @@
 """The benchmark scenarios, by id. S1's runs also give S2, so one entry produces both. C1, C3, C4, C6 and CB
-are the cluster variants (several scheduler replicas in front of one engine)."""
+are the cluster variants (several scheduler replicas in front of one engine); CL measures what the cluster's
+leaders cost per follower request, CN one leader under many followers' load."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult
-from bench.scenarios import c1, c3, c4, c6, cb, real_s1, s1, s3, s4, s5, s6, s7, s8
+from bench.scenarios import c1, c3, c4, c6, cb, cl, real_s1, s1, s3, s4, s5, s6, s7, s8
 from bench.scenarios._cluster import ClusterOptions
 from bench.scenarios.definition import Definition
 
@@ -39,6 +40,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], Runner]] = {
     "C4": (("C4",), lambda provider, options: c4.run(provider, options.cluster)),
     "C6": (("C6",), lambda provider, options: c6.run(provider, options.cluster)),
     "CB": (("CB",), lambda provider, options: cb.run(provider, options.cluster)),
+    "CL": (("CL", "CN"), lambda provider, options: cl.run(provider, options.cluster)),
 }
 
 TITLES = {
@@ -55,8 +57,10 @@ TITLES = {
     "C4": c4.TITLE,
     "C6": c6.TITLE,
     "CB": cb.TITLE,
+    "CL": cl.TITLE,
+    "CN": cl.LOAD_TITLE,
 }
-CLUSTER = ("C1", "C3", "C4", "C6", "CB")
+CLUSTER = ("C1", "C3", "C4", "C6", "CB", "CL", "CN")
 
 # R1 (S1/S2 on a real engine in three core layouts: bench/scenarios/real_s1.py) runs outside this table.
 DEFAULT = {"sim": ("S1", "S3", "S4", "S5", "S6", "S7", "S8", *CLUSTER), "vllm": ("R1", "S6", "S8"), "llamacpp": ("R1",)}
@@ -86,5 +90,7 @@ DEFINITIONS: tuple[Definition, ...] = (
     c4.DEFINITION,
     c6.DEFINITION,
     cb.DEFINITION,
+    cl.DEFINITION,
+    cl.LOAD_DEFINITION,
     real_s1.DEFINITION,
 )

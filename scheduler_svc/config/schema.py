@@ -519,13 +519,15 @@ class SchedulingConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Several scheduler replicas acting as one: one leader decides for everyone, each replica
-    serves, streams and cancels the calls it received. `store = "memory"` is one process on its own."""
+    """Several scheduler replicas acting as one: each model's leader decides for every replica's
+    requests of that model, each replica serves, streams and cancels the calls it received. `store =
+    "memory"` is one process on its own."""
 
     store: str = _field(
         "memory",
-        'Where replicas meet: "memory" (this process alone, nothing shared) or "redis" (one leader, elected '
-        "on a Redis lease, queues and gates every replica's requests; see docs/cluster.md).",
+        'Where replicas meet: "memory" (this process alone, nothing shared) or "redis" (each model\'s leader, '
+        "elected on its own Redis lease, queues and gates every replica's requests of that model; one lease for "
+        'every model with scheduling.fairness_scope = "global"; see docs/cluster.md).',
         bounds="memory, redis",
     )
     redis_url: str = _field(
@@ -566,9 +568,11 @@ class ClusterConfig:
         bounds="> 0",
     )
     report_interval_seconds: float = _field(
-        0.05,
-        "Generated-token counts go to the leader (fairness counters) at most this often per request; the "
-        "first token, acceptance, failures and the end go at once.",
+        0.25,
+        "Generated-token counts go to each model's leader (its fairness counters) this often, one message for "
+        "all of a replica's running requests; acceptance, the first token, failures and the end go at once. "
+        "The counters of a running request lag by at most this; VTC's look-ahead already reserves tokens "
+        "the request has yet to generate, and a shorter interval costs the leader CPU per token count.",
         bounds="> 0",
     )
     degraded_in_flight_cap: int = _field(

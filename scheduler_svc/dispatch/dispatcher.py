@@ -243,6 +243,11 @@ class ModelDispatcher:
         return Outlook(len(self._book), wait)
 
     @property
+    def dispatches(self) -> int:
+        """Requests sent so far, here or (leading a cluster) granted to other replicas."""
+        return self._stall_watch.sent
+
+    @property
     def busy(self) -> int:
         """Requests queued or running."""
         return len(self._book) + len(self._ledger)

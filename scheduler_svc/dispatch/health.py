@@ -128,6 +128,11 @@ class StallWatch:
         """`sent` more requests went."""
         self._sent += sent
 
+    @property
+    def sent(self) -> int:
+        """Requests sent so far."""
+        return self._sent
+
     def look(self, now: float, could_dispatch: bool) -> None:
         moved = self._sent != self._sent_at_last_look
         self._sent_at_last_look = self._sent

@@ -70,6 +70,10 @@ class LoadEstimator:
         self._seen_unstarted_at_reading = 0  # ours the reading may count: accepted before it, not started
         self._started_since_reading = 0  # of those, how many produced a token since
         self._foreign = 0  # requests the reading showed beyond all of ours it could hold: other clients'
+        # Kept as events come (recounted at each reading), so a gate decision reads them instead of walking
+        # every request in flight: of ours in flight, those the reading cannot show, and of those the unstarted.
+        self._unseen = 0
+        self._sent_unseen = 0
 
     def dispatched(self, request_id: str, engine_priority: int | None = None, user: str | None = None) -> None:
         """A request was handed to the backend (with the engine priority it carries, for priority engines,
@@ -78,21 +82,28 @@ class LoadEstimator:
         if user is not None:
             self._user_of[request_id] = user
             self.user_in_flight[user] = self.user_in_flight.get(user, 0) + 1
+        self._forget_seen(request_id)
         self._in_flight[request_id] = None
         self._unstarted.add(request_id)
+        self._unseen += 1
+        self._sent_unseen += 1
         if engine_priority is not None:
             self._priority[request_id] = engine_priority
 
     def accepted(self, request_id: str, at: float) -> None:
         """The engine took the request at monotonic time `at` (its response started)."""
         if request_id in self._in_flight:
+            self._forget_seen(request_id)
             self._in_flight[request_id] = at
+            self._count_seen(request_id)
 
     def started(self, request_id: str, at: float | None = None) -> None:
         """The request produced its first token at `at` (or ended without one): it is no longer waiting.
         Without a time it counts as after the current reading."""
         if request_id not in self._unstarted:
             return
+        if not _seen_by(self._in_flight.get(request_id), self.reading):
+            self._sent_unseen -= 1
         self._unstarted.discard(request_id)
         self._priority.pop(request_id, None)
         if at is not None:
@@ -112,6 +123,7 @@ class LoadEstimator:
                 self.user_in_flight[user] = remaining
             else:
                 self.user_in_flight.pop(user, None)
+        self._forget_seen(request_id)
         accepted_at = self._in_flight.pop(request_id, None)
         started_at = self._started_at.pop(request_id, None)
         if at is not None:
@@ -154,6 +166,21 @@ class LoadEstimator:
         # Of ours, the reading can hold at most those in flight now or ended since it was taken.
         ours = self.in_flight + len(self._ended)
         self._foreign = max(0, reading.running + reading.waiting - ours)
+        self._unseen = self._sent_unseen = 0
+        for rid in self._in_flight:
+            self._count_seen(rid)
+
+    def _count_seen(self, request_id: str) -> None:
+        """Count an in-flight request in the unseen tallies, as the current reading sees it."""
+        if not _seen_by(self._in_flight[request_id], self.reading):
+            self._unseen += 1
+            self._sent_unseen += request_id in self._unstarted
+
+    def _forget_seen(self, request_id: str) -> None:
+        """Take an in-flight request out of the unseen tallies (before it changes or leaves)."""
+        if request_id in self._in_flight and not _seen_by(self._in_flight[request_id], self.reading):
+            self._unseen -= 1
+            self._sent_unseen -= request_id in self._unstarted
 
     def gate_inputs(
         self,
@@ -167,8 +194,6 @@ class LoadEstimator:
         """What a gate decides on at `now`, for a request whose class has better classes active (or not)
         and which would carry `candidate_priority` to a priority engine: the one place they are built."""
         reading = self.reading
-        sent_unseen = sum(1 for rid in self._unstarted if not _seen_by(self._in_flight[rid], reading))
-        unseen_in_flight = sum(1 for at in self._in_flight.values() if not _seen_by(at, reading))
         # Some of ours that the reading could have seen were already running without a first token; the
         # first starts are assumed to be those, so the estimate never drops below the truth.
         waiting = reading.waiting if reading is not None else 0
@@ -177,9 +202,9 @@ class LoadEstimator:
             reading=reading,
             now=now,
             in_flight=self.in_flight,
-            sent_unseen=sent_unseen,
+            sent_unseen=self._sent_unseen,
             started_since_reading=max(0, self._started_since_reading - running_unstarted),
-            unseen_in_flight=unseen_in_flight,
+            unseen_in_flight=self._unseen,
             finished_since_reading=self._finished_since_reading,
             engine_slots=self.engine_slots,
             better_class_active=better_class_active,

@@ -11,6 +11,7 @@ await scheduler.drain(grace)            on shutdown: stop admitting, let work fi
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 import structlog
@@ -39,6 +40,10 @@ log = structlog.get_logger(__name__)
 
 BackendFactory = Callable[[ModelConfig, BackendConfig], Backend]
 CUT_REPORT_SECONDS = 1.0  # after cutting running requests, how long their RPCs get to report it
+# Engines read on the same beat: their answers are handled in the same passes of the event loop, where the
+# same reads spread one by one over the interval cost 1.5-2x the CPU; a beat's burst stays about a
+# millisecond, where a hundred engines read together hold every dispatch decision for ten (bench/scrape_scale.py).
+SCRAPES_PER_BEAT = 10
 
 
 def default_backend_factory(model: ModelConfig, backend: BackendConfig) -> Backend:
@@ -69,8 +74,11 @@ class Scheduler:
         backend_factory: BackendFactory = default_backend_factory,
         clock: Clock | None = None,
         metrics: SchedulerMetrics | None = None,
+        spread_scrapes: bool = True,
     ) -> None:
+        """`spread_scrapes=False` reads every engine on the same beat (the bench's baseline)."""
         self.config = config
+        self._spread_scrapes = spread_scrapes
         self.clock = clock or MonotonicClock()
         # how often every face's runs read a long answer from its engine
         self.pacing = StreamPacing(
@@ -168,6 +176,10 @@ class Scheduler:
 
     async def run(self) -> None:
         """Run every dispatcher and backend monitor until cancelled."""
+        monitored = [(dispatcher, handle) for dispatcher in self.dispatchers.values() for handle in dispatcher.backends]
+        intervals = [handle.config.scrape_interval_seconds for _, handle in monitored]
+        phases = scrape_phases(intervals) if self._spread_scrapes else [0.0] * len(intervals)
+        origin = asyncio.get_running_loop().time()  # one for all, so a beat's reads share one timer deadline
         async with asyncio.TaskGroup() as tasks:
             for dispatcher in self.dispatchers.values():
                 tasks.create_task(dispatcher.run(), name=f"dispatch:{dispatcher.model.name}")
@@ -177,11 +189,11 @@ class Scheduler:
                 )
                 if self.config.server.unhealthy_after_stalled_seconds:
                     tasks.create_task(self._watchdog(dispatcher), name=f"watchdog:{dispatcher.model.name}")
-                for handle in dispatcher.backends:
-                    tasks.create_task(
-                        _monitor(dispatcher, handle, self.clock, self.metrics, self.errors),
-                        name=f"monitor:{dispatcher.model.name}:{handle.name}",
-                    )
+            for (dispatcher, handle), phase in zip(monitored, phases, strict=True):
+                tasks.create_task(
+                    _monitor(dispatcher, handle, self.clock, self.metrics, self.errors, origin + phase),
+                    name=f"monitor:{dispatcher.model.name}:{handle.name}",
+                )
 
     async def _watchdog(self, dispatcher: ModelDispatcher) -> None:
         """Look at the dispatcher a few times per stall limit: work ready and nothing sent means it is wedged."""
@@ -237,21 +249,53 @@ class Scheduler:
                 await handle.backend.aclose()
 
 
+def scrape_phases(intervals: list[float]) -> list[float]:
+    """Where in its interval each of n engines is read: in beats of SCRAPES_PER_BEAT engines, the beats
+    spread evenly over the interval (for 100 engines every 0.2 s: 10 beats, 20 ms apart)."""
+    beats = math.ceil(len(intervals) / SCRAPES_PER_BEAT)
+    return [interval * (k // SCRAPES_PER_BEAT) / beats for k, interval in enumerate(intervals)]
+
+
+def next_beat(now: float, first_beat: float, interval: float) -> float:
+    """The first of the beats `first_beat + m * interval` (m >= 0) after `now`."""
+    return first_beat + max(0, math.floor((now - first_beat) / interval) + 1) * interval
+
+
+async def _sleep_until(when: float) -> None:
+    """Sleep until the loop's clock reads `when`: engines of one beat share the deadline, so one pass of the
+    loop wakes them all (asyncio.sleep would count each delay from its own now)."""
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
+    timer = loop.call_at(when, _wake, woken)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 async def _monitor(
     dispatcher: ModelDispatcher,
     handle: BackendHandle,
     clock: Clock,
     metrics: SchedulerMetrics,
     errors: InternalErrors,
+    first_beat: float,
 ) -> None:
-    """Read one backend's metrics every scrape interval (stamped with the core clock) and wake its
-    dispatcher with each reading."""
+    """Read one backend's metrics at once, then on its beats, `first_beat` plus every scrape interval on the
+    loop's clock (a read that outlasts the interval skips the beats it missed); stamp each reading with the
+    core clock and wake the dispatcher with it."""
     interval = handle.config.scrape_interval_seconds
+    loop = asyncio.get_running_loop()
     was_ok: bool | None = None
     engine = engine_series(metrics, dispatcher.model.name, handle.name)
     while True:
         if not dispatcher.cluster.authority.scrapes:  # a cluster follower: the leader reads the engine for everyone
-            await asyncio.sleep(interval)
+            await _sleep_until(next_beat(loop.time(), first_beat, interval))
             continue
         try:
             reading = await scrape(handle.backend, clock)
@@ -273,4 +317,4 @@ async def _monitor(
             )
             was_ok = reading.ok
         dispatcher.wake()
-        await asyncio.sleep(interval)  # the scrape period itself, not a synchronisation
+        await _sleep_until(next_beat(loop.time(), first_beat, interval))  # the scrape period, not a synchronisation

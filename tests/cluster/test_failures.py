@@ -11,6 +11,7 @@ import grpc
 
 from backends.sim import SimConfig, running_simulator
 from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.cluster.agent import LeaseState
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.cluster.store import StoreTimeout, StoreUnavailable
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
@@ -184,13 +185,13 @@ async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_
         replicas(sim.url, gate={"waiting_target": 2}) as (store, servers),
     ):
         leader = agent_of(servers[0])
-        old_holder = leader.holder
+        old_holder = leader.holder_of("m")
         followed: list[str | None] = []
         follow = leader.follower.follow
 
-        def recording_follow(holder: str | None) -> None:
+        def recording_follow(lease: str, holder: str | None) -> None:
             followed.append(holder)
-            follow(holder)
+            follow(lease, holder)
 
         leader.follower.follow = recording_follow  # type: ignore[method-assign]
         async with contextlib.AsyncExitStack() as stack:
@@ -205,9 +206,9 @@ async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_
             store.down()
             await eventually(lambda: leader.role is Role.DEGRADED, 3.0, "the leader degraded")
             store.up = True  # back, state intact: the old lease has not expired yet
-            assert store.lease_now() is not None and store.lease_now()[0] == old_holder
+            assert store.lease_now("m") is not None and store.lease_now("m")[0] == old_holder
             await eventually(lambda: leader.role is Role.LEADING, 2 * TIMEOUT, "the leader leads again")
-            assert leader.holder != old_holder
+            assert leader.holder_of("m") != old_holder
             await settled(servers)
             outcomes = await _outcomes(flood)
         ids = engine_ids(sim.engine.stats())
@@ -278,9 +279,9 @@ async def test_a_late_inbox_read_is_read_again_not_taken_for_an_outage() -> None
         roles: list[Role] = []
         apply = follower._apply
 
-        def recording_apply(role: Role, holder: str | None = None) -> None:
+        def recording_apply(lease: LeaseState, role: Role, holder: str | None = None) -> None:
             roles.append(role)
-            apply(role, holder)
+            apply(lease, role, holder)
 
         follower._apply = recording_apply
 

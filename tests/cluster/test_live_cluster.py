@@ -35,6 +35,7 @@ from tests.cluster.live import (
     Replica,
     RoleWatch,
     cluster,
+    leading,
     metric,
     one_leader,
     spawn_replica,
@@ -402,3 +403,77 @@ async def test_a_second_process_with_a_live_replicas_name_refuses_to_start(
         assert replicas[0].alive
     assert rc != 0
     assert "replica name r1 is held by another live replica" in twin.log_tail(), twin.log_tail()
+
+
+async def leaders_spread(replicas: list[Replica], models: tuple[str, ...], timeout: float) -> dict[str, Replica]:
+    """Wait until each model is led by exactly one live replica and no replica leads two (by the replicas'
+    `llmsched_cluster_leading` gauges); model -> its leader."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
+        while True:
+            alive = [r for r in replicas if r.alive]
+            led = list(zip(alive, await asyncio.gather(*(leading(session, r, models) for r in alive)), strict=True))
+            holders = {m: [r for r, ms in led if ms is not None and m in ms] for m in models}
+            if all(len(h) == 1 for h in holders.values()) and all(ms is not None and len(ms) <= 1 for _, ms in led):
+                return {m: h[0] for m, h in holders.items()}
+            if time.monotonic() > deadline:
+                names = {m: [r.name for r in h] for m, h in holders.items()}
+                raise AssertionError(f"models not spread over the replicas within {timeout}s: {names}")
+            await asyncio.sleep(0.02)  # sampling other processes' gauges: no event to wait on
+
+
+async def test_the_leader_of_one_model_killed_mid_flood_leaves_the_other_models_leader_leading(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Models a and b on three replica processes: each model led by its own replica, on its own lease key in
+    Redis. kill -9 of a's leader mid-flood: a's lead moves to a survivor within 2 x the heartbeat timeout; b's
+    leader logs no role change on b's lease and keeps dispatching b meanwhile; nothing reaches the engine
+    twice; every call at a survivor succeeds, the dead replica's end OK or UNAVAILABLE."""
+    models = ("a", "b")
+    async with simulator(tmp_path) as (sim, journal):
+        replicas = [
+            spawn_replica(name, tmp_path, sim.url, redis_server.url, models=models, waiting_target=WAITING_TARGET)
+            for name in ("r1", "r2", "r3")
+        ]
+        try:
+            led = await leaders_spread(replicas, models, START_SECONDS)
+            doomed, keeper = led["a"], led["b"]
+            survivors = survivors_of(replicas, doomed)
+            async with contextlib.AsyncExitStack() as stack:
+                clients = [await stack.enter_async_context(SchedulerClient(r.target, user="u")) for r in replicas]
+                model_of = {f"f{i}": models[i % 2] for i in range(48)}
+                owner = {rid: replicas[i % 3] for i, rid in enumerate(model_of)}
+                calls = {
+                    rid: asyncio.create_task(
+                        clients[i % 3].submit(model_of[rid], rid, max_tokens=30, ignore_eos=True, request_id=rid)
+                    )
+                    for i, rid in enumerate(model_of)
+                }
+                await eventually(lambda: sum(t.done() for t in calls.values()) >= 6, 30.0, "the flood under way")
+                doomed.kill9()
+                killed_at = time.time()
+                moved = await leaders_spread(survivors, models, 5.0)
+                outcomes = dict(zip(calls, await asyncio.gather(*calls.values(), return_exceptions=True), strict=True))
+        finally:
+            for replica in replicas:
+                if replica.alive:
+                    replica.popen.kill()
+                replica.popen.wait()
+    engine = EngineLog.read(journal)
+    no_request_twice(engine)
+    took = min(t for r in survivors for t in r.became("leading", "a") if t > killed_at) - killed_at
+    b_received = [
+        float(e["t"])
+        for e in engine.events
+        if e["event"] == "received" and model_of.get(e["id"].split("~", 1)[0]) == "b" and killed_at < float(e["t"])
+    ]
+    print(f"model a's leader killed: a led again after {took:.3f}s; b's arrivals meanwhile {len(b_received)}")
+    assert moved["b"] is keeper
+    assert took <= 2 * TIMEOUT, f"model a led again after {took:.2f}s"
+    assert [c for c in keeper.role_changes("b") if c[0] > killed_at] == [], "b's leader changed role on b"
+    assert any(t < killed_at + took for t in b_received), "b was not dispatched while a had no leader"
+    for rid, outcome in outcomes.items():
+        if owner[rid] is doomed:
+            assert ok(outcome) or code(outcome) == grpc.StatusCode.UNAVAILABLE, f"{rid}: {outcome!r}"
+        else:
+            assert ok(outcome), f"{rid} at a survivor failed: {outcome!r}"

@@ -259,11 +259,11 @@ async def test_a_grant_ignored_while_following_the_leaders_previous_term_is_sent
         leader, owner = servers
         agent = agent_of(owner)
         agent._tasks[0].cancel()  # its heartbeat: it looks at the lease when the test says so
-        agent.follower.leader = "r0/previous-term"
+        agent.follower.leaders["m"] = "r0/previous-term"
         async with client_for(owner, user="bob") as client:
             call = asyncio.create_task(client.submit("m", "hi", max_tokens=3, ignore_eos=True, request_id="x"))
             await eventually(lambda: agent.metrics.stale_grants._value.get() >= 1, 5.0, "the grant ignored")
-            agent.follower.follow(agent_of(leader).holder)  # what its next heartbeat does: register again
+            agent.follower.follow("m", agent_of(leader).holder_of("m"))  # its next heartbeat's: register again
             response = await asyncio.wait_for(call, 5.0)
         assert response.usage.completion_tokens == 3
         assert [client_label(i) for i in engine_ids(sim.engine.stats())] == ["x"], "the engine saw it once"

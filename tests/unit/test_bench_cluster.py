@@ -69,7 +69,10 @@ def test_the_runs_side_by_side_and_their_roles() -> None:
 
 def test_the_cluster_scenarios_are_selected_by_id_and_their_knobs_are_bounded() -> None:
     assert entries_for(["C1", "CB"]) == ["C1", "CB"]
-    assert all(SCENARIOS[i][0] == (i,) for i in CLUSTER)
+    assert entries_for(["CN"]) == ["CL"]  # one run gives both: CN's target reads CL's follower CPU
+    for i in CLUSTER:
+        (entry,) = entries_for([i])
+        assert i in SCENARIOS[entry][0]
     args = _parse(["--scenarios", "C3", "--replicas", "2", "--cluster-stores", "memory", "--cluster-scale", "2"])
     assert args.cluster == layouts.ClusterOptions(replicas=2, stores=("memory",), scale=2.0)
     with pytest.raises(SystemExit):
