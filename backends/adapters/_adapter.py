@@ -64,3 +64,13 @@ class HttpAdapter:
 
     async def aclose(self) -> None:
         await self._engine.aclose()
+
+
+def queue_counts(samples: MetricSamples, waiting: str, running: str, hint: str, **labels: str) -> tuple[int, int]:
+    """The engine's waiting and running request counts from the samples called `waiting` and `running`;
+    KeyError with `hint` (what is likely wrong with the engine) when either is not exposed."""
+    waiting_now = samples.total(waiting, **labels)
+    running_now = samples.total(running, **labels)
+    if waiting_now is None or running_now is None:
+        raise KeyError(f"{waiting} / {running} not exposed: {hint}")
+    return int(waiting_now), int(running_now)

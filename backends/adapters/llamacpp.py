@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from backends.adapters._adapter import HttpAdapter
+from backends.adapters._adapter import HttpAdapter, queue_counts
 from backends.adapters.openai_compat import openai_body, stream_openai
 from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest
 from backends.metrics import MetricSamples
@@ -34,16 +34,9 @@ class LlamaCppBackend(HttpAdapter):
         return stream_openai(self._engine, path, body, request.request_id)
 
     def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:
-        waiting = samples.total(WAITING)
-        running = samples.total(RUNNING)
-        if waiting is None or running is None:
-            raise KeyError(f"{WAITING} / {RUNNING} not exposed: was llama-server started with --metrics?")
+        waiting, running = queue_counts(samples, WAITING, RUNNING, "was llama-server started with --metrics?")
         tpot = self._tpot.update(samples.total(TPOT_SECONDS), samples.total(TPOT_TOKENS))
+        kv = samples.maximum(KV_USAGE)
         return BackendLoad(
-            ok=True,
-            read_at=read_at,
-            waiting=int(waiting),
-            running=int(running),
-            tpot_seconds=tpot,
-            kv_cache_usage=samples.maximum(KV_USAGE),
+            ok=True, read_at=read_at, waiting=waiting, running=running, tpot_seconds=tpot, kv_cache_usage=kv
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from backends.adapters._adapter import HttpAdapter
+from backends.adapters._adapter import HttpAdapter, queue_counts
 from backends.adapters._sse import iter_sse_batches
 from backends.adapters.openai_compat import openai_body, stream_openai
 from backends.base import (
@@ -122,9 +122,6 @@ class TgiBackend(HttpAdapter):
         )
 
     def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:
-        waiting = samples.total(WAITING)
-        running = samples.total(RUNNING)
-        if waiting is None or running is None:
-            raise KeyError(f"{WAITING} / {RUNNING} not exposed: is this a TGI server?")
+        waiting, running = queue_counts(samples, WAITING, RUNNING, "is this a TGI server?")
         tpot = self._tpot.update(samples.total(TPOT_HISTOGRAM + "_sum"), samples.total(TPOT_HISTOGRAM + "_count"))
-        return BackendLoad(ok=True, read_at=read_at, waiting=int(waiting), running=int(running), tpot_seconds=tpot)
+        return BackendLoad(ok=True, read_at=read_at, waiting=waiting, running=running, tpot_seconds=tpot)

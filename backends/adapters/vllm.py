@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from backends.adapters._adapter import HttpAdapter
+from backends.adapters._adapter import HttpAdapter, queue_counts
 from backends.adapters.openai_compat import openai_body, stream_openai
 from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest
 from backends.metrics import MetricSamples
@@ -59,18 +59,15 @@ class VllmBackend(HttpAdapter):
         labels = {"model_name": self._engine_model}
         if samples.total(WAITING, **labels) is None:
             labels = {}  # served under another name: take the whole engine
-        waiting = samples.total(WAITING, **labels)
-        running = samples.total(RUNNING, **labels)
-        if waiting is None or running is None:
-            raise KeyError(f"{WAITING} / {RUNNING} not exposed: is this a vLLM server?")
+        waiting, running = queue_counts(samples, WAITING, RUNNING, "is this a vLLM server?", **labels)
         names = next((n for n in TPOT_HISTOGRAMS if samples.has(n + "_count")), TPOT_HISTOGRAMS[0])
         tpot = self._tpot.update(samples.total(names + "_sum", **labels), samples.total(names + "_count", **labels))
         kv = next((v for n in KV_USAGE if (v := samples.maximum(n, **labels)) is not None), None)
         return BackendLoad(
             ok=True,
             read_at=read_at,
-            waiting=int(waiting),
-            running=int(running),
+            waiting=waiting,
+            running=running,
             tpot_seconds=tpot,
             kv_cache_usage=kv,
             cache_tokens=cache_tokens(samples),
