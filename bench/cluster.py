@@ -26,7 +26,7 @@ import grpc
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from bench import harness
 from bench.configs import NotAvailable, Toml, validated_toml
 from clients import pb, pb_grpc

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from scheduler_svc.config import ConfigError, config_from_dict
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import ConfigError
 
 Toml = dict[str, Any]
 

@@ -21,7 +21,7 @@ from typing import cast
 import aiohttp
 import grpc
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from clients import pb, pb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ async def wait_grpc(target: str, proc: Proc, timeout: float = 30.0) -> None:
 async def simulator(*flags: str) -> AsyncIterator[str]:
     """A `llmsched sim` subprocess; yields its base URL."""
     port = free_port()
-    proc = spawn([sys.executable, "-m", "scheduler_svc.cli", "sim", "--port", str(port), *flags], f"sim-{port}")
+    proc = spawn([sys.executable, "-m", "scheduler_svc.app.cli", "sim", "--port", str(port), *flags], f"sim-{port}")
     try:
         url = f"http://127.0.0.1:{port}"
         await wait_http(url + "/health", proc)
@@ -127,7 +127,7 @@ async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> As
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
     command = [*wrapper] if wrapper else [sys.executable]
-    async with _grpc_process([*command, "-m", "scheduler_svc.cli", "serve", "--config", str(path)], port) as proc:
+    async with _grpc_process([*command, "-m", "scheduler_svc.app.cli", "serve", "--config", str(path)], port) as proc:
         if http_port is not None:
             proc.http_url = f"http://127.0.0.1:{http_port}"
             await wait_http(proc.http_url + "/readyz", proc.proc)

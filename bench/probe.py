@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from backends._metrics_reader import MetricsReader, MetricsStatus
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
+from backends.metrics_reader import MetricsReader, MetricsStatus
 from bench.clients import RunClock
 
 WAITING = "vllm:num_requests_waiting"

@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import grpc
 
-from backends._http import engine_connector
 from backends.base import HttpSettings
+from backends.http import engine_connector
 from bench import harness
 from bench.clients import Client, DirectClient, HttpSchedulerClient, RoundRobinClient, RunClock, ScheduledClient
 from bench.cluster import Cluster, Layout, cluster

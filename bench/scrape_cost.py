@@ -23,8 +23,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
-from backends._prom import selected_metrics
-from backends.vllm import VllmBackend
+from backends.adapters.vllm import VllmBackend
+from backends.metrics import selected_metrics
 from bench.harness import cpu_seconds
 from engines import EngineProcess, start_sim, start_vllm
 

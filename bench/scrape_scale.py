@@ -57,20 +57,19 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends._adapter import HttpAdapter
-from backends._metrics_reader import SampleParser
-from backends._prom import MetricSamples
-from backends._prom_scan import whole_text_samples
+from backends.adapters import HttpAdapter
+from backends.adapters.llamacpp import LlamaCppBackend
+from backends.adapters.tgi import TgiBackend
+from backends.adapters.vllm import VllmBackend
 from backends.base import BackendLoad
-from backends.llamacpp import LlamaCppBackend
+from backends.metrics import MetricSamples, whole_text_samples
+from backends.metrics_reader import SampleParser
 from backends.sim import SimConfig, running_simulator
-from backends.tgi import TgiBackend
-from backends.vllm import VllmBackend
-from scheduler_svc.config import config_from_dict
-from scheduler_svc.config_schema import BackendConfig, ServerConfig
-from scheduler_svc.event_loop import EVENT_LOOPS, run_on
-from scheduler_svc.logs import configure_logging
-from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.app.event_loop import EVENT_LOOPS, run_on
+from scheduler_svc.app.logs import configure_logging
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import BackendConfig, ServerConfig
+from scheduler_svc.dispatch.scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "engines" / "data"

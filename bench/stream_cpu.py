@@ -31,7 +31,7 @@ import grpc
 from bench import harness
 from bench.configs import scheduler_config, validated_toml
 from clients import pb, pb_grpc
-from scheduler_svc.event_loop import EVENT_LOOPS
+from scheduler_svc.app.event_loop import EVENT_LOOPS
 
 MODEL = "m"
 

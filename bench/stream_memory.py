@@ -63,7 +63,7 @@ from typing import Any, cast
 import aiohttp
 import grpc
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from bench.clients import RunClock
 from bench.configs import validated_toml
 from bench.harness import cpu_seconds, free_port, scheduler_process, simulator

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 
 SLOW_STEPPING = {"max_num_seqs": 16, "decode_base_ms": 40.0, "decode_per_seq_ms": 10.0}
 SLOW_STEPPING_FLAGS = ("--max-num-seqs", "16", "--decode-base-ms", "40", "--decode-per-seq-ms", "10")

@@ -52,7 +52,7 @@ wait_until "the simulated engine on :8000" 30 "urllib.request.urlopen('http://12
 "$bin/python" - "$run_dir" "$redis_port" <<'PY'
 import re, sys
 from pathlib import Path
-from scheduler_svc.config import load_config
+from scheduler_svc.app.settings import load_config
 
 run_dir, redis_port = Path(sys.argv[1]), int(sys.argv[2])
 example = Path("configs/example.toml").read_text()

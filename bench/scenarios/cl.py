@@ -36,7 +36,7 @@ import aiohttp
 import grpc
 import redis.asyncio as aioredis
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from bench import harness
 from bench.clients import ScheduledClient
 from bench.cluster import Cluster, cluster

@@ -50,10 +50,10 @@ from typing import Any, cast
 import aiohttp
 import grpc
 
-from backends._http import engine_connector
-from backends._metrics_reader import MetricsReader, MetricsStatus
-from backends._prom import MetricSamples
 from backends.base import HttpSettings
+from backends.http import engine_connector
+from backends.metrics import MetricSamples
+from backends.metrics_reader import MetricsReader, MetricsStatus
 from bench import harness
 from bench.clients import Client, DirectClient, RunClock, ScheduledClient
 from bench.configs import scheduler_config, validated_toml
@@ -65,7 +65,7 @@ from bench.scenarios.definition import Definition
 from clients import pb, pb_grpc
 from engines import EngineProcess, layout, llamacpp_process, sim_process, vllm_process
 from engines.layout import Layout
-from scheduler_svc.config_schema import BackendConfig
+from scheduler_svc.config import BackendConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = 4

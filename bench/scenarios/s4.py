@@ -33,7 +33,7 @@ from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL, Mode, RunContext
 from bench.scenarios._common import STANDARD_CLASS, jsonable, measuring_window, not_run, number, run_modes
 from bench.scenarios.definition import Definition
-from scheduler_svc.config import SchedulingConfig
+from scheduler_svc.policies.fairness.vtc import VtcParams
 
 TITLE = "token fairness"
 LONG, SHORT = "long", "short"
@@ -82,7 +82,7 @@ def _is_reference(label: str) -> bool:
     return "round_robin" in label
 
 
-RETURN_GRACE = SchedulingConfig().vtc_return_grace_seconds  # the shipped default: a slower return forfeits the place
+RETURN_GRACE = VtcParams().vtc_return_grace_seconds  # the shipped default: a slower return forfeits the place
 
 
 def window_starts(start: float, end: float, p: S4Params) -> list[float]:

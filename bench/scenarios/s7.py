@@ -348,7 +348,7 @@ class Stack:
     async def start_sim(self) -> None:
         self.sim_starts += 1
         args = [
-            sys.executable, "-m", "scheduler_svc.cli", "sim", "--port", str(self.sim_port),
+            sys.executable, "-m", "scheduler_svc.app.cli", "sim", "--port", str(self.sim_port),
             "--journal", str(self.journal), *self.p.profile().flags("fcfs"),
         ]  # fmt: skip
         self.sim = harness.spawn(args, f"s7-sim-{self.sim_port}-{self.sim_starts}")

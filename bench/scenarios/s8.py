@@ -38,7 +38,7 @@ from typing import Any, cast
 import aiohttp
 import grpc
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from bench import harness
 from bench.clients import RunClock, ScheduledClient
 from bench.configs import NotAvailable, scheduler_config, validated_toml

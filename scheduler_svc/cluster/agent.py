@@ -56,8 +56,8 @@ from scheduler_svc.cluster.metrics import ClusterMetrics
 from scheduler_svc.cluster.modes import Role, authority_for
 from scheduler_svc.cluster.outbox import Outbox
 from scheduler_svc.cluster.store import ClusterStore, DuplicateReplica, StoreTimeout, StoreUnavailable
-from scheduler_svc.config_schema import ClusterConfig
-from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.config import ClusterConfig
+from scheduler_svc.dispatch.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
 
@@ -149,7 +149,7 @@ class ClusterAgent:
             self._store_failed(exc)
         self.scheduler.guard = self.follower
         for dispatcher in self.scheduler.dispatchers.values():
-            dispatcher.observer = self.follower
+            dispatcher.cluster.observe(self.follower)
         for lease in self.leases.values():
             self._apply(lease, lease.role if lease.role is Role.DEGRADED else Role.JOINING)
         loop = asyncio.get_running_loop()
@@ -215,7 +215,7 @@ class ClusterAgent:
     def _detach(self) -> None:
         self.scheduler.guard = None
         for dispatcher in self.scheduler.dispatchers.values():
-            dispatcher.observer = None
+            dispatcher.cluster.observe(None)
 
     def _tell_members(self, members: list[str]) -> None:
         """Stepdown to every other member: look at the leases now."""
@@ -239,8 +239,8 @@ class ClusterAgent:
             lease.role = role
             for model in self.scheduler.config.models:
                 if model.name in lease.models:
-                    self.scheduler.dispatchers[model.name].authority = authority_for(
-                        role, self.cluster, model, self.members, self.follower.positions
+                    self.scheduler.dispatchers[model.name].cluster.steer(
+                        authority_for(role, self.cluster, model, self.members, self.follower.positions)
                     )
             log.info(
                 "cluster_role_changed",

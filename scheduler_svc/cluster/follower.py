@@ -6,7 +6,7 @@ is followed on its own: a replica may follow one model's leader while it leads a
   caps); while its model's lease is followed, send `Admit` and wait up to admission_wait_seconds for the
   `Verdict`. A refusal raises the leader's error (the face closes the ticket as rejected); no answer in time
   leaves it queued provisionally: registered again when a leader appears, and a later refusal ends it then.
-- `Grant` from the leader a request's lease is registered with -> `dispatcher.grant`, the local run sends it
+- `Grant` from the leader a request's lease is registered with -> `ClusterPort.grant`, the local run sends it
   to the engine. A grant for a request no longer queued here is answered `Report ended(cancelled)` so the
   leader releases what it holds for it; a grant from another leader is ignored (counted).
 - The dispatchers' observer: accepted, first token, failover and the end go to the leader at once; token
@@ -43,11 +43,11 @@ from scheduler_svc.cluster.messages import (
     rebuild_error,
 )
 from scheduler_svc.cluster.metrics import ClusterMetrics
-from scheduler_svc.config_schema import ClusterConfig
-from scheduler_svc.errors import QueueTimeout
+from scheduler_svc.config import ClusterConfig
+from scheduler_svc.core.errors import QueueTimeout
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.scheduler import Scheduler
 from scheduler_svc.policies.prefix_index import prompt_text
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
 
 log = structlog.get_logger(__name__)
 
@@ -134,7 +134,7 @@ class Follower:
     def register_all(self, lease: str) -> None:
         """Send every live local ticket of the lease's models to its current leader."""
         for model in self._plan[lease]:
-            for ticket in self._scheduler.dispatchers[model].live_tickets():
+            for ticket in self._scheduler.dispatchers[model].cluster.live_tickets():
                 self._register(ticket, force=ticket.request.request_id not in self._provisional)
 
     def _register(self, ticket: Ticket, *, force: bool) -> None:
@@ -224,11 +224,13 @@ class Follower:
             return
         for lease in leases:
             for model in self._plan[lease]:
-                if self._scheduler.dispatchers[model].grant(grant.request_id, grant.backend, grant.engine_priority):
+                if self._scheduler.dispatchers[model].cluster.grant(
+                    grant.request_id, grant.backend, grant.engine_priority
+                ):
                     self.positions.pop(grant.request_id, None)
                     return
         self._metrics.stale_grants.inc()
-        if any(d.running_ticket(grant.request_id) is not None for d in self._scheduler.dispatchers.values()):
+        if any(d.cluster.running_ticket(grant.request_id) is not None for d in self._scheduler.dispatchers.values()):
             return  # a grant sent again after we took the first one (see Leader.on_admit): nothing to undo
         self._post(grant.sender, Report(self._name, grant.request_id, "ended", outcome=Outcome.CANCELLED.value))
 
@@ -239,7 +241,7 @@ class Follower:
 
     def on_position(self, position: Position) -> None:
         for dispatcher in self._scheduler.dispatchers.values():
-            ticket = dispatcher.queued_ticket(position.request_id)
+            ticket = dispatcher.cluster.queued_ticket(position.request_id)
             if ticket is not None:
                 self.positions[position.request_id] = position.position
                 ticket.nudge()
@@ -247,7 +249,7 @@ class Follower:
 
     def _end_queued(self, rid: str, outcome: Outcome, error: ErrorInfo) -> None:
         for dispatcher in self._scheduler.dispatchers.values():
-            if dispatcher.end_queued(rid, outcome, rebuild_error(error)):
+            if dispatcher.cluster.end_queued(rid, outcome, rebuild_error(error)):
                 return
 
     # -- DispatchObserver --------------------------------------------------------------------------------

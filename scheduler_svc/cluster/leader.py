@@ -45,11 +45,11 @@ from scheduler_svc.cluster.messages import (
     error_info,
     rebuild_error,
 )
-from scheduler_svc.errors import SchedulerError
-from scheduler_svc.request import QueuedRequest
-from scheduler_svc.request_run import Failed, Queued, RequestRun
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.core.errors import SchedulerError
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.request_run import Failed, Queued, RequestRun
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
 
@@ -150,8 +150,7 @@ class Leader:
     def _adopt(self, mirror: Mirror, admit: Admit) -> None:
         running = admit.running
         assert running is not None
-        dispatcher = self._scheduler.dispatchers[admit.model]
-        mirror.adopted = dispatcher.adopt(
+        mirror.adopted = self._scheduler.dispatchers[admit.model].cluster.adopt(
             mirror.ticket,
             running.backend,
             running.engine_priority,
@@ -212,9 +211,8 @@ class Leader:
     # -- the mirror's run ------------------------------------------------------------------------------
     async def _drive(self, mirror: Mirror) -> None:
         ticket = mirror.ticket
-        dispatcher = self._scheduler.dispatchers[ticket.request.model]
-        run = mirror.run = RequestRun(
-            ticket, dispatcher, watch_positions=mirror.watch, generate=lambda t, g: self._remote(mirror, t, g)
+        run = mirror.run = self._scheduler.request_run(
+            ticket, watch_positions=mirror.watch, generate=lambda t, g: self._remote(mirror, t, g)
         )
         try:
             async with contextlib.aclosing(run.events()) as events:

@@ -13,7 +13,7 @@ more than its share (replicas joined after it took the leases) hands one over pe
 
 from __future__ import annotations
 
-from scheduler_svc.config_schema import Config
+from scheduler_svc.config import Config
 
 EVERY_MODEL = ""
 """The name of the one lease that covers every model (fairness_scope = "global")."""

@@ -11,7 +11,7 @@ On the wire a batch is one JSON array of message objects (`encode_batch`: everyt
 outbox sends to one replica, split at MAX_BATCH_BYTES), so a receiver parses one stream entry, not one per
 message; a lone object is one message.
 
-Errors travel as {kind: class name, message, retry_after} and are rebuilt from `scheduler_svc.errors` and
+Errors travel as {kind: class name, message, retry_after} and are rebuilt from `scheduler_svc.core.errors` and
 `backends.errors` by name; an unknown name becomes InternalError (or BackendError for the engine's family),
 so a newer replica's error never breaks an older one. A message that does not decode is `MessageError`:
 counted and dropped, never fatal, and never the loss of the other messages of its batch (inboxes are written
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from backends import errors as backend_errors
-from scheduler_svc import errors as scheduler_errors
+from scheduler_svc.core import errors as scheduler_errors
 
 MAX_MESSAGE_BYTES = 64 * 1024  # a message carries at most the locality prefix of a prompt (config-bounded)
 MAX_BATCH_BYTES = 1024 * 1024  # one stream entry: a batch is split before it grows past this

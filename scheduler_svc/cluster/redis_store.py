@@ -60,7 +60,7 @@ from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler_svc.cluster.store import DuplicateReplica, StoreTimeout, StoreUnavailable
-from scheduler_svc.config_schema import ClusterConfig, ConfigError
+from scheduler_svc.config import ClusterConfig, ConfigError
 
 log = structlog.get_logger(__name__)
 

@@ -13,7 +13,7 @@ import yarl
 from aiohttp import web
 
 from backends._metrics_connection import MetricsConnection, Unsupported
-from backends._metrics_reader import MetricsReader, MetricsStatus
+from backends.metrics_reader import MetricsReader, MetricsStatus
 
 TEXT = "# TYPE up gauge\nup 1\n"
 TIMEOUT = aiohttp.ClientTimeout(total=5)

@@ -16,12 +16,12 @@ from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends import GenerationRequest, SamplingParams
-from backends._prom import MetricSamples
 from backends._prom_scan import Samples, samples_named, whole_text_samples
-from backends.llamacpp import LlamaCppBackend
+from backends.adapters.llamacpp import LlamaCppBackend
+from backends.adapters.tgi import TgiBackend
+from backends.adapters.vllm import VllmBackend
+from backends.metrics import MetricSamples
 from backends.sim import SimConfig, running_simulator
-from backends.tgi import TgiBackend
-from backends.vllm import VllmBackend
 
 DATA = Path(__file__).resolve().parents[1] / "engines" / "data"
 RECORDED = sorted(DATA.glob("*_metrics*.txt"))

@@ -1,5 +1,5 @@
 """Scheduler replica processes for the live cluster tests: each replica is its own
-`python -m scheduler_svc.cli serve` process with its own gRPC and metrics ports and replica name, all meeting
+`python -m scheduler_svc.app.cli serve` process with its own gRPC and metrics ports and replica name, all meeting
 on a real `redis-server` (the `redis_server` fixture) in front of one simulator; nothing is faked.
 
 Roles are read the way an operator reads them, from each replica's `llmsched_cluster_role` gauge on
@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from backends.sim.journal import read_journal
 from tests.cluster.redis_server import dies_with_parent, free_port
 from tests.helpers import client_label
@@ -146,7 +146,7 @@ def spawn_replica(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with log_path.open("wb") as log:
         popen = subprocess.Popen(
-            dies_with_parent([sys.executable, "-m", "scheduler_svc.cli", "serve", "--config", str(config)]),
+            dies_with_parent([sys.executable, "-m", "scheduler_svc.app.cli", "serve", "--config", str(config)]),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,

@@ -8,10 +8,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.app.settings import config_from_dict
 from scheduler_svc.cluster.leases import fair_share
 from scheduler_svc.cluster.modes import Role
-from scheduler_svc.config import Config, config_from_dict
-from scheduler_svc.server import SchedulerServer
+from scheduler_svc.config import Config
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.helpers import eventually
 

@@ -10,14 +10,14 @@ import time
 import grpc
 
 from backends.sim import SimConfig, running_simulator
+from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.agent import LeaseState
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.cluster.store import StoreTimeout, StoreUnavailable
-from scheduler_svc.server import SchedulerServer
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, settled
 from tests.cluster.test_replicas import engine_ids, first_delta
-from tests.helpers import client_for, eventually
+from tests.helpers import client_for, eventually, queue_depth
 
 FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
 
@@ -84,7 +84,7 @@ async def test_follower_killed_its_mirrors_are_released_at_the_leader() -> None:
             await kill(doomed)
             await eventually(lambda: not agent_of(leader).leader.mirrors, 2 * TIMEOUT + 1.0, "dead owner released")
             assert lead.backends[0].estimator.in_flight == 0, "the dead replica's engine budget is released"
-            assert len(lead.queues) == 0
+            assert queue_depth(leader) == 0
             await eventually(lambda: sim.engine.stats()["running"] == 0, 3.0, "the engine aborted its requests")
             for call in [running, *waiting]:
                 call.cancel()

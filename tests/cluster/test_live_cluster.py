@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +22,11 @@ import aiohttp
 import grpc
 import pytest
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from backends.sim import SimConfig, SimServer, running_simulator
 from clients import SchedulerClient, error_reason
 from scheduler_svc.cluster.modes import degraded_cap
-from scheduler_svc.config_schema import ClusterConfig, GateConfig, ModelConfig
+from scheduler_svc.config import ClusterConfig, GateConfig, ModelConfig
 from tests.cluster.live import (
     HEARTBEAT,
     START_SECONDS,
@@ -127,10 +127,6 @@ def by_role(replicas: list[Replica], watch: RoleWatch, role: str) -> list[Replic
     return [r for r in replicas if watch.now.get(r.name) == role]
 
 
-async def until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    await eventually(predicate, timeout, what)
-
-
 @contextlib.asynccontextmanager
 async def simulator(tmp_path: Path, **config: int) -> AsyncIterator[tuple[SimServer, Path]]:
     journal = tmp_path / "engine.jsonl"
@@ -198,7 +194,7 @@ async def _mid_flood(
                 return replica, live
         return None
 
-    await until(lambda: pick() is not None, 20.0, f"a {role} running mid-flood")
+    await eventually(lambda: pick() is not None, 20.0, f"a {role} running mid-flood")
     picked = pick()
     assert picked is not None
     return picked
@@ -215,7 +211,7 @@ async def aborted_at_engine(journal: Path, ids: list[str], killed_at: float) -> 
         ended = engine.ended("finished") | engine.ended("aborted") | engine.ended("failed")
         return (set(engine.received()) & owned) - ended
 
-    await until(lambda: not left(), 5.0, "the killed replica's requests ended at the engine")
+    await eventually(lambda: not left(), 5.0, "the killed replica's requests ended at the engine")
     engine = EngineLog.read(journal)
     late = {
         e["id"]
@@ -366,7 +362,7 @@ async def test_redis_down_and_restarted_empty_mid_flood(tmp_path: Path, redis_se
         cluster(tmp_path, sim.url, redis_server.url, fallback_max_in_flight=cap) as (replicas, watch),
         flood(replicas, 90, max_tokens=30) as calls,
     ):
-        await until(lambda: calls.done() >= 10, 20.0, "the flood under way")
+        await eventually(lambda: calls.done() >= 10, 20.0, "the flood under way")
         redis_server.stop() if how == "stop" else redis_server.kill()
         stopped_at = time.monotonic()
         degraded_at = await watch.until(
@@ -374,7 +370,7 @@ async def test_redis_down_and_restarted_empty_mid_flood(tmp_path: Path, redis_se
         )
         degraded_wall = time.time()
         done_then = calls.done()
-        await until(lambda: calls.done() >= done_then + 10, 20.0, "serving while degraded")
+        await eventually(lambda: calls.done() >= done_then + 10, 20.0, "serving while degraded")
         redis_server.restart_empty()
         back_wall, back_at = time.time(), time.monotonic()
         shared_at = await watch.until(lambda roles: len(roles) == 3 and one_leader(roles), 10.0, "one leader")
@@ -453,7 +449,7 @@ async def test_the_leader_of_one_model_killed_mid_flood_leaves_the_other_models_
                     )
                     for i, rid in enumerate(model_of)
                 }
-                await until(lambda: sum(t.done() for t in calls.values()) >= 6, 30.0, "the flood under way")
+                await eventually(lambda: sum(t.done() for t in calls.values()) >= 6, 30.0, "the flood under way")
                 doomed.kill9()
                 killed_at = time.time()
                 moved = await leaders_spread(survivors, models, 5.0)

@@ -29,7 +29,7 @@ from scheduler_svc.cluster.messages import (
     error_info,
     rebuild_error,
 )
-from scheduler_svc.errors import AlreadyExists, InternalError, QueueBytesFull, QueueFull, QueueTimeout
+from scheduler_svc.core.errors import AlreadyExists, InternalError, QueueBytesFull, QueueFull, QueueTimeout
 
 SAMPLES: list[Message] = [
     Admit("r1", "id", "m", "alice", "standard", "cid", "prompt", 6, 6, 16, 0.5, None, "key"),

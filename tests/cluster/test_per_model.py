@@ -16,11 +16,11 @@ from typing import Any
 import grpc
 
 from backends.sim import SimConfig, running_simulator
+from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.agent import LeaseState
 from scheduler_svc.cluster.leases import EVERY_MODEL
 from scheduler_svc.cluster.modes import Role
-from scheduler_svc.server import SchedulerServer
-from scheduler_svc.ticket import Ticket
+from scheduler_svc.core.ticket import Ticket
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.cluster.replicas import HEARTBEAT, TIMEOUT, agent_of, cluster_config, leaders_settled, start_replica
 from tests.cluster.test_replicas import engine_ids, first_delta
@@ -212,13 +212,13 @@ async def test_a_followers_token_counts_reach_its_models_leader_in_full() -> Non
         leader, owner = servers
         charged: Counter[str] = Counter()
         dispatcher = leader.scheduler.dispatchers["a"]
-        on_generated = dispatcher.on_generated
+        on_generated = dispatcher.events.on_generated
 
         def counting(ticket: Ticket, tokens: int) -> None:
             charged[ticket.request.request_id] += tokens
             on_generated(ticket, tokens)
 
-        dispatcher.on_generated = counting  # type: ignore[method-assign]
+        dispatcher.events.on_generated = counting  # type: ignore[method-assign]
         async with client_for(owner, user="bob") as client:
             response = await client.submit("a", "count me", max_tokens=80, ignore_eos=True)
         assert response.usage.completion_tokens == 80

@@ -22,7 +22,7 @@ from redis.asyncio.connection import AbstractConnection
 
 from scheduler_svc.cluster.redis_store import RedisStore
 from scheduler_svc.cluster.store import ClusterStore, DuplicateReplica, StoreUnavailable
-from scheduler_svc.config_schema import ClusterConfig, ConfigError
+from scheduler_svc.config import ClusterConfig, ConfigError
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.cluster.redis_server import RedisServer
 
@@ -108,7 +108,7 @@ async def harness(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
         yield h
 
 
-async def eventually(call: Callable[[], Awaitable[Any]], seconds: float = 5.0) -> Any:
+async def retried(call: Callable[[], Awaitable[Any]], seconds: float = 5.0) -> Any:
     """The first answer `call` gives without StoreUnavailable (a restarted store may refuse one call while
     connections are replaced), within `seconds`."""
     deadline = time.monotonic() + seconds
@@ -125,7 +125,7 @@ async def receive_until(store: ClusterStore, me: str, count: int, seconds: float
     got: list[bytes] = []
     deadline = time.monotonic() + seconds
     while len(got) < count and time.monotonic() < deadline:
-        got += await eventually(lambda: store.receive(me, 0.2))
+        got += await retried(lambda: store.receive(me, 0.2))
     return got
 
 
@@ -365,12 +365,12 @@ async def test_after_a_restart_empty_names_and_lease_are_gone_and_inboxes_go_on(
     await a.send({"r2": [b"before"]})
     assert await b.receive("r2", 1.0) == [b"before"]
     harness.restart_empty()
-    assert not await eventually(lambda: a.renew("r1", "ta", LONG))
-    assert await eventually(lambda: a.lease_holders(["m"])) == {"m": None}
-    assert not await eventually(lambda: a.renew_lease("m", "r1/ta", LONG))
-    assert await eventually(a.members) == []
+    assert not await retried(lambda: a.renew("r1", "ta", LONG))
+    assert await retried(lambda: a.lease_holders(["m"])) == {"m": None}
+    assert not await retried(lambda: a.renew_lease("m", "r1/ta", LONG))
+    assert await retried(a.members) == []
     await a.join("r1", "ta", LONG)
-    await eventually(lambda: a.send({"r2": [b"after-1", b"after-2"]}))
+    await retried(lambda: a.send({"r2": [b"after-1", b"after-2"]}))
     assert await receive_until(b, "r2", 2) == [b"after-1", b"after-2"]
     await a.send({"r2": [b"after-3"]})
     assert await b.receive("r2", 1.0) == [b"after-3"]
@@ -386,7 +386,7 @@ async def test_a_read_blocked_across_a_restart_empty_goes_on_with_new_messages(h
     harness.restart_empty()
     with pytest.raises(StoreUnavailable):
         await asyncio.wait_for(waiting, 5.0)
-    await eventually(lambda: a.send({"r2": [b"after"]}))
+    await retried(lambda: a.send({"r2": [b"after"]}))
     assert await receive_until(b, "r2", 1) == [b"after"]
 
 
@@ -416,7 +416,7 @@ async def test_a_hung_redis_is_noticed_within_the_op_timeout(
             await asyncio.wait_for(waiting, 5.0)  # its own bound: the block (0.5 s) + the op timeout
     finally:
         redis_server.resume()
-    assert await eventually(lambda: redis_store.renew("r1", "t", LONG))
+    assert await retried(lambda: redis_store.renew("r1", "t", LONG))
 
 
 async def test_an_inbox_whose_ids_start_over_is_read_from_its_start(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from bench import scrape_scale
 
 

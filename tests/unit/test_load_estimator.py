@@ -8,8 +8,8 @@ import time
 
 from backends.base import BackendCapabilities, BackendLoad
 from backends.fake import FakeBackend
-from scheduler_svc.clock import FakeClock
-from scheduler_svc.load import LoadEstimator, _seen_by, scrape
+from scheduler_svc.core.clock import FakeClock
+from scheduler_svc.dispatch.load import LoadEstimator, _seen_by, scrape
 
 
 def test_users_are_counted_while_their_requests_are_in_flight() -> None:

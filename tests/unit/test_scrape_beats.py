@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from scheduler_svc.scheduler import SCRAPES_PER_BEAT, _sleep_until, next_beat, scrape_phases
+from scheduler_svc.dispatch.scheduler import SCRAPES_PER_BEAT, _sleep_until, next_beat, scrape_phases
 
 
 def test_a_hundred_engines_are_read_in_ten_beats_spread_over_the_interval() -> None:
