@@ -56,7 +56,7 @@ from backends.metrics import MetricSamples
 from backends.metrics_reader import MetricsReader, MetricsStatus
 from bench import harness
 from bench.clients import Client, DirectClient, RunClock, ScheduledClient
-from bench.configs import scheduler_config, validated_toml
+from bench.configs import example_config, minimal_config, scheduler_config, validated_toml
 from bench.records import RequestRecord
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import SCHEDULED_MODEL
@@ -136,6 +136,7 @@ class Setup:
     waiting_target: int = GATE_TARGET  # the gate's waiting target (at an engine without priorities, all it has)
     adapt_seconds: float | None = None  # its gate.waiting_target_adapt_seconds (None: the shipped default)
     scrape_interval: float = SHIPPED_SCRAPE_INTERVAL  # how often the scheduler reads the engine's metrics
+    first_config: str = ""  # a user's first config instead of the bench's: minimal, minimal_slots, example
 
 
 SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_priorities=True)
@@ -173,8 +174,19 @@ SCHED_SCRAPE_01 = Setup(
     True,
     scrape_interval=0.1,
 )
+# A user's first config against a priority vLLM, each as written, with none of the bench's own settings
+FIRST_MINIMAL = Setup(
+    "first_minimal", "minimal config (model + priority vLLM backend)", True, True, first_config="minimal"
+)
+FIRST_MINIMAL_SLOTS = Setup(
+    "first_minimal_slots", "minimal config + max_num_seqs = 4", True, True, first_config="minimal_slots"
+)
+FIRST_EXAMPLE = Setup("first_example", "configs/example.toml", True, True, first_config="example")
 # run only when --setups names them
 ON_REQUEST = (
+    FIRST_MINIMAL,
+    FIRST_MINIMAL_SLOTS,
+    FIRST_EXAMPLE,
     SCHED_SCRAPE_01,
     SCHED_ASYNCIO,
     SCHED_EVERY_TOKEN,
@@ -364,6 +376,12 @@ def make_plan(workload: Workload, seed: int, late_until: float) -> Plan:
 
 
 def _config(engine: RealEngine, setup: Setup) -> str:
+    if setup.first_config:
+        where = {"engine_url": engine.url, "model": SCHEDULED_MODEL, "engine_model": engine.model}
+        if setup.first_config == "example":
+            return validated_toml(example_config(**where, max_num_seqs=SLOTS))
+        slots = SLOTS if setup.first_config == "minimal_slots" else 0
+        return validated_toml(minimal_config(**where, max_num_seqs=slots))
     config = scheduler_config(
         engine_url=engine.url,
         model=SCHEDULED_MODEL,
@@ -1019,7 +1037,8 @@ def main(argv: list[str] | None = None) -> int:
         "--setups",
         default="",
         help="only these setup keys (sched,oracle,fifo,sched_off,sched_base; on request: sched_asyncio, "
-        "sched_every_token, sched_paced, sched_read_paced, sched_off_target_1, sched_off_fixed)",
+        "sched_every_token, sched_paced, sched_read_paced, sched_off_target_1, sched_off_fixed, and a user's first "
+        "config: first_minimal, first_minimal_slots, first_example)",
     )
     parser.add_argument(
         "--baseline-src", type=Path, help="a source tree for the sched_base setup (another version side by side)"
