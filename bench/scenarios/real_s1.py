@@ -70,7 +70,7 @@ from scheduler_svc.config import BackendConfig
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = 4
 GATE_TARGET = 3
-PRIORITY_GATE_TARGET = 6  # as configs/example.toml ships it: the queue a latecomer jumps at a priority engine
+PRIORITY_GATE_TARGET = 6  # the queue a latecomer jumps at a priority engine: what the gate derives at 4 slots
 SAMPLE_INTERVAL = 0.1  # the bench's own engine sampler: the sampling period of its time series
 # the scheduler setups read the engine's metrics as the shipped config does (BackendConfig's default, as
 # configs/example.toml sets it); `sched_scrape_01` reads every 0.1 s instead (no difference measured on the

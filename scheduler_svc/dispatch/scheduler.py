@@ -99,7 +99,7 @@ class Scheduler:
                     config=b,
                     backend=backend_factory(model, b),
                     gate=GATE_POLICIES.create(model.gate.policy, model.gate),
-                    estimator=LoadEstimator(engine_slots=b.max_num_seqs),
+                    estimator=LoadEstimator(engine_slots=b.max_num_seqs, learn_slots=b.learn_max_num_seqs),
                 )
                 for b in model.backends
             ]
