@@ -14,7 +14,11 @@ workload: 32-512 tokens); B and C send one each at +1 s and +2 s, and 30 more la
   shipped uvloop, engine priorities on (what the loop's CPU per token costs on a real engine); likewise
   `sched_every_token` and `sched_paced`: the scheduler reading every token as it arrives
   (`server.stream_read_interval_seconds = 0`), or with tokens grouped within 50 ms (0.05, the shipped
-  default, which the other scheduler setups run with in every layout).
+  default, which the other scheduler setups run with in every layout);
+- on request too, a user's first config as written, with none of the bench's settings: `first_minimal` (only
+  the model and a priority vLLM backend), `first_minimal_slots` (and its max_num_seqs) and `first_example`
+  (configs/example.toml as shipped, pointed at the engine); `first_minimal_base` runs the minimal config on
+  the scheduler from `--baseline-src`, so two versions' defaults meet in the same rounds.
 
 Reported per setup: latecomer TTFT median and p90 (pooled over the rounds, per-round medians for the
 spread), ratios against the oracle of the same rounds, the flood's span (first send to last token) against
@@ -182,11 +186,20 @@ FIRST_MINIMAL_SLOTS = Setup(
     "first_minimal_slots", "minimal config + max_num_seqs = 4", True, True, first_config="minimal_slots"
 )
 FIRST_EXAMPLE = Setup("first_example", "configs/example.toml", True, True, first_config="example")
+FIRST_MINIMAL_BASE = Setup(
+    "first_minimal_base",
+    "minimal config, scheduler from --baseline-src",
+    True,
+    True,
+    baseline=True,
+    first_config="minimal",
+)
 # run only when --setups names them
 ON_REQUEST = (
     FIRST_MINIMAL,
     FIRST_MINIMAL_SLOTS,
     FIRST_EXAMPLE,
+    FIRST_MINIMAL_BASE,
     SCHED_SCRAPE_01,
     SCHED_ASYNCIO,
     SCHED_EVERY_TOKEN,
@@ -416,7 +429,8 @@ async def run_once(engine: RealEngine, setup: Setup, plan: Plan, baseline_src: P
         if setup.scheduled:
             wrapper: list[str] = []
             if setup.baseline and baseline_src is not None:
-                wrapper = ["env", f"PYTHONPATH={baseline_src}", sys.executable]
+                # -P: the other tree's packages, not those of the working directory (this checkout) first
+                wrapper = ["env", f"PYTHONPATH={baseline_src}", sys.executable, "-P"]
             sched = await stack.enter_async_context(harness.scheduler_process(_config(engine, setup), wrapper))
             channel = await stack.enter_async_context(grpc.aio.insecure_channel(sched.target))
             stub = pb_grpc.SchedulerServiceStub(channel)
@@ -971,7 +985,11 @@ async def run_layout(
         return [ScenarioResult.unavailable(f"R1 {engine_kind}, {lay.name}", lay.label, "-", why)]
     os.sched_setaffinity(0, lay.load_cpus or layout.all_cpus())  # the load generator (and the scheduler it starts)
     setups = [s for s in setups_for(engine_kind, baseline_src is not None) if not only or s.key in only]
-    setups += [s for s in ON_REQUEST if s.key in only and engine_kind != "llamacpp"]
+    setups += [
+        s
+        for s in ON_REQUEST
+        if s.key in only and engine_kind != "llamacpp" and (not s.baseline or baseline_src is not None)
+    ]
     out: list[ScenarioResult] = []
     try:
         async with real_engine(engine_kind, lay) as engine:
@@ -1038,7 +1056,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="only these setup keys (sched,oracle,fifo,sched_off,sched_base; on request: sched_asyncio, "
         "sched_every_token, sched_paced, sched_read_paced, sched_off_target_1, sched_off_fixed, and a user's first "
-        "config: first_minimal, first_minimal_slots, first_example)",
+        "config: first_minimal, first_minimal_slots, first_example, first_minimal_base)",
     )
     parser.add_argument(
         "--baseline-src", type=Path, help="a source tree for the sched_base setup (another version side by side)"
