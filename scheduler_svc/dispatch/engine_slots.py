@@ -41,11 +41,6 @@ class EngineSlots:
             return self._configured
         return self._most_running if self._saturated else 0
 
-    @property
-    def learned(self) -> bool:
-        """Whether the count comes from the engine's readings (not the config)."""
-        return self._learn and self.count > 0
-
     def observe(self, reading: BackendLoad) -> bool:
         """Learn from one reading; True when the count changed."""
         if not self._learn or not reading.ok:

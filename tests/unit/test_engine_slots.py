@@ -18,7 +18,7 @@ def test_unknown_until_the_engine_queues_work_then_the_most_it_ran() -> None:
     assert not slots.observe(reading(running=3, waiting=0))
     assert slots.count == 0, "an engine that never queued work may have free slots: unknown"
     assert slots.observe(reading(running=4, waiting=2, kv=0.3))
-    assert slots.count == 4 and slots.learned
+    assert slots.count == 4
 
 
 def test_a_running_count_seen_before_saturation_counts() -> None:
@@ -56,7 +56,7 @@ def test_waiting_with_nothing_running_or_a_failed_scrape_teaches_nothing() -> No
 def test_configured_slots_or_learning_off_are_left_alone() -> None:
     configured = EngineSlots(8, learn=True)
     configured.observe(reading(running=12, waiting=3))
-    assert configured.count == 8 and not configured.learned
+    assert configured.count == 8
     off = EngineSlots(learn=False)
     off.observe(reading(running=4, waiting=3))
     assert off.count == 0
