@@ -18,9 +18,12 @@ either. Spans carry the model, class, user id and request ids, never prompt or a
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import ParamSpec, TypeVar
 
+import structlog
 from opentelemetry import trace as otel
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -37,6 +40,7 @@ from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.core.trace_context import TRACEPARENT, TRACESTATE
 from scheduler_svc.core.tracing import GateChange, GateLog
 
+log = structlog.get_logger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
 _EMPTY = Context()  # a parent with no span: the call's own trace starts a new trace
 FLUSH_SECONDS = 5.0  # on shutdown, how long the spans not yet exported get
@@ -85,6 +89,28 @@ class OtelTracer:
         self._provider.shutdown()
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+_reported: set[str] = set()  # the steps whose failure was logged (once each)
+
+
+def _never_raises(step: Callable[P, R]) -> Callable[P, R | None]:
+    """A trace step that fails is logged (once per step) and answers None: tracing never fails a request, nor
+    a decision pass (dispatch calls these in the middle of its own accounting)."""
+
+    @functools.wraps(step)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R | None:
+        try:
+            return step(*args, **kwargs)
+        except Exception:
+            if step.__name__ not in _reported:
+                _reported.add(step.__name__)
+                log.exception("tracing_step_failed", step=step.__name__)
+            return None
+
+    return guarded
+
+
 def _error_status(error: BaseException) -> Status:
     """The status of a span that ended with `error`: its reason (the error table's, for the service's own)."""
     return Status(StatusCode.ERROR, f"{getattr(error, 'reason', type(error).__name__)}: {error}")
@@ -122,6 +148,7 @@ class OtelRequestTrace:
         self._done = False
 
     # -- admission --------------------------------------------------------------------------------------------
+    @_never_raises
     def admitted(self, request: QueuedRequest) -> None:
         self._call.set_attributes(
             {
@@ -136,6 +163,7 @@ class OtelRequestTrace:
             self._admission.end(self._wall(self._owner.now()))
             self._admission = None
 
+    @_never_raises
     def refused(self, error: BaseException) -> None:
         if self._done:
             return
@@ -147,6 +175,7 @@ class OtelRequestTrace:
         self._finish(now, "rejected", 0, error)
 
     # -- the queue and the engine -----------------------------------------------------------------------------
+    @_never_raises
     def queued(self, at: float, gates: GateLog | None) -> None:
         start = self._wall(at)
         self._wait = self._owner.tracer.start_span("queue_wait", context=self._in_call, start_time=start)
@@ -155,6 +184,7 @@ class OtelRequestTrace:
             self._gate_mark = gates.mark()
             self._gate_events(self._wait, gates.closed(), start)
 
+    @_never_raises
     def dispatched(
         self, at: float, backend: str, attempt: int, engine_priority: int | None, gates: GateLog | None
     ) -> None:
@@ -175,6 +205,7 @@ class OtelRequestTrace:
         self._in_dispatch = otel.set_span_in_context(self._dispatch, _EMPTY)
         self._dispatched_at = now
 
+    @_never_raises
     def engine_context(self) -> TraceContext | None:
         if self._dispatch is None:
             return None
@@ -183,10 +214,12 @@ class OtelRequestTrace:
         parent = carrier.get(TRACEPARENT)
         return None if parent is None else TraceContext(parent, carrier.get(TRACESTATE, ""))
 
+    @_never_raises
     def accepted(self, at: float) -> None:
         if self._dispatch is not None:
             self._dispatch.add_event("engine.accepted", timestamp=self._wall(at))
 
+    @_never_raises
     def first_token(self, at: float, sent_at: float | None) -> None:
         if self._dispatch is None:
             return
@@ -196,14 +229,17 @@ class OtelRequestTrace:
         tracer.start_span("engine.time_to_first_token", context=self._in_dispatch, start_time=sent).end(now)
         self._stream = tracer.start_span("stream", context=self._in_dispatch, start_time=now)
 
+    @_never_raises
     def error(self, at: float, error: BaseException) -> None:
         if self._dispatch is not None:
             _error(self._dispatch, error, self._wall(at))
 
+    @_never_raises
     def aborted(self, at: float) -> None:
         if self._dispatch is not None:
             self._dispatch.add_event("engine.aborted", timestamp=self._wall(at))
 
+    @_never_raises
     def failed_over(self, at: float) -> None:
         if self._dispatch is not None:
             self._dispatch.set_attribute("llmsched.failed_over", True)
@@ -211,6 +247,7 @@ class OtelRequestTrace:
             self._dispatch = None
             self._in_dispatch = _EMPTY
 
+    @_never_raises
     def ended(self, at: float, outcome: str, completion_tokens: int) -> None:
         if not self._done:
             self._finish(self._wall(at), outcome, completion_tokens, None)

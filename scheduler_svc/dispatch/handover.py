@@ -62,13 +62,13 @@ class Handover:
             raise
         handle.estimator.dispatched(request.request_id, priority, request.user)
         ticket.assign(handle, now, priority)
-        if ticket.trace is not None:
-            logs = self._gate_logs
-            gates = None if logs is None else logs[request.priority_class]
-            ticket.trace.dispatched(now, handle.name, ticket.attempts, priority, gates)
         self._backend_policy.on_dispatched(request, handle.name)
         self._ledger.start(ticket, handle, now)
         first = ticket.attempts == 1  # a failed-over request left the queue, and was observed, the first time
         if first:
             self._drain.record(now)
         self._counters.dispatched(request, handle.name, now - request.admitted_at if first else None)
+        if ticket.trace is not None:
+            logs = self._gate_logs
+            gates = None if logs is None else logs[request.priority_class]
+            ticket.trace.dispatched(now, handle.name, ticket.attempts, priority, gates)

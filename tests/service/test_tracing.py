@@ -28,8 +28,13 @@ from backends.sim import SimConfig
 from backends.sim.app import create_app
 from clients import pb, pb_grpc
 from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.app.tracing import OtelTracer
+from scheduler_svc.cluster.modes import Role
 from scheduler_svc.config import BackendConfig, Config, ModelConfig, TracingConfig
-from tests.helpers import ControlledEngine, make_config, outcome_count, until_settled
+from scheduler_svc.core.clock import FakeClock
+from tests.cluster.fake_store import FakeStore, FakeStoreBackend
+from tests.cluster.replicas import agent_of, cluster_config, settled
+from tests.helpers import ControlledEngine, eventually, make_config, outcome_count, until_settled
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
@@ -314,3 +319,60 @@ def test_without_tracing_the_sdk_is_never_loaded() -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_in_a_cluster_the_replica_that_received_the_call_traces_it_alone() -> None:
+    """The leader decides for a follower's call and the follower runs its engine request: the follower's spans
+    are the whole trace, its dispatch span the engine's parent; the leader's mirror of it makes none."""
+    store = FakeStoreBackend()
+    exporters = [InMemorySpanExporter(), InMemorySpanExporter()]
+    servers: list[SchedulerServer] = []
+    async with recording_simulator() as (url, seen):
+        try:
+            for i, exporter in enumerate(exporters):
+                config = traced(cluster_config(url, f"r{i}"))
+                server = SchedulerServer(
+                    config,
+                    store_factory=lambda _config, _registry: FakeStore(store),
+                    span_processor=SimpleSpanProcessor(exporter),
+                )
+                await server.start()
+                servers.append(server)
+                if i == 0:
+                    await eventually(lambda: agent_of(servers[0]).role is Role.LEADING, 5.0, "r0 leading")
+            assert await settled(servers) is servers[0]
+            follower = servers[1]
+            events = await stream_all(follower, ("traceparent", TRACEPARENT))
+            await until_settled(follower, lambda: outcome_count(follower, "completed") == 1)
+        finally:
+            for server in servers:
+                await server.stop(grace=0.5)
+    assert events[-1].HasField("finished")
+    spans = by_name(exporters[1].get_finished_spans())
+    (call,), (dispatch,) = spans[STREAM], spans["dispatch"]
+    assert parent_of(call) == int(PARENT, 16) and parent_of(dispatch) == span_id(call)
+    assert seen == [{"traceparent": engine_traceparent(dispatch)}]
+    assert exporters[0].get_finished_spans() == ()
+
+
+def test_a_failing_trace_step_is_logged_and_never_raises() -> None:
+    """Dispatch calls the trace in the middle of its own accounting: a broken step must not break it."""
+
+    class BrokenLog:
+        def mark(self) -> int:
+            return 0
+
+        def closed(self) -> list[Any]:
+            return []
+
+        def since(self, mark: int) -> Any:
+            raise RuntimeError("broken")
+
+    exporter = InMemorySpanExporter()
+    tracer = OtelTracer(TRACING, FakeClock(), SimpleSpanProcessor(exporter))
+    trace = tracer.start(None, "call")
+    trace.queued(0.0, BrokenLog())
+    trace.dispatched(1.0, "b0", 1, None, BrokenLog())  # logged, not raised
+    trace.ended(2.0, "completed", 0)
+    assert {s.name for s in exporter.get_finished_spans()} >= {"call", "admission"}
+    tracer.close()
