@@ -28,6 +28,7 @@ from scheduler_svc.core.clock import Clock
 from scheduler_svc.core.errors import InternalError
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.core.tracing import GateLog, RequestTrace
 from scheduler_svc.dispatch.activity import ClassActivity
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.capacity import Capacity
@@ -35,6 +36,7 @@ from scheduler_svc.dispatch.cluster_port import ClusterPort
 from scheduler_svc.dispatch.decisions import Decisions
 from scheduler_svc.dispatch.drain_estimate import DrainEstimate
 from scheduler_svc.dispatch.failover import FailoverRule
+from scheduler_svc.dispatch.gate_history import GateHistory
 from scheduler_svc.dispatch.handover import Handover
 from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth, StallWatch
 from scheduler_svc.dispatch.introspection import ModelSnapshot, model_snapshot
@@ -76,7 +78,9 @@ class ModelDispatcher:
         health: LoopHealth | None = None,
         on_done: Callable[[Ticket], None] | None = None,
         counter_scope: CounterScope | None = None,
+        trace_gates: bool = False,
     ) -> None:
+        """`trace_gates`: keep the gates' recent changes for traced requests (`gate_history`)."""
         self.model = model
         self.clock = clock
         self._backends = tuple(backends)
@@ -109,12 +113,19 @@ class ModelDispatcher:
         metrics.queued_demand.watch(model.name, self._book.bands, clock)
         self._ledger = RunLedger(self._backends, self._activity, series)
         backend_policy: BackendPolicy = BACKEND_POLICIES.create(model.backend_policy, model.locality)
-        self._handover = Handover(self._book, self._ledger, self._fairness, backend_policy, self._counters)
+        history = GateHistory(scheduling.classes) if trace_gates else None
+        self._gate_logs: dict[str, GateLog] | None = (
+            None if history is None else {c.name: history.log(c.name) for c in scheduling.classes}
+        )
+        self._handover = Handover(
+            self._book, self._ledger, self._fairness, backend_policy, self._counters, gate_logs=self._gate_logs
+        )
         self._gates = BackendGates(
             self._backends,
             self._activity,
             EnginePriorities(classes, scheduling.engine_priority_per_inflight),
             series,
+            history,
         )
         self._capacity = Capacity(model, self._book)
         self._drain = DrainEstimate(clock, self._ledger, self._gates, classes, self._handover.drain_rate)
@@ -140,6 +151,7 @@ class ModelDispatcher:
             wake=self.wake,
             settled=settled,
             model=model.name,
+            gate_logs=self._gate_logs,
         )
         self._decisions = Decisions(
             self._book,
@@ -196,9 +208,10 @@ class ModelDispatcher:
         """The dispatch loop (the scheduler runs it; a driver on virtual time steps it)."""
         return self._loop
 
-    def enqueue(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
+    def enqueue(self, request: QueuedRequest, *, force: bool = False, trace: RequestTrace | None = None) -> Ticket:
         """Queue an admitted request and return its ticket; QueueFull when a cap is reached (unless `force`:
-        a request admitted before, registered again with a new cluster leader)."""
+        a request admitted before, registered again with a new cluster leader). `trace`: the call's trace,
+        with tracing on; its queue wait starts now."""
         request_id = request.request_id
         if self._book.ticket(request_id) is not None or self._ledger.ticket(request_id) is not None:
             # Server ids are unique: a second ticket for one would corrupt the queue (never a client's doing).
@@ -206,6 +219,10 @@ class ModelDispatcher:
         if not force:
             self._capacity.check(request, self.busy, self._drain.eta)
         ticket = Ticket(request, self._events)
+        if trace is not None:
+            ticket.trace = trace
+            logs = self._gate_logs
+            trace.queued(self.clock.now(), None if logs is None else logs[request.priority_class])
         _, newly_backlogged = self._book.put(ticket)
         if newly_backlogged:
             band = self._book.band(request.priority_class)

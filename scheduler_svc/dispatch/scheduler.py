@@ -26,6 +26,7 @@ from scheduler_svc.core.request_run import GenerationSource, RequestRun
 from scheduler_svc.core.stream_pacing import NO_PACING, StreamPacing
 from scheduler_svc.core.text import client_text
 from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.core.tracing import RequestTrace, RequestTracer
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.dispatcher import ModelDispatcher, Outlook
 from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth
@@ -75,9 +76,12 @@ class Scheduler:
         clock: Clock | None = None,
         metrics: SchedulerMetrics | None = None,
         spread_scrapes: bool = True,
+        tracer: RequestTracer | None = None,
     ) -> None:
-        """`spread_scrapes=False` reads every engine on the same beat (the bench's baseline)."""
+        """`spread_scrapes=False` reads every engine on the same beat (the bench's baseline). `tracer`: each
+        admitted call's trace (`core.tracing`; None: tracing is off)."""
         self.config = config
+        self.tracer = tracer
         self._spread_scrapes = spread_scrapes
         self.clock = clock or MonotonicClock()
         # how often every face's runs read a long answer from its engine
@@ -118,16 +122,18 @@ class Scheduler:
                     max_stall_seconds=config.server.unhealthy_after_stalled_seconds,
                 ),
                 on_done=self._forget_id,
+                trace_gates=tracer is not None,
             )
         self._accepting = True
         # Confirms each admission elsewhere before the call goes on (a cluster's leader); None: admitted here.
         self.guard: AdmissionGuard | None = None
 
-    def admit(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
+    def admit(self, request: QueuedRequest, *, force: bool = False, trace: RequestTrace | None = None) -> Ticket:
         """Queue a validated request; raises ModelNotFound, AlreadyExists, QueueFull or ShuttingDown.
 
         `force` skips the caps and the duplicate-id rule: the request was admitted before and is registered
-        again with a new cluster leader (it keeps its id when no live request holds it)."""
+        again with a new cluster leader (it keeps its id when no live request holds it). `trace`: the call's
+        trace (tracing on), kept on the ticket."""
         dispatcher = self.dispatchers.get(request.model)
         if dispatcher is None:
             served = sorted(self.dispatchers)
@@ -140,7 +146,7 @@ class Scheduler:
                 f"request_id {request.client_request_id} is in use by another live request of user "
                 f"{request.user}; use a new id, or wait for that request to end"
             )
-        ticket = dispatcher.enqueue(request, force=force)
+        ticket = dispatcher.enqueue(request, force=force, trace=trace)
         if request.client_request_id:
             self._live_ids.setdefault(key, ticket)
         return ticket
