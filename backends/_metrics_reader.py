@@ -1,6 +1,6 @@
 """Reading an engine's Prometheus endpoint over HTTP, asking for only the samples wanted where it can.
 
-vLLM's front end writes about 50 KB for its bare `/metrics` (11-12 ms of its CPU, bench/scrape_cost.py);
+vLLM's front end writes about 50 KB for its bare `/metrics` (11-12 ms of its CPU, bench/tools/scrape_cost.py);
 asked for a few series by Prometheus' `name[]` selection at `<metrics path>/` it writes 2 KB. An engine
 that answers the selection with 404/405, or without the samples wanted, is read in full from then on. The
 adapters' scrapes and the bench's engine probe share this one reader, so they cannot drift apart.
