@@ -13,7 +13,7 @@ redraws them from a saved run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import matplotlib
 
@@ -38,6 +38,15 @@ def _panels(n: int, title: str, *, sharey: bool = True, height: float = 3.4) -> 
         ax.set_visible(False)
     fig.suptitle(title)
     return fig, flat[:n]
+
+
+def _label(ax: Axes, title: str, xlabel: str, legend: Literal["upper left", "upper right"] | None = None) -> None:
+    """A panel's title (the run), its x axis, a light grid and, where asked, the legend."""
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3)
+    if legend is not None:
+        ax.legend(fontsize=7, loc=legend)
 
 
 def _save(fig: Figure, path: Path) -> str:
@@ -69,9 +78,7 @@ def ttft_over_time(runs: dict[str, Any], background: str, title: str, path: Path
                 alpha=0.8,
             )
         ax.set_yscale("log")
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("first token at (s)")
-        ax.grid(alpha=0.3)
+        _label(ax, label, "first token at (s)")
     axes[0].set_ylabel("time to first token (s)")
     axes[0].legend(fontsize=7, loc="upper left")
     return _save(fig, path)
@@ -89,10 +96,7 @@ def engine_over_time(runs: dict[str, Any], gate_target: float | None, title: str
         if gate_target is not None and label.startswith("scheduler"):
             ax.axhline(gate_target, color="tab:red", linestyle="--", linewidth=1, label=f"gate target {gate_target:g}")
         ax.set_ylim(bottom=0)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("time (s)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+        _label(ax, label, "time (s)", legend="upper right")
     axes[0].set_ylabel("requests in the engine")
     return _save(fig, path)
 
@@ -107,10 +111,7 @@ def tokens_over_time(series: dict[str, Any], title: str, path: Path) -> str:
         for i, (user, cumulative) in enumerate(sorted(per_user.items())):
             ax.plot([step * k for k in range(len(cumulative))], cumulative, color=COLOURS[i % len(COLOURS)], label=user)
         ax.axvspan(start, end, color="0.9", zorder=0)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("time (s)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        _label(ax, label, "time (s)", legend="upper left")
     axes[0].set_ylabel("output tokens served (cumulative)")
     return _save(fig, path)
 

@@ -27,6 +27,9 @@ class Attempt:
     reason: str = ""
 
 
+Attempts = dict[str, list[Attempt]]  # each tag's attempts at the engine, in order
+
+
 async def scrape(session: aiohttp.ClientSession, url: str) -> Samples:
     async with session.get(url) as response:
         text = await response.text()
@@ -46,9 +49,9 @@ def delta(before: Samples, after: Samples, name: str, **labels: str) -> int:
     return round(_sum(after, name, **labels) - _sum(before, name, **labels))
 
 
-def engine_attempts(lines: list[dict[str, Any]]) -> tuple[dict[str, list[Attempt]], int]:
+def engine_attempts(lines: list[dict[str, Any]]) -> tuple[Attempts, int]:
     """Per tag, its attempts at the engine in order; and how many boots the journal shows."""
-    by_tag: dict[str, list[Attempt]] = {}
+    by_tag: Attempts = {}
     open_: dict[tuple[int, int], Attempt] = {}  # (boot, seq) -> attempt
     boot = 0
     for line in lines:
@@ -80,12 +83,7 @@ def engine_attempts(lines: list[dict[str, Any]]) -> tuple[dict[str, list[Attempt
     return by_tag, boot
 
 
-def analyse(
-    calls: list[Call],
-    by_tag: dict[str, list[Attempt]],
-    before: Samples,
-    after: Samples,
-) -> dict[str, Any]:
+def analyse(calls: list[Call], by_tag: Attempts, before: Samples, after: Samples) -> dict[str, Any]:
     """The three-way counts and every check's figure."""
     admitted = [c for c in calls if c.admitted]
 
@@ -173,12 +171,7 @@ def analyse(
     }
 
 
-def analyse_storms(
-    calls: list[Call],
-    by_tag: dict[str, list[Attempt]],
-    before: Samples,
-    after: Samples,
-) -> dict[str, Any]:
+def analyse_storms(calls: list[Call], by_tag: Attempts, before: Samples, after: Samples) -> dict[str, Any]:
     """The storms' cancels three ways: clients, scheduler (outcomes and engine aborts), engine journal."""
 
     cancelled = [c for c in calls if c.end == "cancelled"]
