@@ -75,15 +75,17 @@ async def real_engine(kind: str, lay: Layout) -> AsyncIterator[RealEngine]:
 
 
 def client_session(kind: str) -> aiohttp.ClientSession:
-    # llama-server closes the connection after each streamed response: no pooled keep-alive there. Elsewhere
-    # idle connections close before the engine's keep-alive (vLLM: 5 s) does, as the scheduler's adapters do:
-    # a direct run lost 9 latecomers to that race ("Server disconnected") on a busy machine.
+    """The load generator's session towards the engine. llama-server closes the connection after each streamed
+    response: no pooled keep-alive there. Elsewhere idle connections close before the engine's keep-alive
+    (vLLM: 5 s) does, as the scheduler's adapters do: a direct run lost 9 latecomers to that race ("Server
+    disconnected") on a busy machine."""
     return aiohttp.ClientSession(
         connector=engine_pool(force_close=kind == "llamacpp"), timeout=aiohttp.ClientTimeout(total=None)
     )
 
 
 async def direct_once(session: aiohttp.ClientSession, engine: RealEngine, tokens: int) -> RequestRecord:
+    """One request straight to the engine, to its end; raises if it failed."""
     clock = RunClock()
     record = RequestRecord(user="probe", tag="probe", sent=0.0, max_tokens=tokens)
     await DirectClient(session, engine.url, engine.model, clock, "probe").run(record, "How fast is an idle engine?")

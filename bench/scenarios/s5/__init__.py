@@ -57,6 +57,7 @@ from bench.scenarios.s5.workload import body, run_tpot_flood
 async def run(
     provider: EngineProvider, options: Options | None = None, p: S5Params | None = None
 ) -> list[ScenarioResult]:
+    """S5's runs side by side, then the TPOT flood on the slow-stepping engine: one result."""
     p = p or S5Params()
     workload = (
         f"a batch user floods {p.batch_requests} requests ({p.batch_tokens_min}-{p.batch_tokens_max} tokens) at "

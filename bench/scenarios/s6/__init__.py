@@ -46,6 +46,7 @@ from bench.scenarios.s6.workload import body
 async def run(
     provider: EngineProvider, options: Options | None = None, p: S6Params | None = None
 ) -> list[ScenarioResult]:
+    """S6's rounds (every mode once a round, in turn), then, with `--profile`, the scheduler under a profiler."""
     real_engine = provider.name == "vllm"
     p = p or (VLLM_PARAMS if real_engine else S6Params())
     engines: EngineProvider = provider if real_engine else FakeProvider(p.tokens)

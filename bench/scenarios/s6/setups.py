@@ -67,7 +67,8 @@ class FakeProvider:
 
 
 def config(engine: Engine) -> Toml:
-    """round_robin, one class; the gate is told no batch size (the instant engine has none)."""
+    """round_robin, one class, a waiting target of 3; the gate is not told the engine's batch size (S6 measures
+    the scheduler's own cost, not the gate's sizing; the instant engine has none)."""
     return for_engine(engine, classes=STANDARD_CLASS, waiting_target=3, max_num_seqs=0)
 
 

@@ -37,6 +37,7 @@ from bench.scenarios.s7.summary import summarise, three_way, workload
 async def run(
     provider: EngineProvider, options: Options | None = None, p: S7Params | None = None
 ) -> list[ScenarioResult]:
+    """One S7 run on the simulator (its journal is the engine's count), its three-way table printed."""
     p = p or S7Params()
     text = workload(p)
     if provider.name != "sim":

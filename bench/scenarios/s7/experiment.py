@@ -23,6 +23,8 @@ from clients import pb_grpc
 
 
 async def measure(p: S7Params, workdir: Path) -> dict[str, Any]:
+    """Every figure of one run (`analysis.analyse` and `analysis.analyse_storms`, and the run's own: rates,
+    times, memory, the journal); the simulator's journal is written into `workdir`."""
     stack = Stack(p, workdir)
     log: list[str] = []
     timeout = aiohttp.ClientTimeout(total=10)

@@ -57,6 +57,7 @@ def _pair(provider: EngineProvider, p: S8Params) -> ReplicaPair:
 async def run(
     provider: EngineProvider, options: Options | None = None, p: S8Params | None = None
 ) -> list[ScenarioResult]:
+    """Every S8 setup on one replica pair (real vLLM: started once for all setups); targets on the simulator."""
     real = provider.name == "vllm"
     p = p or (VLLM_PARAMS if real else S8Params())
     if isinstance(provider, VllmProvider):
