@@ -162,7 +162,6 @@ DEFINITION = Definition(
         "replicas on Redis: worst latecomer TTFT <= 2 x idle TTFT + one request's decode time",
         "replicas on Redis: >= 10x better than the engine's FIFO",
     ),
-    command="python -m bench --scenarios C1",
     duration="about 1.5 minutes; make bench-cluster runs every cluster scenario",
     facts=(
         "Independent processes each keep the engine's queue at their own target, so a latecomer waits behind "

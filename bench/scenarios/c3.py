@@ -87,7 +87,6 @@ DEFINITION = Definition(
     layout="the simulator; one scheduler process, N independent processes and N replicas on Redis",
     measures="each user's token share over the whole workload, and the engine's tokens/s",
     targets=("replicas on Redis: every user's token share within 5% of its weight's share",),
-    command="python -m bench --scenarios C3",
     duration="about a minute",
     facts=(
         "The first user whose requests reach the leader fills the idle engine's first slots and repays them "

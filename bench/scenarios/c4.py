@@ -75,7 +75,6 @@ DEFINITION = Definition(
     layout="the simulator (8 slots); one scheduler process, N independent processes and N replicas on Redis",
     measures="|long ÷ short - 1| of output tokens over the window",
     targets=("replicas on Redis: within 10%",),
-    command="python -m bench --scenarios C4",
     duration="about 2 minutes",
     facts=("Independent processes each count only the tokens of their own calls, so none of them is token-fair.",),
     headline=(s4.CUMULATIVE,),

@@ -144,7 +144,6 @@ DEFINITION = Definition(
     "rounds swap the two single-replica runs)",
     measures="added latency p50 and p99 per layout (minus the engine alone's of the same round)",
     targets=("one replica on Redis adds at most 1 ms p50 over one in memory mode",),
-    command="python -m bench --scenarios C6",
     duration="about 1.5 minutes",
     facts=(
         "A lone leader's requests never touch Redis; its CPU per request is the single process's.",

@@ -183,7 +183,6 @@ DEFINITION = Definition(
         f"replicas on Redis: mean waiting <= the target + 1 ({GATE_TARGET + 1})",
         "replicas on Redis: p99 within one process's p99 plus a stated slack",
     ),
-    command="python -m bench --scenarios CB",
     duration="under a minute",
     facts=("Independent processes keep about N times the target waiting at the engine: its FIFO is back.",),
     headline=("engine waiting mean (sampled every 50 ms)",),

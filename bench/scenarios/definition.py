@@ -23,7 +23,11 @@ class Definition:
     layout: str  # the engine, the processes and the setups compared side by side
     measures: str
     targets: tuple[str, ...]
-    command: str  # how to run it alone
     duration: str  # about how long one run takes
+    command: str = ""  # how to run it alone (default: `python -m bench --scenarios ID`)
     facts: tuple[str, ...] = ()  # what its runs have shown, as present-tense facts
     headline: tuple[str, ...] = ()  # the figures (Target.figure) the README's results table shows
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            object.__setattr__(self, "command", f"python -m bench --scenarios {self.id}")

@@ -269,7 +269,6 @@ DEFINITION = Definition(
         "latecomer TTFT >= 10x better than the engine's FIFO",
         f"HTTP door's latecomer median <= {HTTP_RATIO:g}x the gRPC door's (same setup, same run)",
     ),
-    command="python -m bench --scenarios S1",
     duration="about 1.5 minutes, S2 included",
     facts=(
         "Engines do not preempt a running request, so a latecomer who arrives while the first wave holds every "
@@ -290,7 +289,6 @@ UTILISATION = Definition(
     measures=f"the engine's output tokens/s over a window of the flood ({_P.window:g} s from "
     f"{_P.window_start:g} s), through the scheduler against the engine alone",
     targets=(">= 95% of the engine alone's",),
-    command="python -m bench --scenarios S2",
     duration="S1's: S2 runs with S1",
     facts=(
         "The gate keeps a few requests waiting at the engine (the waiting target), enough that a freed slot "

@@ -129,7 +129,6 @@ DEFINITION = Definition(
     layout="the simulator (S1's profile); the engine alone (FIFO) and the scheduler with weighted_round_robin",
     measures=f"each user's share of the output tokens over {_P.window:g} s after a {_P.warmup:g} s warm-up",
     targets=("every user's token share within 5% (relative) of its weight's share, 1:2:4",),
-    command="python -m bench --scenarios S3",
     duration="under half a minute",
     facts=(
         "With equal lengths the engine alone serves the three users about equally; request shares and token "

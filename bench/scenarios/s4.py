@@ -257,7 +257,6 @@ DEFINITION = Definition(
     measures=f"|long ÷ short - 1| of output tokens after a warm-up of {_P.warmup_lifetimes:g} long lifetimes, "
     f"cumulatively over {_P.window:g} s and in every {_P.slice:g} s window (one starting every {_P.slide:g} s)",
     targets=("cumulative <= 0.05", "worst window <= 0.15"),
-    command="python -m bench --scenarios S4",
     duration="about 13 minutes",
     facts=(
         "Counting requests (round_robin, or the engine's FIFO) gives the long-answer user about 20 times the "

@@ -99,7 +99,6 @@ DEFINITION = Definition(
         "engine mean TPOT over the TPOT flood at most 1.1 x the class limit",
         "engine mean running batch while work waits >= the limit's batch minus one",
     ),
-    command="python -m bench --scenarios S5",
     duration="about 4 minutes",
     facts=(
         "Against one lone request on an idle engine, 2x is the engine's own limit: an engine does not start a "

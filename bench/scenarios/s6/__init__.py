@@ -95,7 +95,6 @@ DEFINITION = Definition(
         f"added latency p99 < 5 ms at {_P.rate:g} requests/s",
         f"the HTTP door's added p50 at most {HTTP_RATIO:g}x the gRPC door's",
     ),
-    command="python -m bench --scenarios S6",
     duration="about 3 minutes; --profile also profiles the scheduler at the fixed rate",
     facts=(
         "The scheduler costs a few milliseconds of CPU per request in Python, most of it in gRPC aio, aiohttp "

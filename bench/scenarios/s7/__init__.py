@@ -73,7 +73,6 @@ DEFINITION = Definition(
         "duplicates answered ALREADY_EXISTS, oversized prompts PROMPT_TOO_LARGE",
         "peak minus idle RSS <= the bytes cap x 3.4 + max_queued x 24 KB",
     ),
-    command="python -m bench --scenarios S7",
     duration="about 2 minutes",
     facts=(
         "Clients do not cancel from 1 s before the kill to 3 s after the restart: a cancel that races the "

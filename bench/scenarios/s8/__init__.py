@@ -108,7 +108,6 @@ DEFINITION = Definition(
         "Jain's index >= 0.95 for both locality setups",
         "latecomer median <= 1.1x the baseline's for both locality setups",
     ),
-    command="python -m bench --scenarios S8",
     duration="about 2 minutes; --engine vllm runs it on two CPU vLLM servers",
     facts=(
         "A prefix index larger than the engine's cache believes in prompts the engine has evicted: every user "
