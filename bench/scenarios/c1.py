@@ -36,15 +36,15 @@ DIRECT = "engine alone (FIFO)"
 
 @dataclass(frozen=True)
 class C1Params:
-    flood: int = 200
-    tokens_min: int = 100
+    flood: int = 200  # requests user A sends at once, spread over the replicas
+    tokens_min: int = 100  # each flood answer's length is drawn from tokens_min-tokens_max (seeded)
     tokens_max: int = 300
     latecomer_tokens: int = 32  # only their first token is measured
     latecomer_offsets: tuple[float, ...] = (5.0, 8.0, 11.0, 14.0)  # once the first wave starts to finish
-    latecomers_per_offset: int = 2
-    probe_tokens: int = 16
-    timeout: float = 90.0
-    seed: int = 1
+    latecomers_per_offset: int = 2  # each its own user
+    probe_tokens: int = 16  # the idle engine's probe request
+    timeout: float = 90.0  # for the latecomers' first tokens
+    seed: int = 1  # of the flood's answer lengths
 
     def scaled(self, scale: float) -> C1Params:
         """A longer (or shorter) flood, latecomers spread over it in proportion."""
@@ -107,7 +107,7 @@ async def run(provider: EngineProvider, options: Options, p: C1Params | None = N
     if direct is None:
         return [ScenarioResult.unavailable(ID, TITLE, workload, skipped.get(DIRECT, "the direct run failed"))]
     result = ScenarioResult(ID, TITLE, workload, provider.describe(), notes=not_run(skipped))
-    reference = next((r for label, r in runs.items() if cluster_layouts.is_reference(label)), None)
+    reference = cluster_layouts.reference(runs)
     result.table = Table(
         [
             "run",

@@ -73,8 +73,7 @@ async def run(provider: EngineProvider, options: Options, p: s3.S3Params | None 
         "target: each replica orders only the calls it received and gates the engine alone, so the engine's "
         "queue grows to several times the target and its own FIFO decides much of the order."
     )
-    result.raw = raw_figures(runs)
-    result.series = token_series(runs)
+    result.raw, result.series = raw_figures(runs), token_series(runs)
     return [result]
 
 

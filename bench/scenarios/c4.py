@@ -61,8 +61,7 @@ async def run(provider: EngineProvider, options: Options, p: s4.S4Params | None 
         f"{s4.S4Params().window:g} s): the sliding windows are shown, not held to S4's 15% (windows this short "
         "hold only a few long requests' ends). `--cluster-scale` stretches the window."
     )
-    result.raw = raw_figures(runs)
-    result.series = token_series(runs)
+    result.raw, result.series = raw_figures(runs), token_series(runs)
     return [result]
 
 

@@ -35,13 +35,13 @@ SLACK = 2  # requests over one process's p99 (same run) the cluster's p99 may re
 
 @dataclass(frozen=True)
 class CBParams:
-    users: int = 4
+    users: int = 4  # backlogged users, every call to the next replica
     concurrency: int = 48  # per user: 192 outstanding against 64 engine slots
-    tokens: int = 64
-    sample_interval: float = 0.05
-    warmup: float = 3.0
-    window: float = 10.0
-    timeout: float = 60.0
+    tokens: int = 64  # every answer
+    sample_interval: float = 0.05  # seconds between readings of the engine's waiting gauge
+    warmup: float = 3.0  # seconds from the first token before the window
+    window: float = 10.0  # seconds sampled
+    timeout: float = 60.0  # for the first token
 
 
 def config(engine: Engine) -> Toml:
@@ -97,7 +97,7 @@ async def run(provider: EngineProvider, options: Options, p: CBParams | None = N
     if not runs:
         return [ScenarioResult.unavailable(ID, TITLE, workload, "; ".join(not_run(skipped)))]
     result = ScenarioResult(ID, TITLE, workload, provider.describe(), notes=not_run(skipped))
-    reference = next((r for label, r in runs.items() if cluster_layouts.is_reference(label)), None)
+    reference = cluster_layouts.reference(runs)
     result.table = Table(
         [
             "run",

@@ -7,11 +7,13 @@ scheduler), clients spread round robin over the replicas.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 from bench.cluster import Layout
 from bench.runner import ConfigBuilder, Mode, RunContext
+
+T = TypeVar("T")
 
 
 def label(layout: Layout) -> str:
@@ -35,6 +37,11 @@ def is_cluster(run_label: str) -> bool:
 def is_reference(run_label: str) -> bool:
     """The one-process run every cluster figure is compared with."""
     return run_label == label(Layout(1, "memory"))
+
+
+def reference(runs: Mapping[str, T]) -> T | None:
+    """The one-process run's figures, if it ran."""
+    return next((r for run_label, r in runs.items() if is_reference(run_label)), None)
 
 
 async def spread(run: RunContext) -> list[Any]:

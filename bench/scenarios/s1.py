@@ -55,16 +55,16 @@ S2_FIGURE = "engine output tokens/s, scheduler ÷ engine FIFO"
 
 @dataclass(frozen=True)
 class S1Params:
-    flood: int = 200
-    tokens_min: int = 100
+    flood: int = 200  # requests user A sends at once
+    tokens_min: int = 100  # each flood answer's length is drawn from tokens_min-tokens_max (seeded)
     tokens_max: int = 300
-    latecomer_tokens: int = 200
-    latecomer_delay: float = 5.0
-    window_start: float = 2.0
-    window: float = 8.0
-    probe_tokens: int = 16
-    timeout: float = 120.0
-    seed: int = 1
+    latecomer_tokens: int = 200  # B's and C's answers
+    latecomer_delay: float = 5.0  # seconds into the flood when B and C send
+    window_start: float = 2.0  # S2's throughput window: from this many seconds into the flood ...
+    window: float = 8.0  # ... for this long
+    probe_tokens: int = 16  # the idle engine's probe request
+    timeout: float = 120.0  # for the latecomers' first tokens
+    seed: int = 1  # of the flood's answer lengths: the same in every run
 
 
 # The tiny CPU vLLM makes ~600 tokens/s with 4 slots: this flood keeps it busy for about 20 s.

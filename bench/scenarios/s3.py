@@ -29,11 +29,11 @@ TARGET_FIGURE = "largest relative gap between a user's token share and its weigh
 
 @dataclass(frozen=True)
 class S3Params:
-    concurrency: int = 64
-    tokens: int = 32
-    warmup: float = 3.0
-    window: float = 8.0
-    timeout: float = 60.0
+    concurrency: int = 64  # requests each user keeps outstanding
+    tokens: int = 32  # every answer's length (equal: request and token shares are the same)
+    warmup: float = 3.0  # seconds from the first token before the window
+    window: float = 8.0  # seconds of output tokens counted
+    timeout: float = 60.0  # for the first token
 
 
 def config(engine: Engine) -> Toml:
@@ -114,8 +114,7 @@ async def run(
         if label != DIRECT:
             result.targets.append(share_target(label, r["shares"]))
     result.notes.append("Weight shares: " + ", ".join(f"{u} {w / total_weight:.1%}" for u, w in WEIGHTS.items()) + ".")
-    result.raw = raw_figures(runs)
-    result.series = token_series(runs)
+    result.raw, result.series = raw_figures(runs), token_series(runs)
     return [result]
 
 

@@ -44,11 +44,11 @@ CUMULATIVE = f"|tokens {LONG} ÷ tokens {SHORT} - 1|, cumulative"
 
 @dataclass(frozen=True)
 class S4Params:
-    long_tokens: int = 1000
-    short_tokens: int = 50
-    long_concurrency: int = 8
+    long_tokens: int = 1000  # the long user's answers
+    short_tokens: int = 50  # the short user's answers (20:1)
+    long_concurrency: int = 8  # closed-loop streams of each user
     short_concurrency: int = 8
-    max_num_seqs: int = 8
+    max_num_seqs: int = 8  # the engine's slots
     warmup_lifetimes: float = 2.0  # warm-up, in long-request lifetimes after the first token
     window: float = 300.0  # the measured run, seconds after the warm-up
     slice: float = 60.0  # every window of this length within the run is measured ...
@@ -239,8 +239,7 @@ async def run(
         "settled (round robin: the reference the token-cost results are measured against, not a target)."
     )
     result.notes.append(f"The priced run charges {PRICES} per token: prices must not change the shares of one model.")
-    result.raw = raw_figures(runs)
-    result.series = token_series(runs)
+    result.raw, result.series = raw_figures(runs), token_series(runs)
     return [result]
 
 

@@ -34,16 +34,16 @@ CLASSES = [
 
 @dataclass(frozen=True)
 class S5Params:
-    batch_requests: int = 200
-    batch_tokens_min: int = 100
+    batch_requests: int = 200  # the batch user's flood, all sent at 0 s
+    batch_tokens_min: int = 100  # each batch answer's length is drawn from min-max (seeded)
     batch_tokens_max: int = 200
-    interactive_rate: float = 4.0
-    interactive_tokens: int = 32
+    interactive_rate: float = 4.0  # interactive requests a second, Poisson arrivals
+    interactive_tokens: int = 32  # each interactive answer
     interactive_prompt_tokens: int = 512  # a chat turn: system prompt and history (about 4 characters a token)
-    interactive_start: float = 1.0
-    interactive_end: float = 13.0
-    timeout: float = 60.0
-    seed: int = 5
+    interactive_start: float = 1.0  # seconds into the batch flood when interactive traffic starts ...
+    interactive_end: float = 13.0  # ... and when it stops
+    timeout: float = 60.0  # for the batch to finish once interactive traffic stopped
+    seed: int = 5  # of the batch lengths and the arrivals
     # the TPOT-hold flood: interactive streams from 4 users against the slow-stepping engine (16 slots,
     # 40 ms + 10 ms per running request a step: 11 running give the 150 ms limit)
     tpot_flood_requests: int = 40

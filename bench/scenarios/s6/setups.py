@@ -23,14 +23,14 @@ PROFILED = "scheduler under pyinstrument"
 
 @dataclass(frozen=True)
 class S6Params:
-    tokens: int = 16
-    rate: float = 300.0
-    low_rate: float = 50.0
-    warmup: float = 1.0
-    duration: float = 5.0
-    ceiling_concurrency: int = 64
-    ceiling_duration: float = 4.0
-    timeout: float = 60.0
+    tokens: int = 16  # every answer, streamed at once by the instant engine
+    rate: float = 300.0  # the target phase's requests a second (open loop)
+    low_rate: float = 50.0  # the low phase's
+    warmup: float = 1.0  # seconds at the low rate before the phases
+    duration: float = 5.0  # seconds of each phase
+    ceiling_concurrency: int = 64  # clients back to back for the ceiling ...
+    ceiling_duration: float = 4.0  # ... measured this long
+    timeout: float = 60.0  # for a phase's requests to end
     rounds: int = 3  # each round runs every mode once, in turn: the medians compare interleaved runs
 
 

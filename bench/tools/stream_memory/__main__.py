@@ -89,34 +89,29 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# (flag, type, default, help) of every option but --unary
+OPTIONS: tuple[tuple[str, type, float, str], ...] = (
+    ("--streams", int, 20000, "N: calls held queued (default: %(default)s)"),
+    ("--users", int, 100, "users the calls are spread over (%(default)s)"),
+    ("--channels", int, 1, "gRPC channels the calls share (%(default)s)"),
+    ("--pace", int, 500, "most calls opening at once, not yet queued (%(default)s; 0: all at once, see the package)"),
+    ("--warmup", int, 200, "calls opened and cancelled first (%(default)s)"),
+    ("--rounds", int, 1, "open/cancel rounds, to see memory come back or not"),
+    ("--hold-seconds", float, 3.0, "window for RSS and CPU while held"),
+    ("--update-interval", float, 1.0, "the scheduler's queue_update_interval_seconds (%(default)s, its default)"),
+    ("--waiting-target", int, 3, "the gate's engine waiting target"),
+    ("--timeout", float, 180.0, "seconds allowed for each wait"),
+    ("--prompt-bytes", int, 0, "send prompts of this many ASCII bytes (0: a short prompt)"),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=stream_memory.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--streams", type=int, default=20000, help="N: calls held queued (default: %(default)s)")
     parser.add_argument("--unary", action="store_true", help="hold Submit calls instead of Stream calls")
-    parser.add_argument("--users", type=int, default=100, help="users the calls are spread over (%(default)s)")
-    parser.add_argument("--channels", type=int, default=1, help="gRPC channels the calls share (%(default)s)")
-    parser.add_argument(
-        "--pace",
-        type=int,
-        default=500,
-        help="most calls opening at once, not yet queued (%(default)s; 0: all at once, see the module docstring)",
-    )
-    parser.add_argument("--warmup", type=int, default=200, help="calls opened and cancelled first (%(default)s)")
-    parser.add_argument("--rounds", type=int, default=1, help="open/cancel rounds, to see memory come back or not")
-    parser.add_argument("--hold-seconds", type=float, default=3.0, help="window for RSS and CPU while held")
-    parser.add_argument(
-        "--update-interval",
-        type=float,
-        default=1.0,
-        help="the scheduler's queue_update_interval_seconds (%(default)s, its default)",
-    )
-    parser.add_argument("--waiting-target", type=int, default=3, help="the gate's engine waiting target")
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds allowed for each wait")
-    parser.add_argument(
-        "--prompt-bytes", type=int, default=0, help="send prompts of this many ASCII bytes (0: a short prompt)"
-    )
+    for flag, kind, default, text in OPTIONS:
+        parser.add_argument(flag, type=kind, default=default, help=text)
     args = parser.parse_args(argv)
     if (
         min(args.streams, args.users, args.channels, args.rounds, args.waiting_target) < 1
