@@ -16,7 +16,7 @@ help:
 	@echo "make demo                              scenario S1: a flood and two latecomers, direct vs scheduled"
 	@echo "make bench [ENGINE=sim|vllm|llamacpp]  scenarios side by side; a record in bench/results/records, tables in docs/benchmarks.md"
 	@echo "make bench-check                       fails when a scenario misses its target beyond tolerance"
-	@echo "make bench-cluster                     C1 C3 C4 C6 CB: one process vs 3 replicas (memory, redis)"
+	@echo "make bench-cluster                     C1 C3 C4 C6 CB (one process vs 3 replicas), CL CN (the leader's cost)"
 	@echo "make protos                            regenerate llmsched/ (the Python API package) from protos/"
 	@echo "make docs                              regenerate the docs' generated parts (error table, config reference, results)"
 	@echo "make buf                               buf lint + buf breaking (against main) on protos/"
@@ -145,10 +145,12 @@ bench: $(STAMP)
 	$(BIN)/python scripts/gen_docs.py
 
 # The cluster scenarios alone (also part of `make bench`): one scheduler process, three memory-mode replicas and
-# three replicas on a private redis-server, side by side; results in bench/results/cluster, a record as above.
+# three replicas on a private redis-server, side by side; CL and CN, what a model's leader costs per follower
+# request (three replicas, then one leader under synthetic followers); results in bench/results/cluster, a
+# record as above.
 .PHONY: bench-cluster
 bench-cluster: $(STAMP)
-	$(BIN)/python -m bench --scenarios C1,C3,C4,C6,CB --out bench/results/cluster $(BENCH_ARGS)
+	$(BIN)/python -m bench --scenarios C1,C3,C4,C6,CB,CL,CN --out bench/results/cluster $(BENCH_ARGS)
 	$(BIN)/python scripts/gen_docs.py
 
 # Fails when a scenario falls below its target (docs/benchmarks.md) by more than the stated tolerance.

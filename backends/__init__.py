@@ -1,8 +1,8 @@
 """The backend port: the `Backend` Protocol, its neutral errors, and the registry of engine kinds.
 
 Importing this package loads no adapter (nor aiohttp): `backends.registry` imports an adapter module only
-when a configured backend names its kind. Adapters themselves live in `backends.vllm`, `backends.tgi`,
-`backends.llamacpp` (and `backends.fake` for tests); the simulator in `backends.sim` stands apart.
+when a configured backend names its kind. Adapters themselves live in `backends.adapters.vllm`, `backends.adapters.tgi`,
+`backends.adapters.llamacpp` (and `backends.fake` for tests); the simulator in `backends.sim` stands apart.
 """
 
 from __future__ import annotations

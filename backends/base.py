@@ -87,7 +87,7 @@ class BackendLoad:
 
     `read_at` is a `time.monotonic()` value taken just before the scrape was sent, so that anything the
     scheduler dispatched after it is known not to be reflected in the numbers (the scheduler's scrape loop
-    restamps it with its own injected clock, see `scheduler_svc.load.scrape`). `ok` is False when the
+    restamps it with its own injected clock, see `scheduler_svc.dispatch.load.scrape`). `ok` is False when the
     endpoint could not be read or parsed; the numbers are then meaningless.
     """
 

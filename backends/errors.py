@@ -7,7 +7,7 @@
     └── BackendProtocolError      engine answered something we cannot parse
 
 Each class carries a machine-readable `reason`; which status a client sees is the face's business
-(`scheduler_svc.grpc_errors` for gRPC), so adapters know nothing of the service.
+(`scheduler_svc.grpc.status` for gRPC), so adapters know nothing of the service.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 An adapter module is imported only when something asks for its kind (a config names it), so importing
 the scheduler's core loads neither aiohttp nor any adapter. Config validation reads a kind's
 `BackendCapabilities` from here, which imports that kind's adapter and nothing else.
-To add an engine: write `backends/<kind>.py` (an `HttpAdapter` subclass) and add one line below.
+To add an engine: write `backends/adapters/<kind>.py` (an `HttpAdapter` subclass) and add one line below.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from backends.base import Backend, BackendCapabilities, HttpSettings
 
 # kind -> "module:class" of its adapter, imported on first use
 _ADAPTERS: dict[str, str] = {
-    "vllm": "backends.vllm:VllmBackend",
-    "tgi": "backends.tgi:TgiBackend",
-    "llamacpp": "backends.llamacpp:LlamaCppBackend",
+    "vllm": "backends.adapters.vllm:VllmBackend",
+    "tgi": "backends.adapters.tgi:TgiBackend",
+    "llamacpp": "backends.adapters.llamacpp:LlamaCppBackend",
 }
 BACKEND_KINDS: tuple[str, ...] = tuple(_ADAPTERS)
 

@@ -12,6 +12,8 @@
     python -m bench --scenarios S6 --profile also profile the scheduler at S6's fixed rate
     python -m bench --scenarios C1,C3,C4,C6,CB   the cluster scenarios: one process, N memory-mode
                                              replicas and N replicas on Redis, side by side
+    python -m bench --scenarios CL,CN        a model's leader's CPU per follower request, in a cluster and
+                                             under synthetic followers' load; Redis per request
     python -m bench --scenarios CB --cluster-stores memory --cluster-scale 3   no Redis runs, 3x the windows
 
 Writes, under --out (bench/results, or bench/results/vllm): results.json (every raw figure), RESULTS.md (a

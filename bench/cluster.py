@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import aiohttp
 import grpc
@@ -45,6 +45,7 @@ class Layout:
     store: str = "memory"
     heartbeat_interval: float = 0.5
     heartbeat_timeout: float = 2.0
+    settings: tuple[tuple[str, Any], ...] = ()  # more `[cluster]` keys for every replica (redis mode)
 
     def __post_init__(self) -> None:
         if self.store not in STORES or not 1 <= self.replicas <= 16:
@@ -68,6 +69,7 @@ class Layout:
                 "replica_name": f"r{index + 1}",
                 "heartbeat_interval_seconds": self.heartbeat_interval,
                 "heartbeat_timeout_seconds": self.heartbeat_timeout,
+                **dict(self.settings),
             }
         return out
 
@@ -109,6 +111,7 @@ class Cluster:
 
     replicas: list[harness.SchedulerProc]
     redis_url: str = ""
+    key_prefix: str = ""  # every Redis key of this cluster starts with it (redis mode)
 
     async def admitted(self) -> list[float | None]:
         """Requests each replica admitted so far (its own counter), None where its metrics did not answer."""
@@ -175,11 +178,11 @@ async def cluster(config: Toml, layout: Layout, *, ready_timeout: float = 30.0) 
         failed = [s for s in started if isinstance(s, BaseException)]
         if failed:
             raise failed[0]
-        running = Cluster(cast("list[harness.SchedulerProc]", started), redis_url)
+        running = Cluster(cast("list[harness.SchedulerProc]", started), redis_url, key_prefix)
         if layout.store == "redis":
             await wait_joined(redis_url, key_prefix, running.replicas, max(10.0, 3 * layout.heartbeat_timeout))
-        model = str(config["models"][0]["name"])
-        await asyncio.gather(*(_warm_up(r, model, ready_timeout) for r in running.replicas))
+        models = [str(m["name"]) for m in config["models"]]  # each model's leader decides once
+        await asyncio.gather(*(_warm_up(r, m, ready_timeout) for r in running.replicas for m in models))
         yield running
 
 

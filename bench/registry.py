@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from bench.scenario import Scenario
-from bench.scenarios import c1, c3, c4, c6, cb, r1, s1, s3, s4, s5, s6, s7, s8
-from bench.scenarios.definition import Definition
+from bench.scenario import Definition, Scenario
+from bench.scenarios import c1, c3, c4, c6, cb, cl, r1, s1, s3, s4, s5, s6, s7, s8
 
 SCENARIOS: tuple[Scenario, ...] = (
     s1.SCENARIO,  # S1 and S2
@@ -25,11 +24,13 @@ SCENARIOS: tuple[Scenario, ...] = (
     c4.SCENARIO,
     c6.SCENARIO,
     cb.SCENARIO,
+    cl.SCENARIO,  # CL and CN
     r1.SCENARIO,  # real engines only, unless asked for by id
 )
 BY_ID = {scenario.id: scenario for scenario in SCENARIOS}
 DEFINITIONS: tuple[Definition, ...] = tuple(d for scenario in SCENARIOS for d in scenario.definitions)
-CLUSTER = tuple(s.id for s in SCENARIOS if s.id.startswith("C"))  # the cluster variants: replicas side by side
+# the cluster scenarios: replicas side by side, and what a model's leader costs
+CLUSTER = tuple(i for s in SCENARIOS if s.id.startswith("C") for i in s.produces)
 
 
 def defaults(engine: str) -> list[str]:

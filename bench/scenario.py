@@ -1,7 +1,10 @@
 """How a scenario plugs into the bench: one `Scenario` value per scenario, listed once in `bench.registry`.
 
-A scenario is its definitions (what a reader needs: the question, workload, layout, targets; S1's entry also
-declares S2, which its runs measure too), one run function that takes an engine provider and the run's
+A scenario is its definitions (`Definition`: what a reader needs, the question it answers, its workload, the
+layout it runs on, what it measures, its targets, how to run it and what its runs have shown; S1's entry
+also declares S2, which its runs measure too; `scripts/gen_docs.py` renders them with the latest record of
+each into docs/benchmarks.md, and the numbers in a definition come from the scenario's own parameters where
+they can, so the text follows the code), one run function that takes an engine provider and the run's
 `Options` and returns a `ScenarioResult` per definition (its table, figures against their targets, notes,
 raw figures and plot series), the engines whose default run includes it, and the plots drawn from its
 results' series. `python -m bench` knows nothing else about a scenario: adding one is a module that
@@ -18,7 +21,27 @@ from typing import Literal
 from bench.cluster import ClusterOptions
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult
-from bench.scenarios.definition import Definition
+
+
+@dataclass(frozen=True)
+class Definition:
+    """One scenario as a reader needs it."""
+
+    id: str  # "S1"; a record's scenario ids start with it ("R1 vllm, gpu_host, flood")
+    title: str
+    question: str  # what it answers, in one sentence
+    workload: str
+    layout: str  # the engine, the processes and the setups compared side by side
+    measures: str
+    targets: tuple[str, ...]
+    duration: str  # about how long one run takes
+    command: str = ""  # how to run it alone (default: `python -m bench --scenarios ID`)
+    facts: tuple[str, ...] = ()  # what its runs have shown, as present-tense facts
+    headline: tuple[str, ...] = ()  # the figures (Target.figure) the README's results table shows
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            object.__setattr__(self, "command", f"python -m bench --scenarios {self.id}")
 
 
 @dataclass(frozen=True)

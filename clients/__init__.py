@@ -7,6 +7,7 @@ within the call's deadline. `SchedulerClient` is the raw layer under them: proto
 errors, no retries (tests and benchmarks that look at the wire use it).
 """
 
+from clients._connection import channel_credentials
 from clients.aio import AsyncClient, AsyncEventStream
 from clients.client import SchedulerClient, error_reason, is_retryable, retry_delay
 from clients.errors import (
@@ -54,6 +55,7 @@ __all__ = [
     "SchedulerError",
     "Timings",
     "UnavailableError",
+    "channel_credentials",
     "error_reason",
     "from_rpc_error",
     "is_retryable",

@@ -137,7 +137,7 @@ def sim_process(
     """
     port = port or free_port()
     argv = [
-        sys.executable, "-m", "scheduler_svc.cli", "sim",
+        sys.executable, "-m", "scheduler_svc.app.cli", "sim",
         "--port", str(port),
         "--max-num-seqs", str(max_num_seqs),
         "--scheduling-policy", scheduling_policy,

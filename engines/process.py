@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from backends._prom import selected_metrics
+from backends.metrics import selected_metrics
 from engines.paths import ROOT, cache
 
 

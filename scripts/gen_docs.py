@@ -5,7 +5,7 @@ Each generated part sits in a Markdown file between two markers, `<!-- NAME: gen
 
 - `docs/api.md`, `error-table`: the error table, from `llmsched.v1.errors.ERRORS`.
 - `docs/configuration.md`, `config-reference`: every section and field of the configuration with its type,
-  default, accepted values and doc, from the schema itself (`scheduler_svc.config_schema`) and the registries
+  default, accepted values and doc, from the schema itself (`scheduler_svc.config.schema`) and the registries
   the loader checks names against.
 - `docs/benchmarks.md`, `scenarios`: every scenario the bench runs (`bench.registry.DEFINITIONS`) with the
   latest record of each (`bench/results/records/`).
@@ -42,18 +42,18 @@ from bench import run_records  # noqa: E402
 from bench.registry import DEFINITIONS  # noqa: E402
 from bench.report import table_markdown  # noqa: E402
 from bench.results import Table, Target  # noqa: E402
-from bench.scenarios.definition import Definition  # noqa: E402
+from bench.scenario import Definition  # noqa: E402
 from llmsched.v1.errors import markdown_table  # noqa: E402
-from scheduler_svc import config_schema  # noqa: E402
-from scheduler_svc.config import load_config  # noqa: E402
-from scheduler_svc.config_schema import DEFAULT_CLASSES, Config, PriorityClassConfig  # noqa: E402
-from scheduler_svc.event_loop import EVENT_LOOPS  # noqa: E402
+from scheduler_svc.app.event_loop import EVENT_LOOPS  # noqa: E402
+from scheduler_svc.app.settings import load_config  # noqa: E402
+from scheduler_svc.config import DEFAULT_CLASSES, Config, ConfigError, PriorityClassConfig  # noqa: E402
 from scheduler_svc.policies import (  # noqa: E402
     BACKEND_POLICIES,
     BAND_POLICIES,
     FAIRNESS_POLICIES,
     GATE_POLICIES,
     ORDERING_POLICIES,
+    scheduling_params,
 )
 
 REGENERATE = "make docs"
@@ -127,6 +127,17 @@ def _dataclass_of(hint: Any) -> tuple[type[Any] | None, bool]:
     return None, False
 
 
+def fields_of(path: str, cls: type[Any]) -> list[tuple[dataclasses.Field[Any], Any]]:
+    """(field, type) for every key of the table: the section's own fields, and in [scheduling] the parameters
+    the registered policies declare (each policy reads its own from there)."""
+    hints = _hints(cls)
+    found = [(f, hints[f.name]) for f in dataclasses.fields(cls) if not f.metadata.get("extra")]
+    if path == "scheduling":
+        kinds = {"float": float, "int": int, "str": str, "bool": bool}
+        found += [(f, kinds[f.type]) for f in (field for _, field in scheduling_params().values())]
+    return found
+
+
 def sections(cls: type[Any] = Config, prefix: str = "") -> list[Section]:
     """Every table of the configuration, in the order the schema declares them."""
     found: list[Section] = []
@@ -198,8 +209,7 @@ def config_reference() -> str:
         if section.cls is PriorityClassConfig:
             parts.append(_default_classes())
         rows = []
-        for f in dataclasses.fields(section.cls):
-            hint = _hints(section.cls)[f.name]
+        for f, hint in fields_of(section.path, section.cls):
             inner, array = _dataclass_of(hint)
             if inner is not None:
                 header = f"[[{section.path}.{f.name}]]" if array else f"[{section.path}.{f.name}]"
@@ -273,20 +283,20 @@ def example_problems(path: Path = EXAMPLE) -> list[str]:
     problems: list[str] = []
     try:
         load_config(path)
-    except config_schema.ConfigError as exc:
+    except ConfigError as exc:
         problems.append(f"{path.name} does not load: {exc}")
     by_path: dict[str, type[Any]] = {"": Config, **{s.path: s.cls for s in sections()}}
     shown: set[tuple[str, str]] = set()
     for section, key, line in example_keys(path.read_text()):
         cls = by_path.get(section)
-        fields = {f.name for f in dataclasses.fields(cls)} if cls is not None else set()
+        fields = {f.name for f, _ in fields_of(section, cls)} if cls is not None else set()
         if key not in fields:
             where = f"[{section}]" if section else "the top level"
             problems.append(f"{path.name}:{line}: {where} has no key {key!r} in the schema")
         shown.add((section, key))
     for section_path, cls in by_path.items():
-        for f in dataclasses.fields(cls):
-            if _dataclass_of(_hints(cls)[f.name])[0] is not None or (section_path, f.name) in shown:
+        for f, hint in fields_of(section_path, cls):
+            if _dataclass_of(hint)[0] is not None or (section_path, f.name) in shown:
                 continue  # a table is shown by its own header
             header = f"[{section_path}]" if section_path else "the top level"
             problems.append(

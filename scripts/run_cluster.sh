@@ -52,7 +52,7 @@ wait_until "the simulated engine on :8000" 30 "urllib.request.urlopen('http://12
 "$bin/python" - "$run_dir" "$redis_port" <<'PY'
 import re, sys
 from pathlib import Path
-from scheduler_svc.config import load_config
+from scheduler_svc.app.settings import load_config
 
 run_dir, redis_port = Path(sys.argv[1]), int(sys.argv[2])
 example = Path("configs/example.toml").read_text()
@@ -98,7 +98,7 @@ for i in 1 2 3; do
 MSG
 done
 cat <<MSG
-  Who leads: redis-cli -p $redis_port GET llmsched-run:leader    members: redis-cli -p $redis_port ZRANGE llmsched-run:members 0 -1
+  Who leads sim-model: redis-cli -p $redis_port GET llmsched-run:leader:sim-model    members: redis-cli -p $redis_port ZRANGE llmsched-run:members 0 -1
   Ctrl-C stops everything.
 
 MSG

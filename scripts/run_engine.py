@@ -106,7 +106,7 @@ def main() -> None:
         flush=True,
     )
     try:
-        subprocess.run([sys.executable, "-m", "scheduler_svc.cli", "serve", "--config", str(config)], check=False)
+        subprocess.run([sys.executable, "-m", "scheduler_svc.app.cli", "serve", "--config", str(config)], check=False)
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,5 +1,5 @@
 """Test-wide settings: quiet logs (warnings and errors still show)."""
 
-from scheduler_svc.logs import configure_logging
+from scheduler_svc.app.logs import configure_logging
 
 configure_logging("warning")

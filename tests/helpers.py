@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import inspect
 import time
 import tomllib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,9 @@ from typing import Any
 from backends.base import Backend, BackendLoad, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.fake import FakeBackend
 from clients import SchedulerClient
-from scheduler_svc.config import BackendConfig, Config, ModelConfig, config_from_dict
-from scheduler_svc.server import SchedulerServer
+from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import BackendConfig, Config, ModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,7 +184,21 @@ async def until_settled(
     dispatcher = server.scheduler.dispatchers[model]
     async with asyncio.timeout(timeout):
         while not predicate():
-            await dispatcher.wait_settled()
+            await dispatcher.shutdown.wait_settled()
+
+
+def queue_depth(server: SchedulerServer, user: str = "", model: str = "m") -> int:
+    """Requests queued for `model` (only `user`'s when given, all classes together), as introspection shows."""
+    snapshot = server.scheduler.snapshot(model, user, 1 << 30)
+    if not user:
+        return snapshot.queued
+    return sum(u.queued for cls in snapshot.classes for u in cls.users)
+
+
+def queued_users(server: SchedulerServer, model: str = "m") -> list[str]:
+    """The users with requests queued for `model`, sorted."""
+    snapshot = server.scheduler.snapshot(model, "", 1 << 30)
+    return sorted({u.user for cls in snapshot.classes for u in cls.users if u.queued})
 
 
 def outcome_count(server: SchedulerServer, outcome: str, model: str = "m") -> float:
@@ -192,10 +208,23 @@ def outcome_count(server: SchedulerServer, outcome: str, model: str = "m") -> fl
     return value or 0.0
 
 
-async def eventually(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll state that offers no event to wait on (another server's counters), with a hard deadline."""
+async def eventually(
+    predicate: Callable[[], bool | Awaitable[bool]],
+    timeout: float = 10.0,
+    what: str = "condition",
+    every: float = 0.01,
+) -> None:
+    """Poll state that offers no event to wait on (another process's or server's counters, a real engine's
+    queue, a subprocess), with a hard deadline: the one polling helper of the tests. A predicate may be a
+    coroutine function; `every` spaces the looks (a predicate that starts a process looks less often). Where
+    the core's own state is waited for, an event (`until_settled`) or the fake clock does instead."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(every)

@@ -1,7 +1,7 @@
 """The simulator's knobs: one frozen dataclass, validated once when it is built.
 
 Each field is declared with `_field(default, doc)`, so it carries its default and a one-line description
-in its metadata (as `scheduler_svc.config` does); the CLI flags and their help text are generated from it.
+in its metadata (as `scheduler_svc.app.settings` does); the CLI flags and their help text are generated from it.
 """
 
 from __future__ import annotations

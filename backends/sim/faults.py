@@ -32,6 +32,14 @@ class Faults:
     reached the engine (journaled `received`): a front end slow to answer. A client that leaves meanwhile
     aborts the request."""
 
+    def in_stream(self, tokens_sent: int) -> str | None:
+        """Which fault, if any, replaces the next token after `tokens_sent` tokens: "cut", "error" or None."""
+        if self.stream_cut_after_tokens is not None and tokens_sent >= self.stream_cut_after_tokens:
+            return "cut"
+        if self.stream_error_after_tokens is not None and tokens_sent >= self.stream_error_after_tokens:
+            return "error"
+        return None
+
     def to_json(self) -> dict[str, Any]:
         """The faults as `GET /sim/faults` shows them."""
         return asdict(self)

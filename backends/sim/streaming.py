@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from backends.sim.engine import Aborted, EngineEvent, RequestHandle
+from backends.sim.faults import Faults
 
 _POLL_SECONDS = 0.2
 _CLIENT_GONE = "client disconnected"
@@ -52,6 +53,11 @@ async def _abort_when_client_leaves(request: web.Request, handle: RequestHandle)
             return
 
 
+async def healthy(request: web.Request) -> web.Response:
+    """`GET /health` as both engines answer it: 200 with an empty body."""
+    return web.Response(status=200)
+
+
 def dumps(payload: Any) -> str:
     """Compact JSON, as pydantic and serde write it."""
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
@@ -69,3 +75,15 @@ def cut_connection(request: web.Request) -> None:
     transport = request.transport
     if transport is not None:
         transport.close()
+
+
+def injected_fault(faults: Faults, tokens_sent: int, handle: RequestHandle, request: web.Request) -> str | None:
+    """Apply the fault injected for the token after `tokens_sent`, if any: "cut" aborts the request and cuts the
+    connection (the handler just returns), "error" aborts it (the handler answers with its engine's error)."""
+    fault = faults.in_stream(tokens_sent)
+    if fault == "cut":
+        handle.abort("injected stream cut")
+        cut_connection(request)
+    elif fault == "error":
+        handle.abort("injected stream error")
+    return fault

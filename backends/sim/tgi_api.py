@@ -20,7 +20,15 @@ from backends.sim.config import SimConfig
 from backends.sim.engine import Aborted, FinishReason, GenerateParams, RequestHandle, SimEngine
 from backends.sim.faults import Faults
 from backends.sim.metrics import TgiMetrics
-from backends.sim.streaming import ClientGone, cut_connection, dumps, open_event_stream, watch_events
+from backends.sim.streaming import (
+    ClientGone,
+    cut_connection,
+    dumps,
+    healthy,
+    injected_fault,
+    open_event_stream,
+    watch_events,
+)
 from backends.sim.tokens import Token, count_tokens
 
 _MAX_STOP_SEQUENCES = 4  # TGI's --max-stop-sequences default
@@ -157,12 +165,8 @@ class TgiApi:
         """Register TGI's endpoints on `app`."""
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/generate_stream", self.generate_stream)
-        app.router.add_get("/health", self.health)
+        app.router.add_get("/health", healthy)
         app.router.add_get("/info", self.info)
-
-    async def health(self, request: web.Request) -> web.Response:
-        """200 with an empty body."""
-        return web.Response(status=200)
 
     async def info(self, request: web.Request) -> web.Response:
         """TGI's `/info`, with the limits this simulator enforces."""
@@ -223,15 +227,6 @@ class TgiApi:
             self._engine.journal_refused(request.headers.get("X-Request-Id"), inputs, exc.status, str(exc))
             raise
 
-    def _injected_fault(self, tokens_sent: int) -> str | None:
-        cut_after = self._faults.stream_cut_after_tokens
-        if cut_after is not None and tokens_sent >= cut_after:
-            return "cut"
-        error_after = self._faults.stream_error_after_tokens
-        if error_after is not None and tokens_sent >= error_after:
-            return "error"
-        return None
-
     def _start(self, request: web.Request, parsed: _TgiRequest) -> RequestHandle:
         header_id = request.headers.get("X-Request-Id")
         return self._engine.add_request(header_id or f"tgi-{uuid.uuid4().hex}", parsed.params, x_request_id=header_id)
@@ -253,13 +248,10 @@ class TgiApi:
                 if isinstance(event, Aborted):
                     cut_connection(request)
                     return web.Response(status=500)
-                fault = self._injected_fault(len(tokens))
+                fault = injected_fault(self._faults, len(tokens), handle, request)
                 if fault == "cut":
-                    handle.abort("injected stream cut")
-                    cut_connection(request)
                     return web.Response(status=500)
                 if fault == "error":
-                    handle.abort("injected stream error")
                     self._metrics.request_failed("generation")
                     return _json({"error": _INJECTED_ERROR, "error_type": "generation"}, 424)
                 tokens.append(event.token)
@@ -305,13 +297,10 @@ class TgiApi:
                 if isinstance(event, Aborted):
                     cut_connection(request)
                     return response
-                fault = self._injected_fault(tokens_sent)
+                fault = injected_fault(self._faults, tokens_sent, handle, request)
                 if fault == "cut":
-                    handle.abort("injected stream cut")
-                    cut_connection(request)
                     return response
                 if fault == "error":
-                    handle.abort("injected stream error")
                     self._metrics.request_failed("generation")
                     await send({"error": _INJECTED_ERROR, "error_type": "generation"})
                     return response

@@ -19,6 +19,8 @@ from backends.sim.streaming import (
     ClientGone,
     cut_connection,
     dumps,
+    healthy,
+    injected_fault,
     open_event_stream,
     watch_events,
 )
@@ -72,11 +74,7 @@ class VllmApi:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
-
-    async def health(self, request: web.Request) -> web.Response:
-        """200 with an empty body, as vLLM answers."""
-        return web.Response(status=200)
+        app.router.add_get("/health", healthy)
 
     async def models(self, request: web.Request) -> web.Response:
         """The one served model."""
@@ -130,16 +128,6 @@ class VllmApi:
         finally:
             handle.abort("client disconnected")  # a no-op when the request already ended
 
-    def _injected_fault(self, tokens_sent: int) -> str | None:
-        """Which fault, if any, replaces the next token after `tokens_sent` tokens."""
-        cut_after = self._faults.stream_cut_after_tokens
-        if cut_after is not None and tokens_sent >= cut_after:
-            return "cut"
-        error_after = self._faults.stream_error_after_tokens
-        if error_after is not None and tokens_sent >= error_after:
-            return "error"
-        return None
-
     async def _stream(
         self, request: web.Request, handle: RequestHandle, parsed: ParsedRequest, writer: ChunkWriter
     ) -> web.StreamResponse:
@@ -170,13 +158,10 @@ class VllmApi:
                 if isinstance(event, Aborted):  # engine shut down: die like a crashed server
                     cut_connection(request)
                     return response
-                fault = self._injected_fault(tokens_sent)
+                fault = injected_fault(self._faults, tokens_sent, handle, request)
                 if fault == "cut":
-                    handle.abort("injected stream cut")
-                    cut_connection(request)
                     return response
                 if fault == "error":
-                    handle.abort("injected stream error")
                     await send(error_body(500, _INJECTED_ERROR))
                     break
                 piece = "" if event.token.special else event.token.text
@@ -209,13 +194,10 @@ class VllmApi:
             if isinstance(event, Aborted):
                 cut_connection(request)
                 return web.Response(status=500)
-            fault = self._injected_fault(tokens)
+            fault = injected_fault(self._faults, tokens, handle, request)
             if fault == "cut":
-                handle.abort("injected stream cut")
-                cut_connection(request)
                 return web.Response(status=500)
             if fault == "error":
-                handle.abort("injected stream error")
                 return _json(error_body(500, _INJECTED_ERROR), 500)
             tokens += 1
             fin = event.finished

@@ -22,10 +22,9 @@ from bench.engines import Engine, EngineProvider
 from bench.records import RequestRecord
 from bench.results import ScenarioResult, Table
 from bench.runner import Mode, RunContext, run_modes
-from bench.scenario import Options, Plot, Scenario
+from bench.scenario import Definition, Options, Plot, Scenario
 from bench.scenarios import cluster_layouts
 from bench.scenarios.common import divide, errors, not_run, ratio, seconds, ttft_series, with_requests
-from bench.scenarios.definition import Definition
 from bench.scenarios.s1 import latecomer_targets
 from bench.scenarios.workloads import decode_median, flood, idle_probe
 

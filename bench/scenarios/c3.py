@@ -22,10 +22,9 @@ from typing import Any
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult, Table
 from bench.runner import RunContext, run_modes
-from bench.scenario import Options, Plot, Scenario
+from bench.scenario import Definition, Options, Plot, Scenario
 from bench.scenarios import cluster_layouts, s3
 from bench.scenarios.common import not_run, number, raw_figures, share, token_series
-from bench.scenarios.definition import Definition
 
 ID, TITLE = "C3", "weighted shares across replicas"
 WINDOW = 20.0  # seconds from the first token: the whole workload

@@ -18,10 +18,9 @@ from typing import Any
 from bench.engines import EngineProvider, SimProvider
 from bench.results import ScenarioResult, Table
 from bench.runner import RunContext, run_modes
-from bench.scenario import Options, Plot, Scenario
+from bench.scenario import Definition, Options, Plot, Scenario
 from bench.scenarios import cluster_layouts, s4
 from bench.scenarios.common import not_run, raw_figures, token_series
-from bench.scenarios.definition import Definition
 
 ID, TITLE = "C4", "token fairness across replicas"
 LONG, SHORT = s4.LONG, s4.SHORT

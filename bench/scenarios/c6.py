@@ -18,10 +18,9 @@ from typing import Any
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import Mode, RunContext, run_modes
-from bench.scenario import Options, Scenario
+from bench.scenario import Definition, Options, Scenario
 from bench.scenarios import cluster_layouts
 from bench.scenarios.common import errors, jsonable, median, minus, ms, not_run, number
-from bench.scenarios.definition import Definition
 from bench.scenarios.s6 import setups as s6
 from bench.scenarios.s6 import workload as s6_workload
 

@@ -22,10 +22,9 @@ from bench.engines import Engine, EngineProvider
 from bench.records import percentile
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import RunContext, run_modes
-from bench.scenario import Options, Plot, Scenario
+from bench.scenario import Definition, Options, Plot, Scenario
 from bench.scenarios import cluster_layouts
 from bench.scenarios.common import divide, errors, jsonable, not_run, number, ratio, raw_figures
-from bench.scenarios.definition import Definition
 from bench.scenarios.workloads import first_token
 
 ID, TITLE = "CB", "one engine budget across replicas"

@@ -26,7 +26,7 @@ from bench.configs import STANDARD_CLASS, for_engine
 from bench.engines import Engine, EngineProvider
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import ConfigBuilder, Mode, RunContext, run_modes
-from bench.scenario import Options, Plot, Scenario
+from bench.scenario import Definition, Options, Plot, Scenario
 from bench.scenarios.common import (
     divide,
     errors,
@@ -38,7 +38,6 @@ from bench.scenarios.common import (
     ttft_series,
     with_requests,
 )
-from bench.scenarios.definition import Definition
 from bench.scenarios.workloads import decode_median, flood, idle_probe
 
 POLICIES = ("round_robin", "weighted_round_robin", "vtc")

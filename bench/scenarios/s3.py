@@ -16,9 +16,8 @@ from bench.engines import Engine, EngineProvider
 from bench.records import cumulative_tokens, tokens_by_user
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import Mode, RunContext, run_modes
-from bench.scenario import Options, Plot, Scenario
+from bench.scenario import Definition, Options, Plot, Scenario
 from bench.scenarios.common import errors, not_run, number, raw_figures, share, token_series
-from bench.scenarios.definition import Definition
 from bench.scenarios.workloads import measuring_window
 
 WEIGHTS = {"w1": 1.0, "w2": 2.0, "w4": 4.0}

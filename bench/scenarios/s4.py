@@ -32,9 +32,8 @@ from bench.product import VTC_RETURN_GRACE
 from bench.records import RequestRecord, cumulative_tokens, mean_running, percentile, return_gaps, tokens_by_user
 from bench.results import ScenarioResult, Table, Target
 from bench.runner import ConfigBuilder, Mode, RunContext, run_modes
-from bench.scenario import Options, Plot, Scenario
+from bench.scenario import Definition, Options, Plot, Scenario
 from bench.scenarios.common import errors, not_run, number, raw_figures, token_series
-from bench.scenarios.definition import Definition
 from bench.scenarios.workloads import measuring_window
 
 TITLE = "token fairness"

@@ -1,22 +1,29 @@
-"""One replica's cluster agent: its role, its heartbeat, its inbox.
+"""One replica's cluster agent: its role on each lease, its heartbeat, its inbox.
 
-Roles: joining (until the first look at the lease) -> following or leading; degraded whenever the store
-does not answer; back to joining -> following/leading when it answers again (re-registering every live
-ticket with the leader). Each role sets the dispatchers' authority (`modes`).
+Leases (`leases.lease_plan`): one per model, so each model's decisions are led by one replica and different
+models by different replicas (one lease for every model when fairness counters are global). On each lease a
+replica is joining (until its first look) -> following or leading; on all of them degraded whenever the store
+does not answer, back to joining -> following/leading when it answers again (re-registering every live ticket
+with each lease's leader). Each lease's role sets its models' dispatcher authorities (`modes`).
 
 Heartbeat, every heartbeat_interval_seconds (a Stepdown message or a store error makes it look at once):
-renew membership (join again when it was lost: store restarted empty), renew the lease (leader) or try to
-take it (others), read who holds it (when not us) and the members (the leader releases dead owners'
-mirrors; everyone keeps the count for the degraded cap). Store operations per heartbeat: leader 3
-(renew, renew_lease, members), follower 4 (renew, acquire_lease, lease_holder, members).
+renew membership (join again when it was lost: store restarted empty), renew each lease it holds, read the
+members (a leader releases dead owners' mirrors; everyone keeps the count for the degraded cap and the
+share of leases), read who holds every other lease in one round trip, and take the free ones its share allows
+(`leases` explains the spreading); a replica over its share hands one lease over. Store operations per
+heartbeat: 3 + one per lease held (renew, renew_lease each, members, lease_holders), plus one acquire per
+free lease taken or one release per lease handed over. A lease handed over that nobody took comes back by
+the free-lease rule; then nothing more is handed over until the members change (one of them takes no lease:
+it is draining after SIGTERM), so leases do not swing back and forth.
 
-Inbox: one blocking `receive` per wake-up returns every message that arrived; each is handed to the
-`Leader` or `Follower` part. Sending goes through the `Outbox` (one `send` per destination per wake-up).
+Inbox: one blocking `receive` per wake-up returns every entry that arrived; each entry is a batch of messages,
+each handed to the `Leader` or `Follower` part. Sending goes through the `Outbox` (one entry per destination
+per wake-up).
 
-Stopping (SIGTERM): `step_down` releases the lease and sends Stepdown to every member at once (they take
-the lead at their next look), then the replica follows while the server drains (its outcomes still reach
-the new leader); `aclose` leaves the membership. `kill` stops everything at once, sending nothing (tests
-use it for a crashed process).
+Stopping (SIGTERM): `step_down` releases every lease it holds and sends Stepdown to every member at once (they
+take the leases at their next look), then the replica follows while the server drains (its outcomes still
+reach the new leaders); `aclose` leaves the membership. `kill` stops everything at once, sending nothing
+(tests use it for a crashed process).
 """
 
 from __future__ import annotations
@@ -24,11 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from dataclasses import dataclass
 
 import structlog
 
 from scheduler_svc.cluster.follower import Follower
 from scheduler_svc.cluster.leader import Leader
+from scheduler_svc.cluster.leases import fair_share, lease_plan
 from scheduler_svc.cluster.messages import (
     Admit,
     Fail,
@@ -38,20 +47,32 @@ from scheduler_svc.cluster.messages import (
     Position,
     Report,
     Stepdown,
+    Tokens,
     Verdict,
-    decode,
+    decode_batch,
     type_name,
 )
 from scheduler_svc.cluster.metrics import ClusterMetrics
 from scheduler_svc.cluster.modes import Role, authority_for
 from scheduler_svc.cluster.outbox import Outbox
 from scheduler_svc.cluster.store import ClusterStore, DuplicateReplica, StoreTimeout, StoreUnavailable
-from scheduler_svc.config_schema import ClusterConfig
-from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.config import ClusterConfig
+from scheduler_svc.dispatch.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
 
 CANCEL_AGAIN_SECONDS = 0.1  # a loop still running this long after its cancellation lost it: cancel it again
+
+
+@dataclass
+class LeaseState:
+    """This replica's standing on one lease."""
+
+    name: str
+    models: tuple[str, ...]
+    holder: str  # our holder string for the lease: a new one for each term we lead it
+    role: Role = Role.JOINING
+    free_looks: int = 0  # consecutive looks that found the lease free
 
 
 class ClusterAgent:
@@ -63,28 +84,59 @@ class ClusterAgent:
         self.cluster = cluster
         self.name = name
         self._token = uuid.uuid4().hex  # proves the membership is ours
-        self.holder = self._new_holder()
-        self.metrics = ClusterMetrics(scheduler.metrics.registry)
-        self.role = Role.JOINING
-        self.members = 1  # last known number of live replicas (for the degraded cap)
+        plan = lease_plan(scheduler.config)
+        self.leases = {lease: LeaseState(lease, models, self._new_holder()) for lease, models in plan.items()}
+        self._lease_of = {model: lease for lease, models in plan.items() for model in models}
+        self.metrics = ClusterMetrics(scheduler.metrics.registry, list(self._lease_of))
+        self.members = 1  # last known number of live replicas (for the degraded cap and the share of leases)
         self._joined = False
         self._stepping_down = False
+        self._member_names: frozenset[str] = frozenset()  # the members at the last look
+        # The members when a lease we handed over came back to us for want of a taker (a member that never
+        # takes leases: one draining after SIGTERM). While they stay the same, nothing is handed over again.
+        self._keep_leases_among: frozenset[str] | None = None
         self._killed = False
         self._look_now = asyncio.Event()
         self.outbox = Outbox(store, self.metrics, self._store_failed)
-        self.follower = Follower(scheduler, name, cluster, self.outbox.post, self.metrics)
-        self.leader = Leader(scheduler, name, lambda: self.holder, self.outbox.post)
+        self.follower = Follower(scheduler, name, cluster, self.outbox.post, self.metrics, plan)
+        self.leader = Leader(scheduler, name, self.holder_of, self.outbox.post)
         self._tasks: list[asyncio.Task[None]] = []
         self.role_changed = asyncio.Event()  # set on every role change (tests wait on it)
 
     def _new_holder(self) -> str:
-        """A lease holder string of its own for each term as leader: a grant sent in an earlier term is
-        never taken for one of this term (an owner accepts grants only from the holder it registered with)."""
+        """A lease holder string of its own for each term as a lease's leader: a grant sent in an earlier term
+        is never taken for one of this term (an owner accepts grants only from the holder it registered with)."""
         return f"{self.name}/{uuid.uuid4().hex}"
 
+    # -- what this replica knows -----------------------------------------------------------------------
+    def lease_for(self, model: str) -> LeaseState:
+        return self.leases[self._lease_of[model]]
+
+    def holder_of(self, model: str) -> str:
+        """Our holder string on `model`'s lease (what our grants carry while we lead it)."""
+        return self.lease_for(model).holder
+
+    def role_of(self, model: str) -> Role:
+        return self.lease_for(model).role
+
+    def leader_of(self, model: str) -> str | None:
+        """The holder string of `model`'s leader as this replica knows it (ours while we lead it)."""
+        lease = self.lease_for(model)
+        return lease.holder if lease.role is Role.LEADING else self.follower.leader_of(model)
+
     @property
-    def leader_holder(self) -> str | None:
-        return self.holder if self.role is Role.LEADING else self.follower.leader
+    def role(self) -> Role:
+        """The replica's role over all leases: degraded, leading (at least one), following, or joining."""
+        roles = {lease.role for lease in self.leases.values()}
+        for role in (Role.DEGRADED, Role.LEADING, Role.FOLLOWING):
+            if role in roles:
+                return role
+        return Role.JOINING
+
+    @property
+    def leading(self) -> list[str]:
+        """The models this replica leads now."""
+        return [m for lease in self.leases.values() if lease.role is Role.LEADING for m in lease.models]
 
     # -- life ----------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -97,8 +149,9 @@ class ClusterAgent:
             self._store_failed(exc)
         self.scheduler.guard = self.follower
         for dispatcher in self.scheduler.dispatchers.values():
-            dispatcher.observer = self.follower
-        self._apply(self.role if self.role is Role.DEGRADED else Role.JOINING)
+            dispatcher.cluster.observe(self.follower)
+        for lease in self.leases.values():
+            self._apply(lease, lease.role if lease.role is Role.DEGRADED else Role.JOINING)
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._heartbeat(), name=f"cluster-heartbeat:{self.name}"),
@@ -108,16 +161,17 @@ class ClusterAgent:
         log.info("cluster_replica_started", replica=self.name, store=type(self.store).__name__)
 
     async def step_down(self) -> None:
-        """SIGTERM: hand the lead over at once (release the lease, tell every member), then follow."""
+        """SIGTERM: hand every lease over at once (release them, tell every member), then follow."""
         self._stepping_down = True
-        if self.role is not Role.LEADING or self._killed:
+        led = [lease for lease in self.leases.values() if lease.role is Role.LEADING]
+        if not led or self._killed:
             return
         with contextlib.suppress(StoreUnavailable):
-            await self.store.release_lease(self.holder)
-            for member in await self.store.members():
-                if member != self.name:
-                    self.outbox.post(member, Stepdown(self.name))
-        self._apply(Role.FOLLOWING, None)
+            for lease in led:
+                await self.store.release_lease(lease.name, lease.holder)
+            self._tell_members(await self.store.members())
+        for lease in led:
+            self._apply(lease, Role.FOLLOWING, None)
         await self.outbox.flush(self.cluster.heartbeat_interval_seconds)
         log.info("cluster_stepped_down", replica=self.name)
 
@@ -128,8 +182,9 @@ class ClusterAgent:
         await self.outbox.flush(self.cluster.heartbeat_interval_seconds)
         await self._cancel_tasks()
         with contextlib.suppress(StoreUnavailable):
-            if self.role is Role.LEADING:
-                await self.store.release_lease(self.holder)
+            for lease in self.leases.values():
+                if lease.role is Role.LEADING:
+                    await self.store.release_lease(lease.name, lease.holder)
             await self.store.leave(self.name, self._token)
         self._detach()
         await self.store.aclose()
@@ -140,7 +195,7 @@ class ClusterAgent:
         self.outbox.clear()
         await self._cancel_tasks()
         self._detach()
-        self.leader.leading = False
+        self.leader.leading.clear()
 
     async def _cancel_tasks(self) -> None:
         """Cancel the loops and wait until each one has ended, cancelling again while it runs on: on Python
@@ -160,45 +215,54 @@ class ClusterAgent:
     def _detach(self) -> None:
         self.scheduler.guard = None
         for dispatcher in self.scheduler.dispatchers.values():
-            dispatcher.observer = None
+            dispatcher.cluster.observe(None)
+
+    def _tell_members(self, members: list[str]) -> None:
+        """Stepdown to every other member: look at the leases now."""
+        for member in members:
+            if member != self.name:
+                self.outbox.post(member, Stepdown(self.name))
 
     # -- roles ---------------------------------------------------------------------------------------------
-    def _apply(self, role: Role, holder: str | None = None) -> None:
-        """Enter `role` (following `holder`): authorities, mirrors, registration, log and gauge."""
-        previous = self.role
+    def _apply(self, lease: LeaseState, role: Role, holder: str | None = None) -> None:
+        """Enter `role` on `lease` (following `holder`): authorities, mirrors, registration, log and gauges."""
+        previous = lease.role
         if role is not previous:
             if previous is Role.LEADING:
-                self.leader.stop()
-                self.holder = self._new_holder()
+                self.leader.stop(lease.models)
+                lease.holder = self._new_holder()
             if role is Role.LEADING:
-                self.follower.stop_following()
-                self.leader.start()
+                self.follower.stop_following(lease.name)
+                self.leader.start(lease.models)
             elif role is Role.DEGRADED:
-                self.follower.stop_following()
-            self.role = role
+                self.follower.stop_following(lease.name)
+            lease.role = role
             for model in self.scheduler.config.models:
-                self.scheduler.dispatchers[model.name].authority = authority_for(
-                    role, self.cluster, model, self.members, self.follower.positions
-                )
+                if model.name in lease.models:
+                    self.scheduler.dispatchers[model.name].cluster.steer(
+                        authority_for(role, self.cluster, model, self.members, self.follower.positions)
+                    )
             log.info(
                 "cluster_role_changed",
                 replica=self.name,
+                models=list(lease.models),
                 role=role.value,
                 previous=previous.value,
                 leader=holder.split("/", 1)[0] if holder else (self.name if role is Role.LEADING else None),
                 members=self.members,
             )
-            self.metrics.show_role(role)
+            self.metrics.show_role(self.role, self.leading)
             self.role_changed.set()
         if role in (Role.FOLLOWING, Role.JOINING):
-            self.follower.follow(holder)
+            self.follower.follow(lease.name, holder)
 
     def _store_failed(self, exc: StoreUnavailable) -> None:
         self.metrics.store_errors.inc()
-        if self.role is not Role.DEGRADED:
+        if any(lease.role is not Role.DEGRADED for lease in self.leases.values()):
             log.warning("cluster_store_unavailable", replica=self.name, error=str(exc))
             self._joined = False
-            self._apply(Role.DEGRADED)
+            for lease in self.leases.values():
+                self._apply(lease, Role.DEGRADED)
         self._look_now.set()
 
     # -- loops ---------------------------------------------------------------------------------------------
@@ -223,34 +287,69 @@ class ClusterAgent:
         if not self._joined or not await store.renew(self.name, self._token, ttl):
             await store.join(self.name, self._token, ttl)  # DuplicateReplica: another process took our name
             self._joined = True
-            if self.role is not Role.DEGRADED and self.role is not Role.JOINING:
-                log.warning("cluster_membership_lost", replica=self.name)
-                self._apply(Role.JOINING)  # the store forgot us: look at the lease and register again
-        if self.role is Role.LEADING and not await store.renew_lease(self.holder, ttl):
-            log.warning("cluster_lease_lost", replica=self.name)
-            self._apply(Role.JOINING)
+            for lease in self.leases.values():
+                if lease.role is not Role.DEGRADED and lease.role is not Role.JOINING:
+                    log.warning("cluster_membership_lost", replica=self.name, models=list(lease.models))
+                    self._apply(lease, Role.JOINING)  # the store forgot us: look at the lease and register again
+        for lease in self.leases.values():
+            if lease.role is Role.LEADING and not await store.renew_lease(lease.name, lease.holder, ttl):
+                log.warning("cluster_lease_lost", replica=self.name, models=list(lease.models))
+                self._apply(lease, Role.JOINING)
         read_at = self.scheduler.clock.now()
         members = await store.members()
         self.members = max(1, len(members))
-        if self.role is Role.LEADING:
+        self._member_names = frozenset(members)
+        if self.leader.leading:
             self.leader.release_dead(members, read_at)
+        share = fair_share(len(self.leases), self.members)
+        led = [lease for lease in self.leases.values() if lease.role is Role.LEADING]
+        if len(led) > share and not self._stepping_down and self._member_names != self._keep_leases_among:
+            await self._hand_over(led[-1], members)
+            led.pop()
+        others = [lease for lease in self.leases.values() if lease.role is not Role.LEADING]
+        if not others:
             return
-        if not self._stepping_down and await store.acquire_lease(self.holder, ttl):
-            self._apply(Role.LEADING)
-            return
-        holder = await store.lease_holder()
-        if holder is not None and holder != self.holder and holder.split("/", 1)[0] == self.name:
+        holders = await store.lease_holders([lease.name for lease in others])
+        for lease in others:
+            if await self._look(lease, holders[lease.name], len(led) < share):
+                led.append(lease)
+
+    async def _look(self, lease: LeaseState, holder: str | None, under_share: bool) -> bool:
+        """Take `lease` or follow whoever holds it; True when we lead it now."""
+        store, ttl = self.store, self.cluster.heartbeat_timeout_seconds
+        ours = False
+        if holder is not None and holder != lease.holder and holder.split("/", 1)[0] == self.name:
             # An earlier term of ours: a store hiccup cost us the lead before the lease expired. Nobody else
             # leads on it, so free it and lead again now, rather than follow (and register with) ourselves.
-            await store.release_lease(holder)
-            if not self._stepping_down and await store.acquire_lease(self.holder, ttl):
-                self._apply(Role.LEADING)
-                return
-            holder = await store.lease_holder()
-        if self.role is Role.DEGRADED:
-            self._apply(Role.JOINING)  # back: register everything with whoever leads now
-            self.follower.leader = None
-        self._apply(Role.FOLLOWING, holder if holder != self.holder else None)
+            await store.release_lease(lease.name, holder)
+            holder, ours = None, True
+        if holder is None:
+            lease.free_looks += 1
+            unclaimed = lease.free_looks > 1  # free since our last look: nobody under their share took it
+            wanted = ours or under_share or unclaimed
+            if not self._stepping_down and wanted and await store.acquire_lease(lease.name, lease.holder, ttl):
+                lease.free_looks = 0
+                if unclaimed and not (ours or under_share):
+                    self._keep_leases_among = self._member_names
+                self._apply(lease, Role.LEADING)
+                return True
+            if wanted and not self._stepping_down:  # another replica took it just now
+                holder = (await store.lease_holders([lease.name]))[lease.name]
+        else:
+            lease.free_looks = 0
+        if lease.role is Role.DEGRADED:
+            self._apply(lease, Role.JOINING)  # back: register everything with whoever leads now
+            self.follower.leaders[lease.name] = None
+        self._apply(lease, Role.FOLLOWING, holder if holder != lease.holder else None)
+        return False
+
+    async def _hand_over(self, lease: LeaseState, members: list[str]) -> None:
+        """Give up a lease beyond our share (replicas joined after we took it): release it and tell every
+        member, so one under its share takes it at once."""
+        await self.store.release_lease(lease.name, lease.holder)
+        log.info("cluster_lease_handed_over", replica=self.name, models=list(lease.models), members=len(members))
+        self._apply(lease, Role.FOLLOWING, None)
+        self._tell_members(members)
 
     async def _inbox(self) -> None:
         while True:
@@ -269,24 +368,24 @@ class ClusterAgent:
                 await asyncio.sleep(self.cluster.heartbeat_interval_seconds)
                 continue
             for data in raw:
-                try:
-                    message = decode(data)
-                except MessageError as exc:
-                    self.metrics.received.labels("invalid").inc()
-                    log.warning("cluster_message_invalid", replica=self.name, error=str(exc))
-                    continue
-                self.metrics.received.labels(type_name(message)).inc()
-                try:
-                    self._handle(message)
-                except Exception as exc:  # a bug handling one message must not stop the inbox
-                    self.scheduler.errors.report("cluster", exc, message=type_name(message))
+                for message in decode_batch(data):
+                    if isinstance(message, MessageError):
+                        self.metrics.received.labels("invalid").inc()
+                        log.warning("cluster_message_invalid", replica=self.name, error=str(message))
+                        continue
+                    self.metrics.received.labels(type_name(message)).inc()
+                    try:
+                        self._handle(message)
+                    except Exception as exc:  # a bug handling one message must not stop the inbox
+                        self.scheduler.errors.report("cluster", exc, message=type_name(message))
 
     def _handle(self, message: Message) -> None:
-        if isinstance(message, Admit):
-            if self.role is Role.LEADING:
-                self.leader.on_admit(message)
+        if isinstance(message, Tokens):
+            self.leader.on_tokens(message)
         elif isinstance(message, Report):
             self.leader.on_report(message)
+        elif isinstance(message, Admit):
+            self.leader.on_admit(message)
         elif isinstance(message, Verdict):
             self.follower.on_verdict(message)
         elif isinstance(message, Grant):

@@ -1,27 +1,29 @@
 """The owner's side of the cluster: every request a replica received stays its own local ticket; this tells
-the leader about it and carries out the leader's decisions.
+its model's leader about it and carries out that leader's decisions. Each lease (one per model, see `leases`)
+is followed on its own: a replica may follow one model's leader while it leads another model itself.
 
 - Admission (`confirm`, the scheduler's `AdmissionGuard`): the request is already queued locally (local
-  caps); while following, send `Admit` and wait up to admission_wait_seconds for the `Verdict`. A refusal
-  raises the leader's error (the face closes the ticket as rejected); no answer in time leaves it queued
-  provisionally: registered again when a leader appears, and a later refusal ends it then.
-- `Grant` from the leader we are registered with -> `dispatcher.grant`, the local run sends it to the
-  engine. A grant for a request no longer queued here is answered `Report ended(cancelled)` so the leader
-  releases what it holds for it; a grant from another leader is ignored (counted).
+  caps); while its model's lease is followed, send `Admit` and wait up to admission_wait_seconds for the
+  `Verdict`. A refusal raises the leader's error (the face closes the ticket as rejected); no answer in time
+  leaves it queued provisionally: registered again when a leader appears, and a later refusal ends it then.
+- `Grant` from the leader a request's lease is registered with -> `ClusterPort.grant`, the local run sends it
+  to the engine. A grant for a request no longer queued here is answered `Report ended(cancelled)` so the
+  leader releases what it holds for it; a grant from another leader is ignored (counted).
 - The dispatchers' observer: accepted, first token, failover and the end go to the leader at once; token
-  counts are summed and sent at most every report_interval_seconds per request.
-- Leader change: `register_all` sends every live ticket to the new leader (`force` for those admitted
-  before; `running` for those at an engine, which the leader adopts without a grant).
+  counts are summed and sent at most every report_interval_seconds, one `Tokens` message per leader for all
+  of its running requests.
+- Leader change of a lease: `register_all` sends every live ticket of its models to the new leader (`force`
+  for those admitted before; `running` for those at an engine, which the leader adopts without a grant).
 
-Messages per follower request: Admit + Verdict (2), Grant (1), Reports accepted, first token, tokens every
-report_interval, ended (~3 + duration / report_interval). Nothing at all while this replica leads or is
-degraded: its requests are then plain local tickets.
+Messages per follower request: Admit + Verdict (2), Grant (1), Reports accepted, first token, ended (3), and
+its share of one Tokens message per report interval. Nothing at all for a model this replica leads, or while
+it is degraded: its requests are then plain local tickets.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
@@ -35,22 +37,23 @@ from scheduler_svc.cluster.messages import (
     Position,
     Report,
     Running,
+    Tokens,
     Verdict,
     error_info,
     rebuild_error,
 )
 from scheduler_svc.cluster.metrics import ClusterMetrics
-from scheduler_svc.config_schema import ClusterConfig
-from scheduler_svc.errors import QueueTimeout
+from scheduler_svc.config import ClusterConfig
+from scheduler_svc.core.errors import QueueTimeout
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.scheduler import Scheduler
 from scheduler_svc.policies.prefix_index import prompt_text
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
 
 log = structlog.get_logger(__name__)
 
 
 class Follower:
-    """Admission guard, grant handler and dispatch observer of one replica (active while it follows)."""
+    """Admission guard, grant handler and dispatch observer of one replica, for the leases it follows."""
 
     def __init__(
         self,
@@ -59,68 +62,87 @@ class Follower:
         cluster: ClusterConfig,
         post: Callable[[str, Message], None],
         metrics: ClusterMetrics,
+        plan: Mapping[str, Sequence[str]],
     ) -> None:
         self._scheduler = scheduler
         self._name = name
         self._cluster = cluster
         self._post = post
         self._metrics = metrics
-        self.leader: str | None = None  # the lease holder we are registered with ("name/token")
-        self.following = False
-        self._registered: set[str] = set()  # request ids the current leader holds a mirror of
+        self._plan = {lease: tuple(models) for lease, models in plan.items()}  # lease -> its models
+        self._lease_of = {model: lease for lease, models in plan.items() for model in models}
+        self.leaders: dict[str, str | None] = dict.fromkeys(plan)  # lease -> the holder we are registered with
+        self.following: set[str] = set()  # the leases this replica follows now
+        self._registered: dict[str, str] = {}  # request id -> the lease whose leader holds a mirror of it
         self._provisional: set[str] = set()  # admitted here, not yet confirmed by a leader
-        self._verdicts: dict[str, asyncio.Future[ErrorInfo | None]] = {}
+        self._verdicts: dict[str, tuple[str, asyncio.Future[ErrorInfo | None]]] = {}  # rid -> (lease, verdict)
         self._tokens: dict[str, int] = {}  # request id -> tokens generated, not yet reported
         self._flush: asyncio.TimerHandle | None = None
-        self.positions: dict[str, int] = {}  # request id -> the leader's last Position
+        self.positions: dict[str, int] = {}  # request id -> its leader's last Position
         max_chars = max(
             (m.locality.block_chars * m.locality.max_blocks_per_request for m in scheduler.config.models), default=0
         )
         self._max_text = max(0, max_chars)
 
-    @property
-    def _leader_name(self) -> str | None:
-        return self.leader.split("/", 1)[0] if self.leader else None
+    def lease_of(self, model: str) -> str:
+        return self._lease_of[model]
+
+    def leader_of(self, model: str) -> str | None:
+        """The holder string of the leader `model`'s requests are registered with (None: none yet, or not
+        followed)."""
+        return self.leaders.get(self._lease_of[model])
+
+    def _leader_name(self, lease: str) -> str | None:
+        holder = self.leaders.get(lease) if lease in self.following else None
+        return holder.split("/", 1)[0] if holder else None
 
     # -- roles ---------------------------------------------------------------------------------------
-    def follow(self, holder: str | None) -> None:
-        """Follow `holder` (None: no leader yet); a new one gets every live ticket registered."""
-        self.following = True
+    def follow(self, lease: str, holder: str | None) -> None:
+        """Follow `holder` on `lease` (None: no leader yet); a new one gets every live ticket of the lease's
+        models registered."""
+        self.following.add(lease)
         if holder is not None and holder.split("/", 1)[0] == self._name:
             holder = None  # an earlier term of our own: never register with ourselves
-        if holder == self.leader:
+        if holder == self.leaders.get(lease):
             return
-        self.leader = holder
-        self._registered.clear()
-        self._tokens.clear()
-        self.positions.clear()
+        self.leaders[lease] = holder
+        self._forget(lease)
         if holder is not None:
-            self.register_all()
+            self.register_all(lease)
 
-    def stop_following(self) -> None:
-        """Leading or degraded: requests are local tickets again; pending verdicts are not awaited."""
-        self.following = False
-        self.leader = None
-        self._registered.clear()
-        self._tokens.clear()
-        self.positions.clear()
-        for rid, future in list(self._verdicts.items()):
+    def stop_following(self, lease: str) -> None:
+        """Leading the lease, or degraded: its requests are local tickets again; their pending verdicts are not
+        awaited."""
+        self.following.discard(lease)
+        self.leaders[lease] = None
+        self._forget(lease)
+        for rid, (held_by, future) in list(self._verdicts.items()):
+            if held_by != lease:
+                continue
             if not future.done():
                 future.set_result(None)  # admitted locally
             self._provisional.discard(rid)
-        self._verdicts.clear()
+            del self._verdicts[rid]
 
-    def register_all(self) -> None:
-        """Send every live local ticket to the current leader."""
-        for dispatcher in self._scheduler.dispatchers.values():
-            for ticket in dispatcher.live_tickets():
+    def _forget(self, lease: str) -> None:
+        """Nothing of the lease's requests is registered with any leader any more."""
+        for rid in [rid for rid, held_by in self._registered.items() if held_by == lease]:
+            del self._registered[rid]
+            self._tokens.pop(rid, None)
+            self.positions.pop(rid, None)
+
+    def register_all(self, lease: str) -> None:
+        """Send every live local ticket of the lease's models to its current leader."""
+        for model in self._plan[lease]:
+            for ticket in self._scheduler.dispatchers[model].cluster.live_tickets():
                 self._register(ticket, force=ticket.request.request_id not in self._provisional)
 
     def _register(self, ticket: Ticket, *, force: bool) -> None:
-        to = self._leader_name
+        request = ticket.request
+        lease = self._lease_of[request.model]
+        to = self._leader_name(lease)
         if to is None:
             return
-        request = ticket.request
         now = self._scheduler.clock.now()
         running = None
         if ticket.state is TicketState.DISPATCHED and ticket.backend is not None:
@@ -132,7 +154,7 @@ class Follower:
                 first_token=ticket.first_token_at is not None,
                 tokens=ticket.completion_tokens,
             )
-        self._registered.add(request.request_id)
+        self._registered[request.request_id] = lease
         self._post(
             to,
             Admit(
@@ -157,31 +179,33 @@ class Follower:
 
     # -- admission (AdmissionGuard) --------------------------------------------------------------------
     async def confirm(self, ticket: Ticket) -> None:
-        """Have the leader confirm a request just queued here (see the module docstring)."""
-        if not self.following:
-            return  # leading or degraded: admitted here, by this replica's own caps
+        """Have the model's leader confirm a request just queued here (see the module docstring)."""
+        lease = self._lease_of[ticket.request.model]
+        if lease not in self.following:
+            return  # leading its model, or degraded: admitted here, by this replica's own caps
         rid = ticket.request.request_id
         future: asyncio.Future[ErrorInfo | None] = asyncio.get_running_loop().create_future()
-        self._verdicts[rid] = future
+        self._verdicts[rid] = (lease, future)
         self._provisional.add(rid)
         self._register(ticket, force=False)
         try:
             async with asyncio.timeout(self._cluster.admission_wait_seconds):
                 error = await asyncio.shield(future)
         except TimeoutError:
-            log.info("cluster_admission_provisional", request_id=rid, leader=self._leader_name)
+            log.info("cluster_admission_provisional", request_id=rid, leader=self._leader_name(lease))
             return
         finally:
             self._verdicts.pop(rid, None)
         if error is not None:
             raise rebuild_error(error)
 
-    # -- messages from the leader ------------------------------------------------------------------------
+    # -- messages from the leaders ---------------------------------------------------------------------
     def on_verdict(self, verdict: Verdict) -> None:
         rid = verdict.request_id
-        future = self._verdicts.get(rid)
+        waiting = self._verdicts.get(rid)
+        future = None if waiting is None else waiting[1]
         if verdict.error is not None:
-            self._registered.discard(rid)  # the leader holds nothing for it: its end is not reported
+            self._registered.pop(rid, None)  # the leader holds nothing for it: its end is not reported
         if future is not None and not future.done():
             future.set_result(verdict.error)
             if verdict.error is None:
@@ -194,26 +218,30 @@ class Follower:
         self._end_queued(rid, Outcome.REJECTED, verdict.error)
 
     def on_grant(self, grant: Grant) -> None:
-        if grant.leader != self.leader or not self.following:
+        leases = {lease for lease in self.following if self.leaders.get(lease) == grant.leader}
+        if not leases:
             self._metrics.stale_grants.inc()
             return
-        for dispatcher in self._scheduler.dispatchers.values():
-            if dispatcher.grant(grant.request_id, grant.backend, grant.engine_priority):
-                self.positions.pop(grant.request_id, None)
-                return
+        for lease in leases:
+            for model in self._plan[lease]:
+                if self._scheduler.dispatchers[model].cluster.grant(
+                    grant.request_id, grant.backend, grant.engine_priority
+                ):
+                    self.positions.pop(grant.request_id, None)
+                    return
         self._metrics.stale_grants.inc()
-        if any(d.running_ticket(grant.request_id) is not None for d in self._scheduler.dispatchers.values()):
+        if any(d.cluster.running_ticket(grant.request_id) is not None for d in self._scheduler.dispatchers.values()):
             return  # a grant sent again after we took the first one (see Leader.on_admit): nothing to undo
         self._post(grant.sender, Report(self._name, grant.request_id, "ended", outcome=Outcome.CANCELLED.value))
 
     def on_fail(self, fail: Fail) -> None:
         outcome = Outcome.EXPIRED if fail.error.kind == QueueTimeout.__name__ else Outcome.FAILED
-        self._registered.discard(fail.request_id)
+        self._registered.pop(fail.request_id, None)
         self._end_queued(fail.request_id, outcome, fail.error)
 
     def on_position(self, position: Position) -> None:
         for dispatcher in self._scheduler.dispatchers.values():
-            ticket = dispatcher.queued_ticket(position.request_id)
+            ticket = dispatcher.cluster.queued_ticket(position.request_id)
             if ticket is not None:
                 self.positions[position.request_id] = position.position
                 ticket.nudge()
@@ -221,16 +249,20 @@ class Follower:
 
     def _end_queued(self, rid: str, outcome: Outcome, error: ErrorInfo) -> None:
         for dispatcher in self._scheduler.dispatchers.values():
-            if dispatcher.end_queued(rid, outcome, rebuild_error(error)):
+            if dispatcher.cluster.end_queued(rid, outcome, rebuild_error(error)):
                 return
 
     # -- DispatchObserver --------------------------------------------------------------------------------
+    def _leader_of_request(self, rid: str) -> str | None:
+        """The name of the replica holding the request's mirror (None: not registered with a leader now)."""
+        lease = self._registered.get(rid)
+        return None if lease is None else self._leader_name(lease)
+
     def _report(self, ticket: Ticket, kind: str, **fields: object) -> None:
         rid = ticket.request.request_id
-        to = self._leader_name
-        if not self.following or to is None or rid not in self._registered:
-            return
-        self._post(to, Report(self._name, rid, kind, **fields))  # type: ignore[arg-type]
+        to = self._leader_of_request(rid)
+        if to is not None:
+            self._post(to, Report(self._name, rid, kind, **fields))  # type: ignore[arg-type]
 
     def on_accepted(self, ticket: Ticket) -> None:
         self._report(ticket, "accepted")
@@ -240,7 +272,7 @@ class Follower:
 
     def on_generated(self, ticket: Ticket, tokens: int) -> None:
         rid = ticket.request.request_id
-        if not self.following or rid not in self._registered:
+        if rid not in self._registered:
             return
         self._tokens[rid] = self._tokens.get(rid, 0) + tokens
         if self._flush is None:
@@ -249,14 +281,16 @@ class Follower:
             )
 
     def _flush_tokens(self) -> None:
+        """Every pending count, one `Tokens` message per leader."""
         self._flush = None
-        to = self._leader_name
         pending, self._tokens = self._tokens, {}
-        if to is None or not self.following:
-            return
+        counts: dict[str, dict[str, int]] = {}
         for rid, tokens in pending.items():
-            if rid in self._registered:
-                self._post(to, Report(self._name, rid, "tokens", tokens=tokens))
+            to = self._leader_of_request(rid)
+            if to is not None:
+                counts.setdefault(to, {})[rid] = tokens
+        for to, batch in counts.items():
+            self._post(to, Tokens(self._name, batch))
 
     def on_failed_over(self, ticket: Ticket, error: BackendError) -> None:
         self._send_tokens(ticket)
@@ -273,10 +307,12 @@ class Follower:
             outcome=ticket.outcome.value if ticket.outcome else Outcome.CANCELLED.value,
             completion_tokens=ticket.completion_tokens,
         )
-        self._registered.discard(rid)
+        self._registered.pop(rid, None)
 
     def _send_tokens(self, ticket: Ticket) -> None:
         """Report a request's pending token count now (before an event that must come after it)."""
-        tokens = self._tokens.pop(ticket.request.request_id, 0)
-        if tokens:
-            self._report(ticket, "tokens", tokens=tokens)
+        rid = ticket.request.request_id
+        tokens = self._tokens.pop(rid, 0)
+        to = self._leader_of_request(rid)
+        if tokens and to is not None:
+            self._post(to, Tokens(self._name, {rid: tokens}))

@@ -1,17 +1,20 @@
-"""The leader's side: every other replica's request held here as a mirror ticket, so the leader's queues,
-fairness, caps, duplicate-id rule, locality and engine budget are the cluster's.
+"""The leader's side: every other replica's request of a model this replica leads held here as a mirror
+ticket, so the leader's queues, fairness, caps, duplicate-id rule, locality and engine budget are the
+cluster's for that model.
 
 A mirror is admitted into the leader's own `Scheduler` (caps and the duplicate-id rule apply, or with
 `force` they are skipped for a re-registration) and driven by the ordinary `RequestRun` with a remote
 generation source: when the dispatcher assigns it, the source sends a `Grant` to the owner, then yields the
-owner's reports as the adapter's events would have come (`Accepted`, `TextDelta("", n)`, `Finished`, or
-raises the reported `BackendError`, so the failover rule runs unchanged). So all the accounting (estimator,
-fairness, cost, metrics) is exactly a local request's. When the run fails (expired, no more failover,
-shutting down) the owner gets a `Fail`.
+owner's reports as the adapter's events would have come (`Accepted`, `TextDelta("", n)` for the first token
+and any count before it, `Finished`, or raises the reported `BackendError`, so the failover rule runs
+unchanged); the counts after the first token go to the run's `count_tokens` at once. So all the accounting
+(estimator, fairness, cost, metrics) is exactly a local request's. When the run fails (expired, no more
+failover, shutting down) the owner gets a `Fail`.
 
 A re-registered running request is `adopt`ed: assigned to its backend without a grant. A mirror ends
 silently (nothing sent: the owner knows) when the owner reports its end, when the owner is dead (its
-membership expired), or when this replica stops leading (the owners re-register with the next leader).
+membership expired), or when this replica stops leading its model (the owners re-register with the next
+leader).
 
 Messages per mirrored request: Verdict (1) for a new request, Grant per attempt (1), Fail only when the
 leader ends it, and for a client streaming its queue position one Position per move (rate-limited by
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable, Collection
+from collections.abc import AsyncGenerator, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -37,15 +40,16 @@ from scheduler_svc.cluster.messages import (
     Message,
     Position,
     Report,
+    Tokens,
     Verdict,
     error_info,
     rebuild_error,
 )
-from scheduler_svc.errors import SchedulerError
-from scheduler_svc.request import QueuedRequest
-from scheduler_svc.request_run import Failed, Queued, RequestRun
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.core.errors import SchedulerError
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.request_run import Failed, Queued, RequestRun
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
 
@@ -65,33 +69,41 @@ class Mirror:
     silent: bool = False  # ended by us without telling the owner
     events: asyncio.Queue[_Event] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
+    run: RequestRun | None = None
 
 
 class Leader:
-    """Mirror tickets and their drivers (active while this replica holds the lease)."""
+    """Mirror tickets and their drivers, for the models whose lease this replica holds."""
 
     def __init__(
-        self, scheduler: Scheduler, name: str, holder: Callable[[], str], post: Callable[[str, Message], None]
+        self,
+        scheduler: Scheduler,
+        name: str,
+        holder: Callable[[str], str],
+        post: Callable[[str, Message], None],
     ) -> None:
         self._scheduler = scheduler
         self._name = name
-        self._holder = holder
+        self._holder = holder  # model -> the holder string of our term on its lease
         self._post = post
         self.mirrors: dict[str, Mirror] = {}
-        self.leading = False
+        self.leading: set[str] = set()  # the models this replica decides now
 
-    def start(self) -> None:
-        self.leading = True
+    def start(self, models: Iterable[str]) -> None:
+        self.leading.update(models)
 
-    def stop(self) -> None:
-        """No longer leading: drop every mirror silently (their owners re-register with the next leader)."""
-        self.leading = False
+    def stop(self, models: Iterable[str]) -> None:
+        """No longer leading `models`: drop their mirrors silently (their owners re-register with the next
+        leader)."""
+        stopped = set(models)
+        self.leading -= stopped
         for mirror in list(self.mirrors.values()):
-            self._drop(mirror, Outcome.CANCELLED)
+            if mirror.ticket.request.model in stopped:
+                self._drop(mirror, Outcome.CANCELLED)
 
     # -- messages from owners ------------------------------------------------------------------------------
     def on_admit(self, admit: Admit) -> None:
-        if not self.leading or admit.sender == self._name:
+        if admit.model not in self.leading or admit.sender == self._name:
             return  # sent to us as we stepped down (the owner re-registers with the next leader), or our own
         mirror = self.mirrors.get(admit.request_id)
         if mirror is not None:  # sent again (re-registration with the same leader)
@@ -138,8 +150,7 @@ class Leader:
     def _adopt(self, mirror: Mirror, admit: Admit) -> None:
         running = admit.running
         assert running is not None
-        dispatcher = self._scheduler.dispatchers[admit.model]
-        mirror.adopted = dispatcher.adopt(
+        mirror.adopted = self._scheduler.dispatchers[admit.model].cluster.adopt(
             mirror.ticket,
             running.backend,
             running.engine_priority,
@@ -158,8 +169,6 @@ class Leader:
             mirror.events.put_nowait(Accepted())
         elif report.kind == "first_token":
             mirror.events.put_nowait(TextDelta("", 0))
-        elif report.kind == "tokens":
-            mirror.events.put_nowait(TextDelta("", report.tokens))
         elif report.kind == "error" and report.error is not None:
             mirror.grant = None
             error = rebuild_error(report.error)
@@ -174,6 +183,21 @@ class Leader:
             else:
                 self._drop(mirror, _outcome(report.outcome))
 
+    def on_tokens(self, tokens: Tokens) -> None:
+        """Counts of running requests. Once a mirror's run has taken its first token and has nothing else
+        to take, a count is accounted at once (`RequestRun.count_tokens`), not woken through its event queue:
+        the same accounting, for a fraction of the CPU of the many counts a leader takes."""
+        for request_id, count in tokens.counts.items():
+            mirror = self.mirrors.get(request_id)
+            if mirror is None or mirror.owner != tokens.sender or not count:
+                continue
+            ticket = mirror.ticket
+            started = ticket.state is TicketState.DISPATCHED and ticket.first_token_at is not None
+            if started and mirror.run is not None and mirror.events.empty():
+                mirror.run.count_tokens(count)
+            else:
+                mirror.events.put_nowait(TextDelta("", count))
+
     def release_dead(self, members: Collection[str], read_since: float) -> int:
         """End the mirrors of owners that are no longer members (their process died); only those created
         before `read_since`, when the member list was read. Returns how many."""
@@ -187,9 +211,8 @@ class Leader:
     # -- the mirror's run ------------------------------------------------------------------------------
     async def _drive(self, mirror: Mirror) -> None:
         ticket = mirror.ticket
-        dispatcher = self._scheduler.dispatchers[ticket.request.model]
-        run = RequestRun(
-            ticket, dispatcher, watch_positions=mirror.watch, generate=lambda t, g: self._remote(mirror, t, g)
+        run = mirror.run = self._scheduler.request_run(
+            ticket, watch_positions=mirror.watch, generate=lambda t, g: self._remote(mirror, t, g)
         )
         try:
             async with contextlib.aclosing(run.events()) as events:
@@ -221,7 +244,7 @@ class Leader:
                 backend=ticket.backend.name,
                 engine_priority=ticket.engine_priority,
                 attempt=ticket.attempts,
-                leader=self._holder(),
+                leader=self._holder(ticket.request.model),
             )
             self._post(mirror.owner, mirror.grant)
         while True:

@@ -1,27 +1,35 @@
-"""What replicas tell each other through their inboxes, and how it travels: JSON, one message per entry.
+"""What replicas tell each other through their inboxes, and how it travels: JSON, many messages per entry.
 
 Owner -> leader: `Admit` (a new request, or with `force` the re-registration of one admitted before, with
-`running` when it already runs), `Report` (accepted, first token, tokens, an error before the first token,
-the end). Leader -> owner: `Verdict` (ok, or the error to answer with), `Grant` (send it to this backend),
-`Fail` (the leader ended it: expired, no more failover), `Position`. Anyone -> everyone: `Stepdown` (the
-leader is leaving: look at the lease now).
+`running` when it already runs), `Report` (accepted, first token, an error before the first token, the end),
+`Tokens` (tokens generated since the last count, for every running request of the owner at once). Leader ->
+owner: `Verdict` (ok, or the error to answer with), `Grant` (send it to this backend), `Fail` (the leader
+ended it: expired, no more failover), `Position`. Anyone -> everyone: `Stepdown` (a leader is leaving or
+handing a lease over: look at the leases now).
 
-Errors travel as {kind: class name, message, retry_after} and are rebuilt from `scheduler_svc.errors` and
+On the wire a batch is one JSON array of message objects (`encode_batch`: everything one wake-up of the
+outbox sends to one replica, split at MAX_BATCH_BYTES), so a receiver parses one stream entry, not one per
+message; a lone object is one message.
+
+Errors travel as {kind: class name, message, retry_after} and are rebuilt from `scheduler_svc.core.errors` and
 `backends.errors` by name; an unknown name becomes InternalError (or BackendError for the engine's family),
 so a newer replica's error never breaks an older one. A message that does not decode is `MessageError`:
-counted and dropped, never fatal (inboxes are written only by replicas, but bounded all the same).
+counted and dropped, never fatal, and never the loss of the other messages of its batch (inboxes are written
+only by replicas, but bounded all the same).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from backends import errors as backend_errors
-from scheduler_svc import errors as scheduler_errors
+from scheduler_svc.core import errors as scheduler_errors
 
 MAX_MESSAGE_BYTES = 64 * 1024  # a message carries at most the locality prefix of a prompt (config-bounded)
+MAX_BATCH_BYTES = 1024 * 1024  # one stream entry: a batch is split before it grows past this
 
 
 class MessageError(ValueError):
@@ -96,24 +104,32 @@ class Grant:
     leader: str
 
 
-REPORT_KINDS = ("accepted", "first_token", "tokens", "error", "ended")
+REPORT_KINDS = ("accepted", "first_token", "error", "ended")
 
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """Owner -> leader: one event of a running request (`kind` in REPORT_KINDS). `tokens` for "tokens";
-    `error` for "error" (failed before its first token: the owner requeued it and waits); for "ended" the
-    outcome (a `ticket.Outcome` value) and the engine's usage."""
+    """Owner -> leader: one event of a running request (`kind` in REPORT_KINDS). `error` for "error" (failed
+    before its first token: the owner requeued it and waits); for "ended" the outcome (a `ticket.Outcome`
+    value) and the engine's usage. Token counts travel apart, in `Tokens`."""
 
     sender: str
     request_id: str
     kind: str
-    tokens: int = 0
     error: ErrorInfo | None = None
     outcome: str = ""
     finish_reason: str = ""
     prompt_tokens: int | None = None
     completion_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """Owner -> leader: tokens generated since the last count, per request id (the leader's fairness counters).
+    One message carries every running request of the owner whose model that leader decides."""
+
+    sender: str
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,24 +152,65 @@ class Position:
 
 @dataclass(frozen=True, slots=True)
 class Stepdown:
-    """The leader is leaving (SIGTERM): look at the lease at once instead of at the next heartbeat."""
+    """A leader is leaving (SIGTERM) or handing a lease over: look at the leases at once instead of at the next
+    heartbeat."""
 
     sender: str
 
 
-Message = Admit | Verdict | Grant | Report | Fail | Position | Stepdown
+Message = Admit | Verdict | Grant | Report | Tokens | Fail | Position | Stepdown
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.__name__.lower(): cls for cls in (Admit, Verdict, Grant, Report, Fail, Position, Stepdown)
+    cls.__name__.lower(): cls for cls in (Admit, Verdict, Grant, Report, Tokens, Fail, Position, Stepdown)
 }
 """Message type names: the `t` field on the wire, and the fixed label values of the message counters."""
+
+_FIELDS: dict[type[Message], tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in MESSAGE_TYPES.values()
+}
+_NAMES: dict[type[Message], frozenset[str]] = {cls: frozenset(names) for cls, names in _FIELDS.items()}
 
 
 def type_name(message: Message) -> str:
     return type(message).__name__.lower()
 
 
+def _plain(value: Any) -> Any:
+    """A field's value as JSON takes it (the nested ErrorInfo and Running as objects)."""
+    if isinstance(value, (ErrorInfo, Running)):
+        return {f.name: getattr(value, f.name) for f in fields(value)}
+    return value
+
+
+def _as_object(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"t": type_name(message)}
+    for name in _FIELDS[type(message)]:
+        out[name] = _plain(getattr(message, name))
+    return out
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
 def encode(message: Message) -> bytes:
-    return json.dumps({"t": type_name(message), **asdict(message)}, separators=(",", ":")).encode()
+    return _dumps(_as_object(message))
+
+
+def encode_batch(messages: Sequence[Message], limit: int = MAX_BATCH_BYTES) -> list[bytes]:
+    """`messages` as few entries as `limit` allows, in order: JSON arrays of message objects."""
+    out: list[bytes] = []
+    pending: list[bytes] = []
+    size = 2
+    for message in messages:
+        data = encode(message)
+        if pending and size + len(data) + 1 > limit:
+            out.append(b"[" + b",".join(pending) + b"]")
+            pending, size = [], 2
+        pending.append(data)
+        size += len(data) + 1
+    if pending:
+        out.append(b"[" + b",".join(pending) + b"]")
+    return out
 
 
 def decode(data: bytes) -> Message:
@@ -162,13 +219,46 @@ def decode(data: bytes) -> Message:
         raise MessageError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
         raw = json.loads(data)
+    except ValueError as exc:
+        raise MessageError(f"undecodable message: {type(exc).__name__}: {exc}") from exc
+    return _from_object(raw)
+
+
+def decode_batch(data: bytes) -> list[Message | MessageError]:
+    """The messages of one entry (an array, or a lone message object), in order; each one that does not decode
+    is a MessageError in its place, so one bad message costs only itself."""
+    if len(data) > MAX_BATCH_BYTES:
+        return [MessageError(f"batch of {len(data)} bytes exceeds {MAX_BATCH_BYTES}")]
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        return [MessageError(f"undecodable batch: {type(exc).__name__}: {exc}")]
+    if not isinstance(raw, list):
+        raw = [raw]
+    out: list[Message | MessageError] = []
+    for item in raw:
+        try:
+            out.append(_from_object(item))
+        except MessageError as exc:
+            out.append(exc)
+    return out
+
+
+def _from_object(raw: Any) -> Message:
+    try:
         cls = MESSAGE_TYPES[raw.pop("t")]
-        names = {f.name for f in fields(cls)}
+        names = _NAMES[cls]
         values: dict[str, Any] = {k: v for k, v in raw.items() if k in names}  # a newer sender's extra fields
         if isinstance(values.get("error"), dict):
             values["error"] = ErrorInfo(**values["error"])
         if isinstance(values.get("running"), dict):
             values["running"] = Running(**values["running"])
+        if cls is Tokens:
+            counts = values.get("counts", {})
+            if not isinstance(counts, dict) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts.values()
+            ):
+                raise MessageError("tokens: counts must map request ids to counts >= 0")
         return cls(**values)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise MessageError(f"undecodable message: {type(exc).__name__}: {exc}") from exc

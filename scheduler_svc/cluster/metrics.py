@@ -1,7 +1,10 @@
-"""The cluster agent's Prometheus series: the replica's role, messages by type, store errors. Every label
-value comes from a fixed set (roles, message type names), never from a client or a replica name."""
+"""The cluster agent's Prometheus series: the replica's role, the models it leads, messages by type, store
+errors. Every label value comes from a fixed set (roles, message type names, the configured models), never
+from a client or a replica name."""
 
 from __future__ import annotations
+
+from collections.abc import Collection, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -10,11 +13,18 @@ from scheduler_svc.cluster.modes import ROLE_LABELS, Role
 
 
 class ClusterMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, models: Sequence[str]) -> None:
         self.role = Gauge(
             "llmsched_cluster_role",
-            "1 on this replica's current role (leader, follower or degraded), 0 on the others; all 0 while joining.",
+            "1 on this replica's current role (leader: it leads at least one model; follower; degraded), 0 on "
+            "the others; all 0 while joining.",
             ["role"],
+            registry=registry,
+        )
+        self.leading = Gauge(
+            "llmsched_cluster_leading",
+            "1 for each model whose decisions this replica leads (it holds the model's lease), 0 for the others.",
+            ["model"],
             registry=registry,
         )
         self.sent = Counter(
@@ -42,11 +52,16 @@ class ClusterMetrics:
         )
         for label in ROLE_LABELS.values():
             self.role.labels(label).set(0)
+        self._models = tuple(models)
+        for model in self._models:
+            self.leading.labels(model).set(0)
         for name in (*MESSAGE_TYPES, "invalid"):
             self.received.labels(name)
             if name != "invalid":
                 self.sent.labels(name)
 
-    def show_role(self, role: Role) -> None:
+    def show_role(self, role: Role, leading: Collection[str]) -> None:
         for r, label in ROLE_LABELS.items():
             self.role.labels(label).set(1 if r is role else 0)
+        for model in self._models:
+            self.leading.labels(model).set(1 if model in leading else 0)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from scheduler_svc.backend_handle import BackendHandle
-from scheduler_svc.config_schema import ClusterConfig, ModelConfig
-from scheduler_svc.hooks import LOCAL, DispatchAuthority
+from scheduler_svc.config import ClusterConfig, ModelConfig
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.steering import LOCAL, DispatchAuthority
 
 
 class Role(enum.Enum):

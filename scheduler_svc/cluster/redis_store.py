@@ -7,16 +7,19 @@ Keys, all under `key_prefix` (several clusters can share one Redis):
   the sorted set (after dropping expired scores) instead of SCANning the keyspace: one round trip, O(log N +
   members), whatever else lives in that Redis, where SCAN walks every key of the database in many round trips
   and KEYS blocks the server.
-- `{prefix}:leader` = the holder string, PX ttl.
-- `{prefix}:inbox:{name}` a stream of entries `{m: message}`, trimmed by `XADD MAXLEN ~ inbox_limit` and
+- `{prefix}:leader:{model}` = the holder string of that model's lease, PX ttl (`{prefix}:leader` for the one
+  lease covering every model).
+- `{prefix}:inbox:{name}` a stream of entries `{m: data}` (each one batch of messages: `messages.encode_batch`),
+  trimmed by `XADD MAXLEN ~ inbox_limit` and
   expiring `INBOX_IDLE_SECONDS` after the last send (an inbox whose replica is gone goes away by itself).
 
 Redis operations per call (each call is ONE round trip, bounded by `op_timeout`):
 - `join`: EVALSHA (GET, SET PX, TIME, ZADD, XREVRANGE COUNT 1); `renew`: EVALSHA (GET, PEXPIRE, TIME, ZADD);
   `leave`: EVALSHA (GET, DEL, ZREM); `members`: EVALSHA (TIME, ZREMRANGEBYSCORE, ZRANGE).
 - `acquire_lease`: EVALSHA (GET, SET PX when free); `renew_lease`: EVALSHA (GET, PEXPIRE);
-  `release_lease`: EVALSHA (GET, DEL); `lease_holder`: GET.
-- `send(to, k messages)`: one pipeline of k `XADD MAXLEN ~` + one EXPIRE.
+  `release_lease`: EVALSHA (GET, DEL); `lease_holders`: one MGET of every lease asked.
+- `send({to: k entries, ...})`: one pipeline of k `XADD MAXLEN ~` + one EXPIRE per destination (the outbox
+  sends one entry per destination and wake-up, however many messages it holds, every destination at once).
 - `receive`: one `XREAD COUNT read_batch BLOCK timeout` on the store's own connection (blocking reads never
   hold up the others); after that connection (re)connects, one `XREVRANGE COUNT 1` first (see below).
 A script the server does not know (first use, or after a restart) costs one SCRIPT LOAD more, once.
@@ -41,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -57,7 +60,7 @@ from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler_svc.cluster.store import DuplicateReplica, StoreTimeout, StoreUnavailable
-from scheduler_svc.config_schema import ClusterConfig, ConfigError
+from scheduler_svc.config import ClusterConfig, ConfigError
 
 log = structlog.get_logger(__name__)
 
@@ -159,6 +162,11 @@ class StoreMetrics:
             ["call"],
             registry=registry,
         )
+
+
+def inbox_key(key_prefix: str, name: str) -> str:
+    """The stream that is replica `name`'s inbox."""
+    return f"{key_prefix}:inbox:{name}"
 
 
 def _ms(seconds: float) -> int:
@@ -283,7 +291,7 @@ class RedisStore:
         member = self._key("member", name)
         async with self._reach("join", self._op_timeout):
             newest = await self._join(
-                keys=[member, self._key("members"), self._key("inbox", name)], args=[name, token, _ms(ttl)]
+                keys=[member, self._key("members"), inbox_key(self._prefix, name)], args=[name, token, _ms(ttl)]
             )
         if newest is None:
             raise DuplicateReplica(f"replica name {name} is held by another live replica")
@@ -305,38 +313,46 @@ class RedisStore:
             names = await self._members(keys=[self._key("members")])
         return sorted(_text(n) for n in names)
 
-    async def acquire_lease(self, holder: str, ttl: float) -> bool:
+    def _lease_key(self, lease: str) -> str:
+        return self._key("leader", lease) if lease else self._key("leader")
+
+    async def acquire_lease(self, lease: str, holder: str, ttl: float) -> bool:
         async with self._reach("acquire_lease", self._op_timeout):
-            held = await self._acquire(keys=[self._key("leader")], args=[holder, _ms(ttl)])
+            held = await self._acquire(keys=[self._lease_key(lease)], args=[holder, _ms(ttl)])
         return bool(held)
 
-    async def renew_lease(self, holder: str, ttl: float) -> bool:
+    async def renew_lease(self, lease: str, holder: str, ttl: float) -> bool:
         async with self._reach("renew_lease", self._op_timeout):
-            renewed = await self._renew_lease(keys=[self._key("leader")], args=[holder, _ms(ttl)])
+            renewed = await self._renew_lease(keys=[self._lease_key(lease)], args=[holder, _ms(ttl)])
         return bool(renewed)
 
-    async def release_lease(self, holder: str) -> None:
+    async def release_lease(self, lease: str, holder: str) -> None:
         async with self._reach("release_lease", self._op_timeout):
-            await self._release(keys=[self._key("leader")], args=[holder])
+            await self._release(keys=[self._lease_key(lease)], args=[holder])
 
-    async def lease_holder(self) -> str | None:
-        async with self._reach("lease_holder", self._op_timeout):
-            holder = await self._redis.get(self._key("leader"))
-        return None if holder is None else _text(holder)
+    async def lease_holders(self, leases: Sequence[str]) -> dict[str, str | None]:
+        if not leases:
+            return {}
+        async with self._reach("lease_holders", self._op_timeout):
+            holders: list[Any] = await self._redis.mget([self._lease_key(lease) for lease in leases])
+        return {lease: None if h is None else _text(h) for lease, h in zip(leases, holders, strict=True)}
 
-    async def send(self, to: str, messages: Sequence[bytes]) -> None:
-        if not messages:
+    async def send(self, batches: Mapping[str, Sequence[bytes]]) -> None:
+        if not any(batches.values()):
             return
-        inbox = self._key("inbox", to)
         async with self._reach("send", self._op_timeout):
             pipe = self._sender.pipeline(transaction=False)
-            for message in messages:
-                pipe.xadd(inbox, {b"m": message}, maxlen=self._inbox_limit, approximate=True)
-            pipe.expire(inbox, INBOX_IDLE_SECONDS)
+            for to, messages in batches.items():
+                if not messages:
+                    continue
+                inbox = inbox_key(self._prefix, to)
+                for message in messages:
+                    pipe.xadd(inbox, {b"m": message}, maxlen=self._inbox_limit, approximate=True)
+                pipe.expire(inbox, INBOX_IDLE_SECONDS)
             await pipe.execute()
 
     async def receive(self, me: str, timeout: float) -> list[bytes]:
-        inbox = self._key("inbox", me)
+        inbox = inbox_key(self._prefix, me)
         block = _ms(timeout) if timeout > 0 else None  # BLOCK 0 would wait forever
         async with self._reach("receive", max(timeout, 0.0) + self._op_timeout):
             await self._reader.initialize()

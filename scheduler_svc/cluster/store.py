@@ -1,4 +1,4 @@
-"""The port to the shared store replicas meet on: membership, the leader lease, and per-replica inboxes.
+"""The port to the shared store replicas meet on: membership, the leader leases, and per-replica inboxes.
 
 Everything the cluster shares goes through this Protocol; `redis_store.RedisStore` implements it on Redis,
 and the unit tests use an in-memory fake with the same semantics (`tests/cluster/fake_store.py`), checked
@@ -9,10 +9,12 @@ Semantics every implementation keeps:
   held by another live token is refused (`DuplicateReplica`). `renew` extends it and answers False when the
   name is no longer ours (expired, or the store restarted empty): the caller joins again. A name not
   renewed within its ttl disappears; `members` lists the live ones.
-- Lease: one leader at a time. `acquire_lease` takes it when free (and answers whether we hold it now),
-  `renew_lease` extends it only while we hold it, `release_lease` frees it only if we hold it (a handover
-  on SIGTERM). `lease_holder` reads who holds it. The holder string is opaque ("name/token").
-- Inboxes: `send` appends messages to a replica's inbox, in order; `receive` returns the messages that
+- Leases, each named (one per model, or "" for one covering every model), each with one holder at a time and
+  independent of the others. `acquire_lease` takes one when free (and answers whether we hold it now),
+  `renew_lease` extends it only while we hold it, `release_lease` frees it only if we hold it (a handover on
+  SIGTERM, or to spread the leases). `lease_holders` reads who holds each of several, in one round trip. The
+  holder string is opaque ("name/token").
+- Inboxes: `send` appends messages to replicas' inboxes, each inbox's in order; `receive` returns the messages that
   arrived after the last ones it returned, waiting up to `timeout` for the first; a handle reads a name's
   inbox from its own first `join` of that name on (never what an earlier process of the name was sent).
   Inboxes are bounded (oldest dropped) and die with the store; a message to a dead replica is simply never
@@ -22,7 +24,7 @@ Semantics every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 
@@ -63,24 +65,24 @@ class ClusterStore(Protocol):
         """Names of the live replicas, sorted."""
         ...
 
-    async def acquire_lease(self, holder: str, ttl: float) -> bool:
-        """Take the leader lease for `ttl` seconds if it is free; True when `holder` holds it now."""
+    async def acquire_lease(self, lease: str, holder: str, ttl: float) -> bool:
+        """Take lease `lease` for `ttl` seconds if it is free; True when `holder` holds it now."""
         ...
 
-    async def renew_lease(self, holder: str, ttl: float) -> bool:
+    async def renew_lease(self, lease: str, holder: str, ttl: float) -> bool:
         """Extend the lease if `holder` holds it; False otherwise (it expired or another took it)."""
         ...
 
-    async def release_lease(self, holder: str) -> None:
+    async def release_lease(self, lease: str, holder: str) -> None:
         """Free the lease if `holder` holds it (atomic compare-and-delete)."""
         ...
 
-    async def lease_holder(self) -> str | None:
-        """Who holds the lease now, None when nobody does."""
+    async def lease_holders(self, leases: Sequence[str]) -> dict[str, str | None]:
+        """Who holds each of `leases` now (None: nobody), in one round trip."""
         ...
 
-    async def send(self, to: str, messages: Sequence[bytes]) -> None:
-        """Append `messages` to replica `to`'s inbox, in order (one round trip for all of them)."""
+    async def send(self, batches: Mapping[str, Sequence[bytes]]) -> None:
+        """Append each replica's messages to its inbox, in order (one round trip for all of them)."""
         ...
 
     async def receive(self, me: str, timeout: float) -> list[bytes]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -32,10 +33,14 @@ from typing import Any
 import structlog
 from aiohttp import HttpVersion11, web
 
-from scheduler_svc.admission import admit_call, count_rejection
-from scheduler_svc.auth import Authenticator
-from scheduler_svc.config import http_body_limit, http_reading_limits
-from scheduler_svc.errors import DeadlineExceeded, ModelNotFound, SchedulerError
+from scheduler_svc.config.derived import http_body_limit, http_reading_limits
+from scheduler_svc.core.auth import Authenticator
+from scheduler_svc.core.errors import DeadlineExceeded, ModelNotFound, SchedulerError
+from scheduler_svc.core.request_run import Chunk, Dispatched, Done, Failed, Queued
+from scheduler_svc.core.text import client_text
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.intake import admit_call, count_rejection
+from scheduler_svc.dispatch.scheduler import Scheduler
 from scheduler_svc.http import headers as hdr
 from scheduler_svc.http import shapes
 from scheduler_svc.http.errors import ErrorReply, error_reply
@@ -48,10 +53,6 @@ from scheduler_svc.http.intake import (
     ReadBudget,
 )
 from scheduler_svc.http.parsing import Call, Kind, decode_json, parse_call
-from scheduler_svc.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.text import client_text
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
 
 log = structlog.get_logger(__name__)
 
@@ -170,17 +171,19 @@ class HttpDoor:
                 model = body["model"] if isinstance(body.get("model"), str) else ""
                 call = parse_call(body, kind)
             headers = request.headers
-            params = call.params
-            params.request_id = hdr.single(headers, hdr.REQUEST_ID_HEADER) or ""
             priority_class = hdr.single(headers, hdr.PRIORITY_CLASS_HEADER)
-            params.priority_class = call.metadata_priority_class if priority_class is None else priority_class
+            asked = dataclasses.replace(
+                call.request,
+                request_id=hdr.single(headers, hdr.REQUEST_ID_HEADER) or "",
+                priority_class=call.metadata_priority_class if priority_class is None else priority_class,
+            )
             call_timeout = hdr.call_timeout_seconds(headers)
             timeout = hdr.timeout_seconds(headers)
             if timeout is not None:
                 timeout -= loop.time() - started
             updates = call.stream and hdr.wants_queue_updates(headers)
             ticket = await admit_call(
-                self._scheduler, params, identify=lambda: user, timeout=timeout, watch_positions=updates
+                self._scheduler, asked, identify=lambda: user, timeout=timeout, watch_positions=updates
             )
         except SchedulerError as exc:
             count_rejection(self._scheduler, model, exc)
@@ -202,7 +205,6 @@ class HttpDoor:
         req = ticket.request
         prefix = "chatcmpl-" if call.kind == "chat" else "cmpl-"
         shape = shapes.Shapes(call.kind, prefix + req.request_id, int(time.time()), req.model)
-        dispatcher = self._scheduler.dispatchers[req.model]
         updates = call.stream and hdr.wants_queue_updates(request.headers)
         stream: web.StreamResponse | None = None
         parts: list[str] = []
@@ -210,7 +212,7 @@ class HttpDoor:
         announced = False  # whether a stream's first chunk (the assistant's role) went out
         failure: BaseException | None = None
         try:  # the run is consumed to its end: it records the outcome after its last event
-            run = RequestRun(ticket, dispatcher, watch_positions=updates, pacing=self._scheduler.pacing)
+            run = self._scheduler.request_run(ticket, watch_positions=updates)
             async with contextlib.aclosing(run.events()) as events:
                 async for event in events:
                     if isinstance(event, Queued):
@@ -277,10 +279,9 @@ class HttpDoor:
 
     def _queued_line(self, ticket: Ticket, position: int) -> str:
         """`queued position=3 depth=40 eta=2.1s`; no `eta` while the scheduler cannot estimate the wait."""
-        dispatcher = self._scheduler.dispatchers[ticket.request.model]
-        wait = dispatcher.estimated_wait(ticket)
-        eta = "" if wait is None else f" eta={wait:.1f}s"
-        return f"queued position={position} depth={len(dispatcher.queues)}{eta}"
+        outlook = self._scheduler.outlook(ticket)
+        eta = "" if outlook.estimated_wait is None else f" eta={outlook.estimated_wait:.1f}s"
+        return f"queued position={position} depth={outlook.depth}{eta}"
 
     async def _models(self, request: web.Request) -> web.Response:
         try:

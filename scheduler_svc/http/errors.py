@@ -18,7 +18,7 @@ from typing import Any
 
 from backends.errors import BackendError
 from llmsched.v1.errors import ERRORS
-from scheduler_svc.errors import InvalidField, QueueFull, SchedulerError
+from scheduler_svc.core.errors import InvalidField, QueueFull, SchedulerError
 
 _TYPES = {
     400: "invalid_request_error",

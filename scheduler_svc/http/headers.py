@@ -14,8 +14,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scheduler_svc.auth import AUTH_HEADER, USER_HEADER, Authenticator, PeerInfo, http_wording
-from scheduler_svc.errors import InvalidField, Unauthenticated
+from scheduler_svc.core.auth import AUTH_HEADER, USER_HEADER, Authenticator, PeerInfo, http_wording
+from scheduler_svc.core.errors import InvalidField, Unauthenticated
 
 REQUEST_ID_HEADER = "x-request-id"
 TIMEOUT_MS_HEADER = "x-request-timeout-ms"
@@ -45,7 +45,7 @@ def identify(
 
 def peer_info(certificate: Mapping[str, Any]) -> PeerInfo:
     """A TLS client certificate as `ssl.SSLSocket.getpeercert()` gives it, in the form of gRPC's auth
-    context, so certificate identity follows the one rule in `scheduler_svc.auth`."""
+    context, so certificate identity follows the one rule in `scheduler_svc.core.auth`."""
     sans = [(str(kind), str(value)) for kind, value in certificate.get("subjectAltName", ())]
     common_names = [str(value) for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
     return {

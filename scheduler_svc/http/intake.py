@@ -33,7 +33,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from scheduler_svc.errors import (
+from scheduler_svc.core.errors import (
     InternalError,
     MalformedRequest,
     PromptTooLarge,

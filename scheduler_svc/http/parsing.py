@@ -1,5 +1,5 @@
-"""An OpenAI request body to the `GenerationParams` message gRPC callers send, so both doors share one
-validation (`scheduler_svc.admission.build_request`) and one set of limits.
+"""An OpenAI request body to the `ClientRequest` the gRPC face builds too, so both doors share one validation
+(`scheduler_svc.core.admission.build_request`) and one set of limits.
 
 This module only checks what JSON adds: the body is an object, each field is one the door supports and has
 the JSON type OpenAI gives it, and nothing is silently dropped (any other field is a 400 naming it). Ranges,
@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from llmsched.v1 import scheduler_pb2 as pb
-from scheduler_svc.errors import InvalidField, MalformedRequest
+from backends.base import ChatMessage
+from scheduler_svc.core.errors import InvalidField, MalformedRequest
+from scheduler_svc.core.request import ClientRequest
 
 Kind = Literal["chat", "completion"]
 
@@ -52,10 +53,10 @@ MAX_USER_CHARS = 256
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """A parsed request: the generation (as gRPC would carry it) and how the answer is to be sent."""
+    """A parsed request: the generation (as the gRPC face would hand it in) and how the answer is to be sent."""
 
     kind: Kind
-    params: pb.GenerationParams
+    request: ClientRequest
     stream: bool
     include_usage: bool
     metadata_priority_class: str
@@ -130,7 +131,7 @@ def parse_call(body: Mapping[str, Any], kind: Kind) -> Call:
         "seed": _integer(body, "seed", -_INT64 - 1, _INT64),
     }
     fields.update({name: value for name, value in optional.items() if value is not None})
-    fields["stop"] = _stop(body.get("stop"))
+    fields["stop"] = tuple(_stop(body.get("stop")))
     fields["ignore_eos"] = _boolean(body, "ignore_eos") or False
     fields["prompt_cache_key"] = _string(body, "prompt_cache_key") or ""
     n = _integer(body, "n", 1, _INT32)
@@ -142,11 +143,22 @@ def parse_call(body: Mapping[str, Any], kind: Kind) -> Call:
     stream = _boolean(body, "stream") or False
     include_usage = _stream_options(body.get("stream_options"), stream)
     priority_class = _metadata(body.get("metadata")).get("priority_class", "")
-    try:
-        params = pb.GenerationParams(**fields)
-    except ValueError as exc:  # a string protobuf cannot hold (a lone surrogate escaped in the JSON)
-        raise MalformedRequest(f"a string in the request is not valid Unicode: {exc}") from None
-    return Call(kind, params, stream, include_usage, priority_class)
+    request = ClientRequest(**fields)
+    _check_unicode(request)
+    return Call(kind, request, stream, include_usage, priority_class)
+
+
+def _check_unicode(request: ClientRequest) -> None:
+    """Every string must be text UTF-8 can carry: JSON may escape a lone surrogate, which no engine, log or
+    reply could encode."""
+    texts = [request.model, request.prompt, request.prompt_cache_key, *request.stop]
+    texts += [part for m in request.messages for part in (m.role, m.content)]
+    for text in texts:
+        if not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError as exc:
+                raise MalformedRequest(f"a string in the request is not valid Unicode: {exc}") from None
 
 
 def _string(body: Mapping[str, Any], name: str) -> str | None:
@@ -200,12 +212,12 @@ def _text(value: Any, param: str) -> str:
     return "\n".join(texts)
 
 
-def _messages(value: Any) -> list[pb.ChatMessage]:
+def _messages(value: Any) -> tuple[ChatMessage, ...]:
     if value is None:
-        return []
+        return ()
     if not isinstance(value, list):
         raise InvalidField("messages", "must be a list of messages")
-    messages: list[pb.ChatMessage] = []
+    messages: list[ChatMessage] = []
     for i, message in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -216,12 +228,12 @@ def _messages(value: Any) -> list[pb.ChatMessage]:
         if not isinstance(role, str):
             raise InvalidField(f"{where}.role", "must be a string")
         messages.append(
-            pb.ChatMessage(
+            ChatMessage(
                 role="system" if role == "developer" else role,
                 content=_text(message.get("content"), f"{where}.content"),
             )
         )
-    return messages
+    return tuple(messages)
 
 
 def _prompt(value: Any) -> str:

@@ -3,13 +3,8 @@ band choice (between priority classes), backend choice (among open backends)."""
 
 from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, BackendPolicy, Candidate, LeastLoaded
 from scheduler_svc.policies.band import BAND_POLICIES, BandPolicy, BandTurn, StrictRankBands
-from scheduler_svc.policies.fairness import (
-    FAIRNESS_POLICIES,
-    FairnessPolicy,
-    RoundRobinFairness,
-    VirtualTokenCounterFairness,
-    WeightedRoundRobinFairness,
-)
+from scheduler_svc.policies.configured import check_config, scheduling_params
+from scheduler_svc.policies.fairness import FAIRNESS_POLICIES, Fairness, FairnessParams
 from scheduler_svc.policies.gate import (
     GATE_POLICIES,
     Gate,
@@ -35,7 +30,8 @@ __all__ = [
     "BandTurn",
     "Candidate",
     "EdfOrdering",
-    "FairnessPolicy",
+    "Fairness",
+    "FairnessParams",
     "FcfsOrdering",
     "Gate",
     "GateCause",
@@ -46,10 +42,9 @@ __all__ = [
     "PrefixLocality",
     "QueueDepthGate",
     "Registry",
-    "RoundRobinFairness",
     "SignalGate",
     "StrictRankBands",
-    "VirtualTokenCounterFairness",
     "WeightResolver",
-    "WeightedRoundRobinFairness",
+    "check_config",
+    "scheduling_params",
 ]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from scheduler_svc.policies.gate import GateInputs
+from scheduler_svc.policies.interfaces import PromptView
 from scheduler_svc.policies.registry import Registry
-from scheduler_svc.request import QueuedRequest
 
 
 class OpenBackend(Protocol):
@@ -38,7 +38,7 @@ B = TypeVar("B", bound=OpenBackend)
 class Candidate(Generic[B]):
     """A request that may go now, with the backends whose gates admit it (never empty, config order)."""
 
-    request: QueuedRequest
+    request: PromptView
     backends: Sequence[B]
 
 
@@ -46,17 +46,17 @@ class BackendPolicy(Protocol):
     """Picks the backend a request goes to among the open ones, or the (request, backend) pair among
     several candidate requests; hears where each request went."""
 
-    def choose(self, request: QueuedRequest, backends: Sequence[B]) -> B:
+    def choose(self, request: PromptView, backends: Sequence[B]) -> B:
         """`request`: the request about to go; `backends`: those whose gates admit it, in config order."""
         ...
 
-    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[QueuedRequest, B]:
+    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[PromptView, B]:
         """The request to send and its backend. `candidates` (never empty): the fairness policy's choice
         first, then other users' next requests that fairness allows now, in its order; `in_flight`: every
         backend of the model (open or not) -> requests in flight there."""
         ...
 
-    def on_dispatched(self, request: QueuedRequest, backend: str) -> None:
+    def on_dispatched(self, request: PromptView, backend: str) -> None:
         """`request` was sent to the backend named `backend`."""
         ...
 
@@ -76,14 +76,14 @@ class LeastLoaded:
     def __init__(self, settings: object = None) -> None:
         """`settings` (the model's locality section) is not used: load is all this policy weighs."""
 
-    def choose(self, request: QueuedRequest, backends: Sequence[B]) -> B:
+    def choose(self, request: PromptView, backends: Sequence[B]) -> B:
         return min(backends, key=load_order)
 
-    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[QueuedRequest, B]:
+    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[PromptView, B]:
         first = candidates[0]
         return first.request, self.choose(first.request, first.backends)
 
-    def on_dispatched(self, request: QueuedRequest, backend: str) -> None:
+    def on_dispatched(self, request: PromptView, backend: str) -> None:
         return None
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from scheduler_svc.config_schema import PriorityClassConfig
+from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.policies.registry import Registry
 
 

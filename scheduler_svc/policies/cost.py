@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler_svc.config_schema import ModelConfig
+from scheduler_svc.config import ModelConfig
 
 
 @dataclass(frozen=True)

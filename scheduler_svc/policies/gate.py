@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from backends.base import BackendLoad
-from scheduler_svc.config_schema import GateConfig, PriorityClassConfig
+from scheduler_svc.config import GateConfig, PriorityClassConfig
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.step_model import StepTimeModel
 from scheduler_svc.policies.waiting_depth import WaitingDepth

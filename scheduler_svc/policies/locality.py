@@ -15,7 +15,7 @@ goes to the least loaded, and among equally loaded backends to the one rememberi
 (SGLang's router does the same), so new prompts spread over the caches instead of piling on the first.
 
 D-LPM (Cao et al., "Locality-aware Fair Scheduling in LLM Serving", 2025): when the model sets
-`locality.deficit_bound`, the fairness policy offers every user it allows now (`FairnessPolicy.offer`:
+`locality.deficit_bound`, the fairness policy offers every user it allows now (`Fairness.offer`:
 counters within the bound of the smallest), and this policy sends, of their next requests, the one with
 the longest prefix match at its best backend; equal matches go in the fairness policy's order, so with no
 match anywhere the fairness policy's own choice goes. The fairness bound this keeps is stated on `offer`.
@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from scheduler_svc.config_schema import LocalityConfig
+from scheduler_svc.config import LocalityConfig
 from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, B, Candidate, OpenBackend, load_order
+from scheduler_svc.policies.interfaces import PromptView
 from scheduler_svc.policies.prefix_index import (
     FALLBACK_INDEX_BYTES,
     PrefixIndex,
@@ -36,7 +37,6 @@ from scheduler_svc.policies.prefix_index import (
     blocks_cached,
     prompt_text,
 )
-from scheduler_svc.request import QueuedRequest
 
 _HASHED_REQUESTS = 128  # queued requests whose block hashes are kept between dispatch passes
 
@@ -69,7 +69,7 @@ class PrefixLocality:
                 index.resize(blocks)
         return index
 
-    def chain(self, request: QueuedRequest) -> list[int]:
+    def chain(self, request: PromptView) -> list[int]:
         """The request's prefix block hashes (worked out once while it waits)."""
         chain = self._hashed.get(request.request_id)
         if chain is None:
@@ -80,12 +80,12 @@ class PrefixLocality:
                 self._hashed.popitem(last=False)
         return chain
 
-    def choose(self, request: QueuedRequest, backends: Sequence[B]) -> B:
+    def choose(self, request: PromptView, backends: Sequence[B]) -> B:
         in_flight = {b.name: b.inputs.in_flight for b in backends}
         return self._best_backend(request, backends, in_flight)[1]
 
-    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[QueuedRequest, B]:
-        best: tuple[int, QueuedRequest, B] | None = None
+    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[PromptView, B]:
+        best: tuple[int, PromptView, B] | None = None
         for candidate in candidates:
             matched, backend = self._best_backend(candidate.request, candidate.backends, in_flight)
             if best is None or matched > best[0]:  # strict: equal matches keep the fairness order
@@ -93,16 +93,14 @@ class PrefixLocality:
         assert best is not None, "choose_among needs at least one candidate"
         return best[1], best[2]
 
-    def on_dispatched(self, request: QueuedRequest, backend: str) -> None:
+    def on_dispatched(self, request: PromptView, backend: str) -> None:
         self._sends += 1
         self.index(backend).record(self.chain(request), self._sends)
         self._hashed.pop(request.request_id, None)
         if request.cache_key:
             self.sessions.put(request.user, request.cache_key, backend)
 
-    def _best_backend(
-        self, request: QueuedRequest, backends: Sequence[B], in_flight: Mapping[str, int]
-    ) -> tuple[int, B]:
+    def _best_backend(self, request: PromptView, backends: Sequence[B], in_flight: Mapping[str, int]) -> tuple[int, B]:
         """The backend for `request` and the blocks it matches there: its session's backend if open and
         within the load bound, else the longest match within the bound, ties to the least loaded."""
         chain = self.chain(request)

@@ -1,7 +1,7 @@
 """Ordering policies: which request of one user's queue (flow) in a band goes first.
 
 An ordering policy gives each queued request a sort key (`OrderKey`, smaller first); the flow keeps its
-requests sorted by it (`scheduler_svc.queues.Flow`), equal keys in arrival order. From that one order
+requests sorted by it (`scheduler_svc.core.queues.Flow`), equal keys in arrival order. From that one order
 follow the three things that depend on it:
 
 - which request of the user goes next: the flow's head;
@@ -19,9 +19,8 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+from scheduler_svc.policies.interfaces import OrderKey, RequestView
 from scheduler_svc.policies.registry import Registry
-from scheduler_svc.queues import OrderKey
-from scheduler_svc.request import RequestView
 
 
 class OrderingPolicy(Protocol):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_svc.config_schema import WeightsConfig
+from scheduler_svc.config import WeightsConfig
 
 
 class WeightResolver:

@@ -17,10 +17,10 @@ from backends import (
     SamplingParams,
     TextDelta,
 )
+from backends.adapters.tgi import TgiBackend
+from backends.adapters.vllm import VllmBackend
 from backends.base import Backend, GenerationEvent
 from backends.sim import SimConfig, running_simulator
-from backends.tgi import TgiBackend
-from backends.vllm import VllmBackend
 from tests.helpers import eventually
 
 FAST = {"decode_base_ms": 1.0, "decode_per_seq_ms": 0.2}

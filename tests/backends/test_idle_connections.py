@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from backends import BackendUnavailable, Finished, GenerationRequest, SamplingParams
+from backends.adapters.vllm import VllmBackend
 from backends.base import HttpSettings
 from backends.sim import SimConfig, running_simulator
-from backends.vllm import VllmBackend
 
 FAST = {"decode_base_ms": 1.0, "decode_per_seq_ms": 0.2}
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from backends._prom import MetricSamples
-from backends.llamacpp import LlamaCppBackend
-from backends.vllm import VllmBackend, cache_tokens
+from backends.adapters.llamacpp import LlamaCppBackend
+from backends.adapters.vllm import VllmBackend, cache_tokens
+from backends.metrics import MetricSamples
 
 DATA = Path(__file__).resolve().parents[1] / "engines" / "data"
 RECORDED_BLOCKS = 4096  # num_gpu_blocks in the recording (blocks of 128 tokens)

@@ -16,9 +16,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from backends._prom import MetricSamples
+from backends.adapters.vllm import VllmBackend
+from backends.metrics import MetricSamples
 from backends.sim import SimConfig, running_simulator
-from backends.vllm import VllmBackend
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RECORDED = (Path(__file__).resolve().parents[1] / "engines" / "data" / "vllm_metrics.txt").read_text()

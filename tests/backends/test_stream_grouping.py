@@ -5,8 +5,8 @@ delay, and counts each group's tokens from the usage on every chunk: over real H
 from __future__ import annotations
 
 from backends import Finished, GenerationRequest, SamplingParams, TextDelta
+from backends.adapters.vllm import MAX_CHUNK_TOKENS, VllmBackend, tokens_per_chunk
 from backends.sim import SimConfig, running_simulator
-from backends.vllm import MAX_CHUNK_TOKENS, VllmBackend, tokens_per_chunk
 
 
 def test_a_group_is_as_long_as_the_allowed_delay_covers_tokens_after_its_first() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from backends.sim import SimConfig, running_simulator
 from llmsched.v1.errors import ERRORS
-from scheduler_svc.keys import key_digest
+from scheduler_svc.core.keys import key_digest
 from tests.helpers import make_config, outcome_count, serving, until_settled
 
 ROOT = Path(__file__).resolve().parents[2]

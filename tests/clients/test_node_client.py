@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from backends.sim import SimConfig, running_simulator
-from scheduler_svc.keys import key_digest
+from scheduler_svc.core.keys import key_digest
 from tests.helpers import make_config, serving
 
 CLIENT_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler_svc.cluster.store import DuplicateReplica, StoreUnavailable
@@ -26,7 +26,7 @@ class FakeStoreBackend:
     inbox_limit: int = INBOX_LIMIT
     up: bool = True
     names: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (token, expires at)
-    lease: tuple[str, float] | None = None  # (holder, expires at)
+    leases: dict[str, tuple[str, float]] = field(default_factory=dict)  # lease -> (holder, expires at)
     inboxes: dict[str, list[bytes]] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)  # per inbox: entries trimmed off its front so far
     generation: int = 0  # bumped by restart_empty: readers' positions from before point into nothing
@@ -40,7 +40,7 @@ class FakeStoreBackend:
     def restart_empty(self) -> None:
         self.up = True
         self.names.clear()
-        self.lease = None
+        self.leases.clear()
         self.inboxes.clear()
         self.dropped.clear()
         self.generation += 1
@@ -62,10 +62,12 @@ class FakeStoreBackend:
         """The position after the newest entry (positions count every entry ever added, trimmed or not)."""
         return self.dropped.get(inbox, 0) + len(self.inboxes.get(inbox, []))
 
-    def lease_now(self) -> tuple[str, float] | None:
-        if self.lease is not None and self.lease[1] <= self.clock():
-            self.lease = None
-        return self.lease
+    def lease_now(self, lease: str) -> tuple[str, float] | None:
+        held = self.leases.get(lease)
+        if held is not None and held[1] <= self.clock():
+            del self.leases[lease]
+            return None
+        return held
 
 
 class FakeStore:
@@ -108,42 +110,46 @@ class FakeStore:
         self._op()
         return sorted(n for n in list(self.b.names) if self.b.live(n) is not None)
 
-    async def acquire_lease(self, holder: str, ttl: float) -> bool:
+    async def acquire_lease(self, lease: str, holder: str, ttl: float) -> bool:
         self._op()
-        lease = self.b.lease_now()
-        if lease is None:
-            self.b.lease = (holder, self.b.clock() + ttl)
+        held = self.b.lease_now(lease)
+        if held is None:
+            self.b.leases[lease] = (holder, self.b.clock() + ttl)
             return True
-        return lease[0] == holder
+        return held[0] == holder
 
-    async def renew_lease(self, holder: str, ttl: float) -> bool:
+    async def renew_lease(self, lease: str, holder: str, ttl: float) -> bool:
         self._op()
-        lease = self.b.lease_now()
-        if lease is None or lease[0] != holder:
+        held = self.b.lease_now(lease)
+        if held is None or held[0] != holder:
             return False
-        self.b.lease = (holder, self.b.clock() + ttl)
+        self.b.leases[lease] = (holder, self.b.clock() + ttl)
         return True
 
-    async def release_lease(self, holder: str) -> None:
+    async def release_lease(self, lease: str, holder: str) -> None:
         self._op()
-        lease = self.b.lease_now()
-        if lease is not None and lease[0] == holder:
-            self.b.lease = None
+        held = self.b.lease_now(lease)
+        if held is not None and held[0] == holder:
+            del self.b.leases[lease]
 
-    async def lease_holder(self) -> str | None:
+    async def lease_holders(self, leases: Sequence[str]) -> dict[str, str | None]:
         self._op()
-        lease = self.b.lease_now()
-        return None if lease is None else lease[0]
+        out: dict[str, str | None] = {}
+        for lease in leases:
+            held = self.b.lease_now(lease)
+            out[lease] = None if held is None else held[0]
+        return out
 
-    async def send(self, to: str, messages: Sequence[bytes]) -> None:
+    async def send(self, batches: Mapping[str, Sequence[bytes]]) -> None:
         self._op()
-        inbox = self.b.inboxes.setdefault(to, [])
-        inbox.extend(messages)
-        if len(inbox) > self.b.inbox_limit:
-            dropped = len(inbox) - self.b.inbox_limit
-            del inbox[:dropped]
-            self.b.dropped[to] = self.b.dropped.get(to, 0) + dropped
-        self.b.arrived.setdefault(to, asyncio.Event()).set()
+        for to, messages in batches.items():
+            inbox = self.b.inboxes.setdefault(to, [])
+            inbox.extend(messages)
+            if len(inbox) > self.b.inbox_limit:
+                dropped = len(inbox) - self.b.inbox_limit
+                del inbox[:dropped]
+                self.b.dropped[to] = self.b.dropped.get(to, 0) + dropped
+            self.b.arrived.setdefault(to, asyncio.Event()).set()
 
     def _unread_from(self, me: str) -> int:
         generation, upto = self.read_upto.get(me, (self.b.generation, 0))

@@ -1,5 +1,5 @@
 """Scheduler replica processes for the live cluster tests: each replica is its own
-`python -m scheduler_svc.cli serve` process with its own gRPC and metrics ports and replica name, all meeting
+`python -m scheduler_svc.app.cli serve` process with its own gRPC and metrics ports and replica name, all meeting
 on a real `redis-server` (the `redis_server` fixture) in front of one simulator; nothing is faked.
 
 Roles are read the way an operator reads them, from each replica's `llmsched_cluster_role` gauge on
@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from backends.sim.journal import read_journal
 from tests.cluster.redis_server import dies_with_parent, free_port
 from tests.helpers import client_label
@@ -60,16 +60,26 @@ class Replica:
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]
 
-    def became(self, role: str) -> list[float]:
-        """Wall-clock times at which this replica logged entering `role` ("leading", "following", ...): its
-        own clock reading, without the lag of a scraper polling its gauge."""
+    def became(self, role: str, model: str | None = None) -> list[float]:
+        """Wall-clock times at which this replica logged entering `role` ("leading", "following", ...) on any
+        lease, or on `model`'s: its own clock reading, without the lag of a scraper polling its gauge."""
         times = []
         for line in self.log_path.read_text(errors="replace").splitlines():
             if '"cluster_role_changed"' in line:
                 entry = json.loads(line)
-                if entry.get("role") == role:
+                if entry.get("role") == role and (model is None or model in entry.get("models", ())):
                     times.append(datetime.fromisoformat(entry["timestamp"]).timestamp())
         return times
+
+    def role_changes(self, model: str) -> list[tuple[float, str]]:
+        """(wall-clock time, role entered) of every change this replica logged on `model`'s lease."""
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if '"cluster_role_changed"' in line:
+                entry = json.loads(line)
+                if model in entry.get("models", ()):
+                    out.append((datetime.fromisoformat(entry["timestamp"]).timestamp(), str(entry.get("role"))))
+        return out
 
 
 def replica_toml(
@@ -82,18 +92,14 @@ def replica_toml(
     *,
     waiting_target: int = 2,
     fallback_max_in_flight: int = 4,
+    models: Sequence[str] = ("m",),
 ) -> str:
-    """One replica's config: model "m" on simulator backend "b0", the cluster on Redis with fast heartbeats."""
-    return f"""
-[server]
-listen = "127.0.0.1:{grpc_port}"
-metrics_listen = "127.0.0.1:{metrics_port}"
-queue_update_interval_seconds = 0.05
-shutdown_grace_seconds = 1.0
-log_format = "json"
-
+    """One replica's config: each of `models` ("m" alone by default) on simulator backend "b0", the cluster on
+    Redis with fast heartbeats."""
+    model_tables = "".join(
+        f"""
 [[models]]
-name = "m"
+name = "{model}"
 default_max_tokens = 16
 
 [models.gate]
@@ -106,7 +112,17 @@ kind = "vllm"
 url = "{sim_url}"
 engine_model = "sim-model"
 scrape_interval_seconds = 0.05
-
+"""
+        for model in models
+    )
+    return f"""
+[server]
+listen = "127.0.0.1:{grpc_port}"
+metrics_listen = "127.0.0.1:{metrics_port}"
+queue_update_interval_seconds = 0.05
+shutdown_grace_seconds = 1.0
+log_format = "json"
+{model_tables}
 [cluster]
 store = "redis"
 redis_url = "{redis_url}"
@@ -119,16 +135,18 @@ report_interval_seconds = 0.02
 """
 
 
-def spawn_replica(name: str, directory: Path, sim_url: str, redis_url: str, **gate: int) -> Replica:
+def spawn_replica(
+    name: str, directory: Path, sim_url: str, redis_url: str, models: Sequence[str] = ("m",), **gate: int
+) -> Replica:
     """Start one replica process (not waiting for it); its config and log go to `directory`."""
     grpc_port, metrics_port = free_port(), free_port()
     config = directory / f"{name}-{grpc_port}.toml"
-    config.write_text(replica_toml(name, grpc_port, metrics_port, sim_url, redis_url, "live", **gate))
+    config.write_text(replica_toml(name, grpc_port, metrics_port, sim_url, redis_url, "live", models=models, **gate))
     log_path = directory / f"{name}-{grpc_port}.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with log_path.open("wb") as log:
         popen = subprocess.Popen(
-            dies_with_parent([sys.executable, "-m", "scheduler_svc.cli", "serve", "--config", str(config)]),
+            dies_with_parent([sys.executable, "-m", "scheduler_svc.app.cli", "serve", "--config", str(config)]),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -148,6 +166,16 @@ async def role_of(session: aiohttp.ClientSession, replica: Replica) -> str | Non
         if samples.total("llmsched_cluster_role", role=role) == 1.0:
             return role
     return None
+
+
+async def leading(session: aiohttp.ClientSession, replica: Replica, models: Sequence[str]) -> list[str] | None:
+    """The models the replica leads by its `llmsched_cluster_leading` gauges; None when it does not answer."""
+    try:
+        async with session.get(replica.metrics_url + "/metrics") as response:
+            samples = MetricSamples.parse(await response.text(), ("llmsched_cluster_leading",))
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None
+    return [m for m in models if samples.total("llmsched_cluster_leading", model=m) == 1.0]
 
 
 async def metric(session: aiohttp.ClientSession, replica: Replica, name: str) -> float | None:

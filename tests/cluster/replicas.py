@@ -8,9 +8,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.cluster.leases import fair_share
 from scheduler_svc.cluster.modes import Role
-from scheduler_svc.config import Config, config_from_dict
-from scheduler_svc.server import SchedulerServer
+from scheduler_svc.config import Config
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.helpers import eventually
 
@@ -27,8 +29,10 @@ def cluster_config(
     cluster: dict[str, Any] | None = None,
     scheduling: dict[str, Any] | None = None,
     backends: list[dict[str, Any]] | None = None,
+    models: tuple[str, ...] = ("m",),
 ) -> Config:
-    """One replica's config: model "m" on one simulator backend "b0", fast heartbeats."""
+    """One replica's config: each of `models` ("m" alone by default) on one simulator backend "b0", fast
+    heartbeats."""
     return config_from_dict(
         {
             "server": {
@@ -39,7 +43,7 @@ def cluster_config(
             },
             "models": [
                 {
-                    "name": "m",
+                    "name": name,
                     "default_max_tokens": 16,
                     "gate": gate or {},
                     **(model or {}),
@@ -54,6 +58,7 @@ def cluster_config(
                         }
                     ],
                 }
+                for name in models
             ],
             **({"scheduling": scheduling} if scheduling else {}),
             "cluster": {
@@ -107,8 +112,43 @@ async def settled(servers: list[SchedulerServer], timeout: float = 5.0) -> Sched
         agents = [agent_of(s) for s in servers]
         leaders = [a for a in agents if a.role is Role.LEADING]
         return len(leaders) == 1 and all(
-            a.role is Role.FOLLOWING and a.follower.leader == leaders[0].holder for a in agents if a is not leaders[0]
+            a.role is Role.FOLLOWING and a.follower.leader_of("m") == leaders[0].holder_of("m")
+            for a in agents
+            if a is not leaders[0]
         )
 
     await eventually(ok, timeout, "one leader, the others following it")
     return next(s for s in servers if agent_of(s).role is Role.LEADING)
+
+
+async def leaders_settled(
+    servers: list[SchedulerServer], models: tuple[str, ...], timeout: float = 5.0
+) -> dict[str, SchedulerServer]:
+    """Wait until each model has exactly one leader, every other replica follows that leader for it, and no
+    replica holds more than its share of the leases (`leases.fair_share`); returns model -> its leader."""
+
+    def leader_of(model: str) -> SchedulerServer | None:
+        leading = [s for s in servers if agent_of(s).role_of(model) is Role.LEADING]
+        return leading[0] if len(leading) == 1 else None
+
+    def ok() -> bool:
+        leases = len(agent_of(servers[0]).leases)
+        if any(
+            len({agent_of(s).lease_for(m).name for m in agent_of(s).leading}) > fair_share(leases, len(servers))
+            for s in servers
+        ):
+            return False
+        for model in models:
+            leader = leader_of(model)
+            if leader is None:
+                return False
+            holder = agent_of(leader).holder_of(model)
+            for s in servers:
+                if s is not leader and (
+                    agent_of(s).role_of(model) is not Role.FOLLOWING or agent_of(s).leader_of(model) != holder
+                ):
+                    return False
+        return True
+
+    await eventually(ok, timeout, f"one leader for each of {models}, the others following it")
+    return {model: leader for model in models if (leader := leader_of(model)) is not None}

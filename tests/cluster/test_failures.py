@@ -10,13 +10,14 @@ import time
 import grpc
 
 from backends.sim import SimConfig, running_simulator
+from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.cluster.agent import LeaseState
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.cluster.store import StoreTimeout, StoreUnavailable
-from scheduler_svc.server import SchedulerServer
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, settled
 from tests.cluster.test_replicas import engine_ids, first_delta
-from tests.helpers import client_for, eventually
+from tests.helpers import client_for, eventually, queue_depth
 
 FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
 
@@ -83,7 +84,7 @@ async def test_follower_killed_its_mirrors_are_released_at_the_leader() -> None:
             await kill(doomed)
             await eventually(lambda: not agent_of(leader).leader.mirrors, 2 * TIMEOUT + 1.0, "dead owner released")
             assert lead.backends[0].estimator.in_flight == 0, "the dead replica's engine budget is released"
-            assert len(lead.queues) == 0
+            assert queue_depth(leader) == 0
             await eventually(lambda: sim.engine.stats()["running"] == 0, 3.0, "the engine aborted its requests")
             for call in [running, *waiting]:
                 call.cancel()
@@ -184,13 +185,13 @@ async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_
         replicas(sim.url, gate={"waiting_target": 2}) as (store, servers),
     ):
         leader = agent_of(servers[0])
-        old_holder = leader.holder
+        old_holder = leader.holder_of("m")
         followed: list[str | None] = []
         follow = leader.follower.follow
 
-        def recording_follow(holder: str | None) -> None:
+        def recording_follow(lease: str, holder: str | None) -> None:
             followed.append(holder)
-            follow(holder)
+            follow(lease, holder)
 
         leader.follower.follow = recording_follow  # type: ignore[method-assign]
         async with contextlib.AsyncExitStack() as stack:
@@ -205,9 +206,9 @@ async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_
             store.down()
             await eventually(lambda: leader.role is Role.DEGRADED, 3.0, "the leader degraded")
             store.up = True  # back, state intact: the old lease has not expired yet
-            assert store.lease_now() is not None and store.lease_now()[0] == old_holder
+            assert store.lease_now("m") is not None and store.lease_now("m")[0] == old_holder
             await eventually(lambda: leader.role is Role.LEADING, 2 * TIMEOUT, "the leader leads again")
-            assert leader.holder != old_holder
+            assert leader.holder_of("m") != old_holder
             await settled(servers)
             outcomes = await _outcomes(flood)
         ids = engine_ids(sim.engine.stats())
@@ -278,9 +279,9 @@ async def test_a_late_inbox_read_is_read_again_not_taken_for_an_outage() -> None
         roles: list[Role] = []
         apply = follower._apply
 
-        def recording_apply(role: Role, holder: str | None = None) -> None:
+        def recording_apply(lease: LeaseState, role: Role, holder: str | None = None) -> None:
             roles.append(role)
-            apply(role, holder)
+            apply(lease, role, holder)
 
         follower._apply = recording_apply
 

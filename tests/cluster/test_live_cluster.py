@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +22,11 @@ import aiohttp
 import grpc
 import pytest
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from backends.sim import SimConfig, SimServer, running_simulator
 from clients import SchedulerClient, error_reason
 from scheduler_svc.cluster.modes import degraded_cap
-from scheduler_svc.config_schema import ClusterConfig, GateConfig, ModelConfig
+from scheduler_svc.config import ClusterConfig, GateConfig, ModelConfig
 from tests.cluster.live import (
     HEARTBEAT,
     START_SECONDS,
@@ -35,6 +35,7 @@ from tests.cluster.live import (
     Replica,
     RoleWatch,
     cluster,
+    leading,
     metric,
     one_leader,
     spawn_replica,
@@ -126,10 +127,6 @@ def by_role(replicas: list[Replica], watch: RoleWatch, role: str) -> list[Replic
     return [r for r in replicas if watch.now.get(r.name) == role]
 
 
-async def until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    await eventually(predicate, timeout, what)
-
-
 @contextlib.asynccontextmanager
 async def simulator(tmp_path: Path, **config: int) -> AsyncIterator[tuple[SimServer, Path]]:
     journal = tmp_path / "engine.jsonl"
@@ -197,7 +194,7 @@ async def _mid_flood(
                 return replica, live
         return None
 
-    await until(lambda: pick() is not None, 20.0, f"a {role} running mid-flood")
+    await eventually(lambda: pick() is not None, 20.0, f"a {role} running mid-flood")
     picked = pick()
     assert picked is not None
     return picked
@@ -214,7 +211,7 @@ async def aborted_at_engine(journal: Path, ids: list[str], killed_at: float) -> 
         ended = engine.ended("finished") | engine.ended("aborted") | engine.ended("failed")
         return (set(engine.received()) & owned) - ended
 
-    await until(lambda: not left(), 5.0, "the killed replica's requests ended at the engine")
+    await eventually(lambda: not left(), 5.0, "the killed replica's requests ended at the engine")
     engine = EngineLog.read(journal)
     late = {
         e["id"]
@@ -365,7 +362,7 @@ async def test_redis_down_and_restarted_empty_mid_flood(tmp_path: Path, redis_se
         cluster(tmp_path, sim.url, redis_server.url, fallback_max_in_flight=cap) as (replicas, watch),
         flood(replicas, 90, max_tokens=30) as calls,
     ):
-        await until(lambda: calls.done() >= 10, 20.0, "the flood under way")
+        await eventually(lambda: calls.done() >= 10, 20.0, "the flood under way")
         redis_server.stop() if how == "stop" else redis_server.kill()
         stopped_at = time.monotonic()
         degraded_at = await watch.until(
@@ -373,7 +370,7 @@ async def test_redis_down_and_restarted_empty_mid_flood(tmp_path: Path, redis_se
         )
         degraded_wall = time.time()
         done_then = calls.done()
-        await until(lambda: calls.done() >= done_then + 10, 20.0, "serving while degraded")
+        await eventually(lambda: calls.done() >= done_then + 10, 20.0, "serving while degraded")
         redis_server.restart_empty()
         back_wall, back_at = time.time(), time.monotonic()
         shared_at = await watch.until(lambda roles: len(roles) == 3 and one_leader(roles), 10.0, "one leader")
@@ -406,3 +403,77 @@ async def test_a_second_process_with_a_live_replicas_name_refuses_to_start(
         assert replicas[0].alive
     assert rc != 0
     assert "replica name r1 is held by another live replica" in twin.log_tail(), twin.log_tail()
+
+
+async def leaders_spread(replicas: list[Replica], models: tuple[str, ...], timeout: float) -> dict[str, Replica]:
+    """Wait until each model is led by exactly one live replica and no replica leads two (by the replicas'
+    `llmsched_cluster_leading` gauges); model -> its leader."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
+        while True:
+            alive = [r for r in replicas if r.alive]
+            led = list(zip(alive, await asyncio.gather(*(leading(session, r, models) for r in alive)), strict=True))
+            holders = {m: [r for r, ms in led if ms is not None and m in ms] for m in models}
+            if all(len(h) == 1 for h in holders.values()) and all(ms is not None and len(ms) <= 1 for _, ms in led):
+                return {m: h[0] for m, h in holders.items()}
+            if time.monotonic() > deadline:
+                names = {m: [r.name for r in h] for m, h in holders.items()}
+                raise AssertionError(f"models not spread over the replicas within {timeout}s: {names}")
+            await asyncio.sleep(0.02)  # sampling other processes' gauges: no event to wait on
+
+
+async def test_the_leader_of_one_model_killed_mid_flood_leaves_the_other_models_leader_leading(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Models a and b on three replica processes: each model led by its own replica, on its own lease key in
+    Redis. kill -9 of a's leader mid-flood: a's lead moves to a survivor within 2 x the heartbeat timeout; b's
+    leader logs no role change on b's lease and keeps dispatching b meanwhile; nothing reaches the engine
+    twice; every call at a survivor succeeds, the dead replica's end OK or UNAVAILABLE."""
+    models = ("a", "b")
+    async with simulator(tmp_path) as (sim, journal):
+        replicas = [
+            spawn_replica(name, tmp_path, sim.url, redis_server.url, models=models, waiting_target=WAITING_TARGET)
+            for name in ("r1", "r2", "r3")
+        ]
+        try:
+            led = await leaders_spread(replicas, models, START_SECONDS)
+            doomed, keeper = led["a"], led["b"]
+            survivors = survivors_of(replicas, doomed)
+            async with contextlib.AsyncExitStack() as stack:
+                clients = [await stack.enter_async_context(SchedulerClient(r.target, user="u")) for r in replicas]
+                model_of = {f"f{i}": models[i % 2] for i in range(48)}
+                owner = {rid: replicas[i % 3] for i, rid in enumerate(model_of)}
+                calls = {
+                    rid: asyncio.create_task(
+                        clients[i % 3].submit(model_of[rid], rid, max_tokens=30, ignore_eos=True, request_id=rid)
+                    )
+                    for i, rid in enumerate(model_of)
+                }
+                await eventually(lambda: sum(t.done() for t in calls.values()) >= 6, 30.0, "the flood under way")
+                doomed.kill9()
+                killed_at = time.time()
+                moved = await leaders_spread(survivors, models, 5.0)
+                outcomes = dict(zip(calls, await asyncio.gather(*calls.values(), return_exceptions=True), strict=True))
+        finally:
+            for replica in replicas:
+                if replica.alive:
+                    replica.popen.kill()
+                replica.popen.wait()
+    engine = EngineLog.read(journal)
+    no_request_twice(engine)
+    took = min(t for r in survivors for t in r.became("leading", "a") if t > killed_at) - killed_at
+    b_received = [
+        float(e["t"])
+        for e in engine.events
+        if e["event"] == "received" and model_of.get(e["id"].split("~", 1)[0]) == "b" and killed_at < float(e["t"])
+    ]
+    print(f"model a's leader killed: a led again after {took:.3f}s; b's arrivals meanwhile {len(b_received)}")
+    assert moved["b"] is keeper
+    assert took <= 2 * TIMEOUT, f"model a led again after {took:.2f}s"
+    assert [c for c in keeper.role_changes("b") if c[0] > killed_at] == [], "b's leader changed role on b"
+    assert any(t < killed_at + took for t in b_received), "b was not dispatched while a had no leader"
+    for rid, outcome in outcomes.items():
+        if owner[rid] is doomed:
+            assert ok(outcome) or code(outcome) == grpc.StatusCode.UNAVAILABLE, f"{rid}: {outcome!r}"
+        else:
+            assert ok(outcome), f"{rid} at a survivor failed: {outcome!r}"

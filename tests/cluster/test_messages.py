@@ -1,5 +1,6 @@
-"""The cluster's messages: every type survives its JSON codec, errors come back as the same class with their
-retry hint, and anything malformed is a MessageError (counted and dropped by the agent, never fatal)."""
+"""The cluster's messages: every type survives its JSON codec, alone and in batches, errors come back as the same
+class with their retry hint, and anything malformed is a MessageError (counted and dropped by the agent, never
+fatal, never the loss of the rest of its batch)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
 from scheduler_svc.cluster.messages import (
+    MAX_BATCH_BYTES,
     MAX_MESSAGE_BYTES,
     Admit,
     ErrorInfo,
@@ -18,13 +20,16 @@ from scheduler_svc.cluster.messages import (
     Report,
     Running,
     Stepdown,
+    Tokens,
     Verdict,
     decode,
+    decode_batch,
     encode,
+    encode_batch,
     error_info,
     rebuild_error,
 )
-from scheduler_svc.errors import AlreadyExists, InternalError, QueueBytesFull, QueueFull, QueueTimeout
+from scheduler_svc.core.errors import AlreadyExists, InternalError, QueueBytesFull, QueueFull, QueueTimeout
 
 SAMPLES: list[Message] = [
     Admit("r1", "id", "m", "alice", "standard", "cid", "prompt", 6, 6, 16, 0.5, None, "key"),
@@ -48,7 +53,9 @@ SAMPLES: list[Message] = [
     Verdict("r0", "id"),
     Verdict("r0", "id", ErrorInfo("QueueFull", "full", 1.5)),
     Grant("r0", "id", "b0", None, 1, "r0/token"),
-    Report("r1", "id", "tokens", tokens=7),
+    Report("r1", "id", "accepted"),
+    Report("r1", "id", "error", error=ErrorInfo("BackendUnavailable", "down", backend=True)),
+    Tokens("r1", {"id": 7, "id2": 0}),
     Report("r1", "id", "ended", outcome="completed", finish_reason="length", prompt_tokens=3, completion_tokens=9),
     Fail("r0", "id", ErrorInfo("QueueTimeout", "expired")),
     Position("r0", "id", 4),
@@ -87,3 +94,33 @@ def test_malformed_messages_are_message_errors(data: bytes) -> None:
 
 def test_a_newer_senders_extra_fields_are_ignored() -> None:
     assert decode(b'{"t": "stepdown", "sender": "r0", "since": 3}') == Stepdown("r0")
+
+
+def test_a_batch_is_one_entry_and_comes_back_in_order() -> None:
+    (entry,) = encode_batch(SAMPLES)
+    assert decode_batch(entry) == SAMPLES
+
+
+def test_a_batch_is_split_before_it_grows_past_the_limit() -> None:
+    messages = [Position("r0", f"id{i}", i) for i in range(200)]
+    entries = encode_batch(messages, limit=1000)
+    assert len(entries) > 1 and all(len(e) <= 1000 for e in entries)
+    assert [m for e in entries for m in decode_batch(e)] == messages
+
+
+def test_a_bad_message_in_a_batch_costs_only_itself() -> None:
+    good = Position("r0", "id", 1)
+    data = b"[" + encode(good) + b',{"t":"nope"},{"t":"tokens","sender":"r1","counts":{"a":-1}},' + encode(good) + b"]"
+    decoded = decode_batch(data)
+    assert decoded[0] == good and decoded[3] == good
+    assert isinstance(decoded[1], MessageError) and isinstance(decoded[2], MessageError)
+
+
+@pytest.mark.parametrize("data", [b"not json", b"x" * (MAX_BATCH_BYTES + 1)])
+def test_an_undecodable_entry_is_one_message_error(data: bytes) -> None:
+    (decoded,) = decode_batch(data)
+    assert isinstance(decoded, MessageError)
+
+
+def test_a_lone_message_object_is_a_batch_of_one() -> None:
+    assert decode_batch(encode(Stepdown("r0"))) == [Stepdown("r0")]

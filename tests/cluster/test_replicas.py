@@ -11,12 +11,12 @@ import pytest
 
 from backends.sim import SimConfig, running_simulator
 from clients import error_reason, pb, retry_delay
+from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.store import DuplicateReplica
-from scheduler_svc.server import SchedulerServer
-from scheduler_svc.ticket import TicketState
+from scheduler_svc.core.ticket import TicketState
 from tests.cluster.fake_store import FakeStore
 from tests.cluster.replicas import agent_of, cluster_config, replicas
-from tests.helpers import client_for, client_label, eventually
+from tests.helpers import client_for, client_label, eventually, queue_depth
 
 FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
 
@@ -151,8 +151,7 @@ async def test_duplicate_id_and_per_user_cap_are_global() -> None:
         assert dup.value.code() == grpc.StatusCode.ALREADY_EXISTS
         # Fill alice's cap (3 queued) through two replicas; one more at the third is refused with a hint.
         queued = [c1.stream("m", f"q{i}", max_tokens=400, ignore_eos=True, request_id=f"q{i}") for i in range(4)]
-        leader = servers[0].scheduler.dispatchers["m"]
-        await eventually(lambda: len(leader.queues) == 3, 5.0, "the leader queues 3 of alice's requests")
+        await eventually(lambda: queue_depth(servers[0]) == 3, 5.0, "the leader queues 3 of alice's requests")
         with pytest.raises(grpc.aio.AioRpcError) as full:
             await c2.submit("m", "one too many", max_tokens=5, request_id="over")
         assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -173,14 +172,14 @@ async def test_cancel_at_a_follower_releases_the_leaders_queue_and_budget() -> N
             running = client.stream("m", "long", max_tokens=2000, ignore_eos=True, request_id="run")
             await first_delta(running)
             more = [client.stream("m", f"w{i}", max_tokens=2000, ignore_eos=True, request_id=f"w{i}") for i in range(4)]
-            await eventually(lambda: mirrors(leader) == 5 and len(lead.queues) >= 1, 5.0, "one queued at the leader")
-            queued_before = len(lead.queues)
+            await eventually(lambda: mirrors(leader) == 5 and queue_depth(leader) >= 1, 5.0, "one queued at the leader")
+            queued_before = queue_depth(leader)
             queued_mirror = next(
                 m for m in agent_of(leader).leader.mirrors.values() if m.ticket.state is TicketState.QUEUED
             )
             queued_call = more[[f"w{i}" for i in range(4)].index(queued_mirror.ticket.request.client_request_id)]
             queued_call.cancel()
-            await eventually(lambda: len(lead.queues) == queued_before - 1, 3.0, "the queued mirror left the queue")
+            await eventually(lambda: queue_depth(leader) == queued_before - 1, 3.0, "the queued mirror left the queue")
             aborted = sim.engine.stats()["aborted_total"]
             running.cancel()
             await eventually(lambda: sim.engine.stats()["aborted_total"] > aborted, 3.0, "the engine request aborted")
@@ -236,9 +235,8 @@ async def test_a_streaming_client_at_a_follower_hears_its_position_in_the_leader
         client_for(servers[0], user="alice") as at_leader,
         client_for(servers[1], user="alice") as at_follower,
     ):
-        lead = servers[0].scheduler.dispatchers["m"]
         held = [at_leader.stream("m", f"h{i}", max_tokens=2000, ignore_eos=True) for i in range(4)]
-        await eventually(lambda: len(lead.queues) == 2, 5.0, "two of alice's queued at the leader")
+        await eventually(lambda: queue_depth(servers[0]) == 2, 5.0, "two of alice's queued at the leader")
         call = at_follower.stream("m", "mine", max_tokens=5, ignore_eos=True)
         positions = []
         while not positions or positions[-1] != 3:
@@ -261,11 +259,11 @@ async def test_a_grant_ignored_while_following_the_leaders_previous_term_is_sent
         leader, owner = servers
         agent = agent_of(owner)
         agent._tasks[0].cancel()  # its heartbeat: it looks at the lease when the test says so
-        agent.follower.leader = "r0/previous-term"
+        agent.follower.leaders["m"] = "r0/previous-term"
         async with client_for(owner, user="bob") as client:
             call = asyncio.create_task(client.submit("m", "hi", max_tokens=3, ignore_eos=True, request_id="x"))
             await eventually(lambda: agent.metrics.stale_grants._value.get() >= 1, 5.0, "the grant ignored")
-            agent.follower.follow(agent_of(leader).holder)  # what its next heartbeat does: register again
+            agent.follower.follow("m", agent_of(leader).holder_of("m"))  # its next heartbeat's: register again
             response = await asyncio.wait_for(call, 5.0)
         assert response.usage.completion_tokens == 3
         assert [client_label(i) for i in engine_ids(sim.engine.stats())] == ["x"], "the engine saw it once"

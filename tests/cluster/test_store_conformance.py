@@ -22,7 +22,7 @@ from redis.asyncio.connection import AbstractConnection
 
 from scheduler_svc.cluster.redis_store import RedisStore
 from scheduler_svc.cluster.store import ClusterStore, DuplicateReplica, StoreUnavailable
-from scheduler_svc.config_schema import ClusterConfig, ConfigError
+from scheduler_svc.config import ClusterConfig, ConfigError
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.cluster.redis_server import RedisServer
 
@@ -108,7 +108,7 @@ async def harness(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
         yield h
 
 
-async def eventually(call: Callable[[], Awaitable[Any]], seconds: float = 5.0) -> Any:
+async def retried(call: Callable[[], Awaitable[Any]], seconds: float = 5.0) -> Any:
     """The first answer `call` gives without StoreUnavailable (a restarted store may refuse one call while
     connections are replaced), within `seconds`."""
     deadline = time.monotonic() + seconds
@@ -125,7 +125,7 @@ async def receive_until(store: ClusterStore, me: str, count: int, seconds: float
     got: list[bytes] = []
     deadline = time.monotonic() + seconds
     while len(got) < count and time.monotonic() < deadline:
-        got += await eventually(lambda: store.receive(me, 0.2))
+        got += await retried(lambda: store.receive(me, 0.2))
     return got
 
 
@@ -184,38 +184,63 @@ async def test_leave_frees_only_our_own_name(harness: Harness) -> None:
     assert await a.members() == ["r1"]
 
 
-# --- the leader lease ---
+# --- the leader leases ---
 
 
 async def test_one_lease_holder_at_a_time(harness: Harness) -> None:
     a, b = await harness.store(), await harness.store()
-    assert await a.lease_holder() is None
-    assert await a.acquire_lease("r1/a", LONG)
-    assert not await b.acquire_lease("r2/b", LONG)
-    assert await a.acquire_lease("r1/a", LONG)  # already ours
-    assert await b.lease_holder() == "r1/a"
-    assert await a.renew_lease("r1/a", LONG)
-    assert not await b.renew_lease("r2/b", LONG)
-    await b.release_lease("r2/b")  # not held by b: nothing happens
-    assert await a.lease_holder() == "r1/a"
-    await a.release_lease("r1/a")
-    assert await a.lease_holder() is None
-    assert await b.acquire_lease("r2/b", LONG)
-    assert await a.lease_holder() == "r2/b"
+    assert await a.lease_holders(["m"]) == {"m": None}
+    assert await a.acquire_lease("m", "r1/a", LONG)
+    assert not await b.acquire_lease("m", "r2/b", LONG)
+    assert await a.acquire_lease("m", "r1/a", LONG)  # already ours
+    assert await b.lease_holders(["m"]) == {"m": "r1/a"}
+    assert await a.renew_lease("m", "r1/a", LONG)
+    assert not await b.renew_lease("m", "r2/b", LONG)
+    await b.release_lease("m", "r2/b")  # not held by b: nothing happens
+    assert await a.lease_holders(["m"]) == {"m": "r1/a"}
+    await a.release_lease("m", "r1/a")
+    assert await a.lease_holders(["m"]) == {"m": None}
+    assert await b.acquire_lease("m", "r2/b", LONG)
+    assert await a.lease_holders(["m"]) == {"m": "r2/b"}
+
+
+async def test_each_lease_is_separate(harness: Harness) -> None:
+    """One replica may hold one model's lease and another the next one's; taking, renewing or releasing one
+    never touches another, and the lease covering every model ("") is one more of them."""
+    a, b = await harness.store(), await harness.store()
+    assert await a.acquire_lease("m1", "r1/a", LONG)
+    assert await b.acquire_lease("m2", "r2/b", LONG)
+    assert not await a.acquire_lease("m2", "r1/a", LONG)
+    assert not await b.renew_lease("m1", "r2/b", LONG)
+    await b.release_lease("m1", "r2/b")
+    assert await a.lease_holders(["m1", "m2", ""]) == {"m1": "r1/a", "m2": "r2/b", "": None}
+    assert await b.acquire_lease("", "r2/b", LONG)
+    await a.release_lease("m1", "r1/a")
+    assert await b.lease_holders(["m1", "m2", ""]) == {"m1": None, "m2": "r2/b", "": "r2/b"}
+
+
+async def test_the_holders_of_many_leases_are_one_round_trip(harness: Harness) -> None:
+    a = await harness.store()
+    assert await a.acquire_lease("m3", "r1/a", LONG)  # connections made
+    names = [f"m{i}" for i in range(20)]
+    before = harness.round_trips(a)
+    holders = await a.lease_holders(names)
+    assert harness.round_trips(a) - before == 1
+    assert holders == {name: "r1/a" if name == "m3" else None for name in names}
 
 
 async def test_an_unrenewed_lease_expires_and_a_renewed_one_does_not(harness: Harness) -> None:
     ttl = 1.5
     a, b = await harness.store(), await harness.store()
-    assert await a.acquire_lease("r1/a", ttl)
+    assert await a.acquire_lease("m", "r1/a", ttl)
     await harness.advance(0.6 * ttl)
-    assert await a.renew_lease("r1/a", ttl)
+    assert await a.renew_lease("m", "r1/a", ttl)
     await harness.advance(0.6 * ttl)  # 1.2 ttl after taking it: held only because it was renewed
-    assert await b.lease_holder() == "r1/a"
+    assert await b.lease_holders(["m"]) == {"m": "r1/a"}
     await harness.advance(0.5 * ttl)  # 1.1 ttl after the renewal
-    assert await b.lease_holder() is None
-    assert not await a.renew_lease("r1/a", ttl)
-    assert await b.acquire_lease("r2/b", ttl)
+    assert await b.lease_holders(["m"]) == {"m": None}
+    assert not await a.renew_lease("m", "r1/a", ttl)
+    assert await b.acquire_lease("m", "r2/b", ttl)
 
 
 # --- inboxes ---
@@ -224,22 +249,34 @@ async def test_an_unrenewed_lease_expires_and_a_renewed_one_does_not(harness: Ha
 async def test_inbox_delivers_in_order_once(harness: Harness) -> None:
     a, b = await harness.store(), await harness.store()
     await b.join("r2", "t", LONG)
-    await a.send("r2", [b"1", b"2"])
-    await a.send("r2", [b"3"])
+    await a.send({"r2": [b"1", b"2"]})
+    await a.send({"r2": [b"3"]})
     assert await receive_until(b, "r2", 3) == [b"1", b"2", b"3"]
     assert await b.receive("r2", 0.05) == []
-    await a.send("r2", [b"4"])
+    await a.send({"r2": [b"4"]})
     assert await b.receive("r2", 1.0) == [b"4"]
 
 
 async def test_send_of_several_messages_is_one_round_trip(harness: Harness) -> None:
     a, b = await harness.store(), await harness.store()
     await b.join("r2", "t", LONG)
-    await a.send("r2", [b"warm-up"])  # connections made
+    await a.send({"r2": [b"warm-up"]})  # connections made
     before = harness.round_trips(a)
-    await a.send("r2", [str(i).encode() for i in range(50)])
+    await a.send({"r2": [str(i).encode() for i in range(50)]})
     assert harness.round_trips(a) - before == 1
     assert await receive_until(b, "r2", 51) == [b"warm-up", *(str(i).encode() for i in range(50))]
+
+
+async def test_messages_to_several_replicas_are_one_round_trip(harness: Harness) -> None:
+    a, b, c = await harness.store(), await harness.store(), await harness.store()
+    await b.join("r2", "t", LONG)
+    await c.join("r3", "t", LONG)
+    await a.send({"r2": [b"warm-up"]})  # connections made
+    before = harness.round_trips(a)
+    await a.send({"r2": [b"2a", b"2b"], "r3": [b"3a"], "r4": []})
+    assert harness.round_trips(a) - before == 1
+    assert await receive_until(b, "r2", 3) == [b"warm-up", b"2a", b"2b"]
+    assert await receive_until(c, "r3", 1) == [b"3a"]
 
 
 async def test_blocking_receive_wakes_on_send(harness: Harness) -> None:
@@ -248,7 +285,7 @@ async def test_blocking_receive_wakes_on_send(harness: Harness) -> None:
     waiting = asyncio.create_task(b.receive("r2", 30.0))
     await asyncio.sleep(0.05)  # let it block (if it has not, it simply reads the message at once)
     assert not waiting.done()
-    await a.send("r2", [b"wake"])
+    await a.send({"r2": [b"wake"]})
     assert await asyncio.wait_for(waiting, 10.0) == [b"wake"]
 
 
@@ -265,7 +302,7 @@ async def test_an_inbox_is_bounded_dropping_the_oldest(harness: Harness) -> None
     await b.join("r2", "t", LONG)
     sent = [str(i).encode() for i in range(1000)]
     for start in range(0, len(sent), 100):
-        await a.send("r2", sent[start : start + 100])
+        await a.send({"r2": sent[start : start + 100]})
     got = await b.receive("r2", 1.0)
     # Redis trims whole stream nodes (MAXLEN ~), keeping up to one node (100 entries) beyond the bound
     assert SMALL_INBOX <= len(got) <= SMALL_INBOX + 100
@@ -275,18 +312,18 @@ async def test_an_inbox_is_bounded_dropping_the_oldest(harness: Harness) -> None
 async def test_a_new_process_does_not_read_what_an_earlier_one_of_its_name_was_sent(harness: Harness) -> None:
     sender, old = await harness.store(), await harness.store()
     await old.join("r2", "old", TTL)
-    await sender.send("r2", [b"for the old process"])
+    await sender.send({"r2": [b"for the old process"]})
     await harness.advance(TTL * 2)  # the old process died without reading
     new = await harness.store()
     await new.join("r2", "new", LONG)
-    await sender.send("r2", [b"for the new one"])
+    await sender.send({"r2": [b"for the new one"]})
     assert await new.receive("r2", 1.0) == [b"for the new one"]
 
 
 async def test_messages_sent_between_join_and_first_receive_arrive(harness: Harness) -> None:
     a, b = await harness.store(), await harness.store()
     await b.join("r2", "t", LONG)
-    await a.send("r2", [b"early"])
+    await a.send({"r2": [b"early"]})
     assert await b.receive("r2", 1.0) == [b"early"]
 
 
@@ -306,11 +343,11 @@ async def test_every_call_raises_store_unavailable_when_the_store_is_down(harnes
         lambda: a.renew("r1", "t", LONG),
         lambda: a.leave("r1", "t"),
         a.members,
-        lambda: a.acquire_lease("h", LONG),
-        lambda: a.renew_lease("h", LONG),
-        lambda: a.release_lease("h"),
-        a.lease_holder,
-        lambda: a.send("r1", [b"x"]),
+        lambda: a.acquire_lease("m", "h", LONG),
+        lambda: a.renew_lease("m", "h", LONG),
+        lambda: a.release_lease("m", "h"),
+        lambda: a.lease_holders(["m"]),
+        lambda: a.send({"r1": [b"x"]}),
         lambda: a.receive("r1", 0.1),
     ]
     for call in calls:
@@ -324,32 +361,32 @@ async def test_after_a_restart_empty_names_and_lease_are_gone_and_inboxes_go_on(
     a, b = await harness.store(), await harness.store()
     await a.join("r1", "ta", LONG)
     await b.join("r2", "tb", LONG)
-    assert await a.acquire_lease("r1/ta", LONG)
-    await a.send("r2", [b"before"])
+    assert await a.acquire_lease("m", "r1/ta", LONG)
+    await a.send({"r2": [b"before"]})
     assert await b.receive("r2", 1.0) == [b"before"]
     harness.restart_empty()
-    assert not await eventually(lambda: a.renew("r1", "ta", LONG))
-    assert await eventually(a.lease_holder) is None
-    assert not await eventually(lambda: a.renew_lease("r1/ta", LONG))
-    assert await eventually(a.members) == []
+    assert not await retried(lambda: a.renew("r1", "ta", LONG))
+    assert await retried(lambda: a.lease_holders(["m"])) == {"m": None}
+    assert not await retried(lambda: a.renew_lease("m", "r1/ta", LONG))
+    assert await retried(a.members) == []
     await a.join("r1", "ta", LONG)
-    await eventually(lambda: a.send("r2", [b"after-1", b"after-2"]))
+    await retried(lambda: a.send({"r2": [b"after-1", b"after-2"]}))
     assert await receive_until(b, "r2", 2) == [b"after-1", b"after-2"]
-    await a.send("r2", [b"after-3"])
+    await a.send({"r2": [b"after-3"]})
     assert await b.receive("r2", 1.0) == [b"after-3"]
 
 
 async def test_a_read_blocked_across_a_restart_empty_goes_on_with_new_messages(harness: Harness) -> None:
     a, b = await harness.store(), await harness.store()
     await b.join("r2", "tb", LONG)
-    await a.send("r2", [b"before"])
+    await a.send({"r2": [b"before"]})
     assert await b.receive("r2", 1.0) == [b"before"]
     waiting = asyncio.create_task(b.receive("r2", 30.0))
     await asyncio.sleep(0.05)
     harness.restart_empty()
     with pytest.raises(StoreUnavailable):
         await asyncio.wait_for(waiting, 5.0)
-    await eventually(lambda: a.send("r2", [b"after"]))
+    await retried(lambda: a.send({"r2": [b"after"]}))
     assert await receive_until(b, "r2", 1) == [b"after"]
 
 
@@ -379,7 +416,7 @@ async def test_a_hung_redis_is_noticed_within_the_op_timeout(
             await asyncio.wait_for(waiting, 5.0)  # its own bound: the block (0.5 s) + the op timeout
     finally:
         redis_server.resume()
-    assert await eventually(lambda: redis_store.renew("r1", "t", LONG))
+    assert await retried(lambda: redis_store.renew("r1", "t", LONG))
 
 
 async def test_an_inbox_whose_ids_start_over_is_read_from_its_start(
@@ -387,7 +424,7 @@ async def test_an_inbox_whose_ids_start_over_is_read_from_its_start(
 ) -> None:
     """A store restarted empty on a server whose clock went back: new ids are below the last one read."""
     await redis_store.join("r2", "t", LONG)
-    await redis_store.send("r2", [b"before"])
+    await redis_store.send({"r2": [b"before"]})
     assert await redis_store.receive("r2", 1.0) == [b"before"]
     redis_server.restart_empty()
     raw = Redis.from_url(redis_server.url)
@@ -441,7 +478,7 @@ async def test_round_trips_and_unreachable_calls_are_measured(redis_server: Redi
     store = RedisStore(redis_server.url, key_prefix="t", op_timeout=OP_TIMEOUT, registry=registry)
     try:
         await store.join("r1", "t", LONG)
-        await store.send("r1", [b"x"])
+        await store.send({"r1": [b"x"]})
         assert await store.receive("r1", 1.0) == [b"x"]
         redis_server.kill()
         with pytest.raises(StoreUnavailable):

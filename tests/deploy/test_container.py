@@ -35,7 +35,7 @@ from tests.deploy.manifests import (
     port_of,
     scheduler_container,
 )
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, eventually
 
 VENV = "/opt/llmsched"
 EXPECTED_PORTS = {"grpc": 50051, "http": 8080, "metrics": 9464}
@@ -168,16 +168,6 @@ async def run(*argv: str, env: dict[str, str], cwd: Path) -> tuple[int, str]:
     return proc.returncode, out.decode()
 
 
-async def poll(what: str, seconds: float, check: object) -> None:
-    """Retry `check` (an async callable returning bool) as Docker retries a HEALTHCHECK: another process's
-    state offers no event to wait on."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not await check():  # type: ignore[operator]
-        assert loop.time() < deadline, f"{what} within {seconds}s"
-        await asyncio.sleep(0.2)
-
-
 @pytest.mark.timeout(300)
 async def test_entrypoint_cmd_and_healthcheck_run_the_service_from_a_venv_built_as_the_image_builds_it(
     tmp_path: Path,
@@ -248,8 +238,8 @@ async def test_entrypoint_cmd_and_healthcheck_run_the_service_from_a_venv_built_
             assert server.returncode is None, (await server.stdout.read()).decode()  # type: ignore[union-attr]
             return (await run(*probe, env=env, cwd=tmp_path))[0] == 0
 
-        await poll("the simulator answering", 30, engine_up)
-        await poll("HEALTHCHECK passing", 60, healthy)
+        await eventually(engine_up, 30, "the simulator answering", every=0.2)  # another process: no event
+        await eventually(healthy, 60, "HEALTHCHECK passing", every=0.2)  # as Docker retries a HEALTHCHECK
         code, out = await run(
             llmsched, "submit", "--target", target, "--api-key", "team-a-example-key",
             "--model", raw["models"][0]["name"], "--max-tokens", "8", "hello",

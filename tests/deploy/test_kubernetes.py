@@ -14,10 +14,10 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import SchemaNotFoundError
 
-from scheduler_svc.config import load_config
-from scheduler_svc.keys import key_digest, load_key_digests
-from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.scheduler import CUT_REPORT_SECONDS
+from scheduler_svc.app.settings import load_config
+from scheduler_svc.core.keys import key_digest, load_key_digests
+from scheduler_svc.dispatch.metrics import SchedulerMetrics
+from scheduler_svc.dispatch.scheduler import CUT_REPORT_SECONDS
 from tests.deploy.manifests import (
     CONFIG_MAP,
     KUBERNETES,

@@ -25,8 +25,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from backends.adapters.vllm import VllmBackend
 from backends.sim import SimConfig, SimServer, running_simulator
-from backends.vllm import VllmBackend
 from engines import EngineProcess
 from engines.wire import sse_data
 

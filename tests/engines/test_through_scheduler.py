@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
-from backends._prom import MetricSamples
+from backends.metrics import MetricSamples
 from engines import EngineProcess, layout
 from tests.helpers import client_for, eventually, make_config, outcome_count, serving, until_settled
 

@@ -1,8 +1,9 @@
 """The one module of the golden trace that touches the scheduler's core: everything else speaks to it.
 
 `GoldenDriver` runs one model's real core (admission's `build_request`, `Scheduler`, its `ModelDispatcher`
-with the queues, fairness, ordering, band and backend-choice policies, gates and load estimators) on a
-virtual clock, with no event loop, no sockets and no sleeps. Its interface is what happens from outside:
+with the queue book, run ledger, decision pass, fairness, ordering, band and backend-choice policies, gates
+and load estimators) on a virtual clock, with no event loop, no sockets and no sleeps. Its interface is
+what happens from outside:
 
     admit(...)              a client's call arrives (its request is built and queued as admission does)
     advance_to(t)           virtual time passes; the core's own timers fire on the way (a queued request's
@@ -19,14 +20,15 @@ the core's classes, so when the core is rebuilt only this module changes and the
 byte for byte what they are.
 
 How the driver stands in for the parts that are not run here:
-- the dispatch loop (`ModelDispatcher.run`): after every input, while the dispatcher has been woken it
-  runs one pass (`dispatch_ready`) and then arms the wake-up the fairness policies ask for (`wake_at`);
-  `advance_to` fires it when its time comes. A wake-up asked for a time already past makes the real loop
-  pass again at once; the driver runs one such pass and drops the timer;
+- the dispatch loop (`loop.DispatchLoop.run`): after every input, while the loop has been woken
+  (`take_wake`) it runs one pass (`ModelDispatcher.decide`) and then arms the wake-up the fairness policies
+  ask for (`choose_again_at`, the earliest `wake_at`); `advance_to` fires it when its time comes. A wake-up
+  asked for a time already past makes the real loop pass again at once; the driver runs one such pass and
+  drops the timer;
 - each request's run (`request_run.RequestRun`, in its caller's task): the engine's events go to the
-  dispatcher as the run reports them (`on_accepted`, `on_first_token` with the first token, `on_generated`,
-  the missed tokens of the engine's usage at the end, `fail_over` for a failure before any text was shown,
-  else the failed outcome); a cancelled client closes the ticket;
+  model's `RequestEvents` as the run reports them (`on_accepted`, `on_first_token` with the first token,
+  `on_generated`, the missed tokens of the engine's usage at the end, `fail_over` for a failure before any
+  text was shown, else the failed outcome); a cancelled client closes the ticket;
 - a waiting request's own deadline timer (`Ticket.wait_dispatched`): the queued request is expired when
   the clock reaches its deadline;
 - the metrics monitor (`scheduler._monitor`): a reading goes to the backend's handle and wakes the
@@ -40,19 +42,26 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from backends.base import BackendLoad
+from backends.base import BackendLoad, ChatMessage
 from backends.errors import BackendError, BackendOverloaded, BackendRejectedRequest, BackendUnavailable
 from backends.fake import FakeBackend
 from backends.registry import capabilities
-from llmsched.v1 import scheduler_pb2 as pb
-from scheduler_svc.admission import build_request
-from scheduler_svc.backend_handle import BackendHandle
-from scheduler_svc.config import BackendConfig, Config, ModelConfig, config_from_dict
-from scheduler_svc.errors import SchedulerError
-from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.policies import BACKEND_POLICIES, BAND_POLICIES, FAIRNESS_POLICIES, ORDERING_POLICIES
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import BackendConfig, Config, ModelConfig
+from scheduler_svc.core.admission import build_request
+from scheduler_svc.core.errors import SchedulerError
+from scheduler_svc.core.request import ClientRequest
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.metrics import SchedulerMetrics
+from scheduler_svc.dispatch.scheduler import Scheduler
+from scheduler_svc.policies import (
+    BACKEND_POLICIES,
+    BAND_POLICIES,
+    FAIRNESS_POLICIES,
+    ORDERING_POLICIES,
+    scheduling_params,
+)
 
 START = 1000.0  # the virtual clock's reading at time 0 (any value: the events count from it)
 
@@ -92,7 +101,7 @@ def _fake_backend(model: ModelConfig, backend: BackendConfig) -> FakeBackend:
 
 
 class _Outcomes:
-    """The dispatcher's observer: hears failovers and outcomes in the order they happen."""
+    """The model's observer (as a cluster follower would be): hears failovers and outcomes in order."""
 
     def __init__(self, driver: GoldenDriver) -> None:
         self._driver = driver
@@ -126,7 +135,7 @@ class GoldenDriver:
             self.config, backend_factory=_fake_backend, clock=self._clock, metrics=SchedulerMetrics()
         )
         self._dispatcher = self._scheduler.dispatchers[model.name]
-        self._dispatcher.observer = _Outcomes(self)
+        self._dispatcher.cluster.observe(_Outcomes(self))
         self._handles = {h.name: h for h in self._dispatcher.backends}
         self._tickets: dict[str, Ticket] = {}  # label -> ticket, in admission order
         self._deadlines: dict[str, Ticket] = {}  # the live ones with a deadline, in admission order
@@ -172,7 +181,7 @@ class GoldenDriver:
     def _expirer(self, ticket: Ticket) -> Callable[[], None]:
         def expire() -> None:
             if ticket.state is TicketState.QUEUED:
-                self._dispatcher.expire(ticket)
+                self._dispatcher.events.expire(ticket)
 
         return expire
 
@@ -183,17 +192,16 @@ class GoldenDriver:
     def _settle(self) -> None:
         """What the dispatch loop does once woken: a pass, then the wake-up the fairness policies ask for."""
         dispatcher = self._dispatcher
+        loop = dispatcher.loop
         repeated = False
-        while dispatcher._wake.is_set():
-            dispatcher._wake.clear()
-            dispatcher.dispatch_ready()
-            due = [t for t in (f.wake_at() for f in dispatcher.fairness.values()) if t is not None]
-            self._wake_at = min(due) if due else None
+        while loop.take_wake():
+            dispatcher.decide()
+            self._wake_at = loop.choose_again_at()
             if self._wake_at is not None and self._wake_at <= self._clock.now():
                 self._wake_at = None  # the real loop passes again at once, and again while it stays past due
                 if not repeated:
                     repeated = True
-                    dispatcher.wake()
+                    loop.wake()
 
     # -- clients ----------------------------------------------------------------------------------------
     def admit(
@@ -209,10 +217,10 @@ class GoldenDriver:
         cache_key: str = "",
     ) -> bool:
         """A call arrives: built and queued as admission does; False when refused (a `reject` event)."""
-        params = pb.GenerationParams(
+        params = ClientRequest(
             model=self._model,
             prompt=prompt,
-            messages=[pb.ChatMessage(role=role, content=content) for role, content in messages],
+            messages=tuple(ChatMessage(role, content) for role, content in messages),
             max_tokens=max_tokens,
             priority_class=priority_class,
             prompt_cache_key=cache_key,
@@ -239,7 +247,7 @@ class GoldenDriver:
     # -- engines ----------------------------------------------------------------------------------------
     def accepted(self, label: str) -> None:
         """The engine took the request (its response started)."""
-        self._dispatcher.on_accepted(self._running(label))
+        self._dispatcher.events.on_accepted(self._running(label))
         self._settle()
 
     def tokens(self, label: str, count: int) -> None:
@@ -247,9 +255,9 @@ class GoldenDriver:
         ticket = self._running(label)
         if ticket.first_token_at is None:
             ticket.first_token_at = self._clock.now()
-            self._dispatcher.on_first_token(ticket)
+            self._dispatcher.events.on_first_token(ticket)
         ticket.completion_tokens += count
-        self._dispatcher.on_generated(ticket, count)
+        self._dispatcher.events.on_generated(ticket, count)
         self._shown.add(label)
         self._settle()
 
@@ -259,7 +267,7 @@ class GoldenDriver:
         missed = completion_tokens - ticket.completion_tokens
         if missed > 0:
             ticket.completion_tokens += missed
-            self._dispatcher.on_generated(ticket, missed)
+            self._dispatcher.events.on_generated(ticket, missed)
         ticket.close(Outcome.COMPLETED)
         self._settle()
 
@@ -268,7 +276,7 @@ class GoldenDriver:
         may be queued again (failover), else it fails."""
         ticket = self._running(label)
         exc = ENGINE_ERRORS[error](f"{error} at {ticket.backend.name if ticket.backend else '?'}")
-        requeued = label not in self._shown and self._dispatcher.fail_over(ticket, exc)
+        requeued = label not in self._shown and self._dispatcher.events.fail_over(ticket, exc)
         if not requeued:
             ticket.close(Outcome.FAILED)
         self._settle()
@@ -294,13 +302,13 @@ class GoldenDriver:
             cache_tokens=cache_tokens,
         )
         self._handles[backend].record_reading(load)
-        self._dispatcher.on_reading()
+        self._dispatcher.wake()
         self._settle()
 
     def scrape_failed(self, backend: str) -> None:
         """A scrape of the engine's metrics failed."""
         self._handles[backend].record_reading(BackendLoad(ok=False, read_at=self._clock.now(), error="unreachable"))
-        self._dispatcher.on_reading()
+        self._dispatcher.wake()
         self._settle()
 
     # -- what the core decided ----------------------------------------------------------------------
@@ -350,7 +358,8 @@ class GoldenDriver:
 # -- what a golden configuration must state ---------------------------------------------------------------
 def unstated_fields(raw: dict[str, Any]) -> list[str]:
     """The configuration fields `raw` (a config file's parsed tables) leaves to their defaults: every field
-    of every section, of every entry of a list of sections."""
+    of every section, of every entry of a list of sections, and every parameter a registered policy reads
+    from [scheduling] (whichever is chosen: each scenario states them all)."""
     return _unstated(Config, raw, "")
 
 
@@ -359,6 +368,9 @@ def _unstated(cls: type[Any], raw: dict[str, Any], where: str) -> list[str]:
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         name = f"{where}{field.name}"
+        if field.metadata.get("extra"):  # the policies' own parameters, among the table's keys
+            missing += [f"{where}{key}" for key in sorted(scheduling_params()) if key not in raw]
+            continue
         if field.name not in raw:
             missing.append(name)
             continue

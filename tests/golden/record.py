@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scheduler_svc.logs import configure_logging
+from scheduler_svc.app.logs import configure_logging
 from tests.golden.scenarios import SCENARIOS, Scenario
 from tests.golden.simulation import run_scenario
 

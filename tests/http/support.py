@@ -15,8 +15,8 @@ from typing import IO, Any
 import aiohttp
 
 from backends.base import Backend
+from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.config import BackendConfig, ModelConfig
-from scheduler_svc.server import SchedulerServer
 from tests.helpers import REPO_ROOT, make_config, serving
 
 HTTP_ON = {"http_listen": "127.0.0.1:0"}

@@ -1,7 +1,8 @@
 """What the HTTP door reads and for how long (`scheduler_svc.http.intake`), and inputs that once got plain
 500s: raw bytes on a socket, so headers, bodies and timing are the test's own. Each refusal is an answer of
 the error table in OpenAI's shape, counted, logged on one line. The memory bound under a crowd of slow and
-stalled bodies is measured in a process of its own: test_http_memory.py."""
+stalled bodies is measured in a process of its own: test_http_memory.py. The door's read timeouts are real
+timers on real sockets, so their effects are timed on the wall clock here (with wide margins)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
+from scheduler_svc.app.logs import configure_logging
+from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.http.intake import ReadBudget
-from scheduler_svc.logs import configure_logging
-from scheduler_svc.server import SchedulerServer
 from tests.helpers import ControlledEngine, outcome_count, until_settled
 from tests.http.support import chat, http_serving
 

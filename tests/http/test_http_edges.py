@@ -17,7 +17,16 @@ from backends.base import Accepted, BackendLoad, Finished, GenerationEvent, Gene
 from backends.errors import BackendUnavailable
 from backends.fake import FakeBackend
 from backends.sim import SimConfig, running_simulator
-from tests.helpers import ControlledEngine, client_for, eventually, make_config, outcome_count, serving, until_settled
+from tests.helpers import (
+    ControlledEngine,
+    client_for,
+    eventually,
+    make_config,
+    outcome_count,
+    queue_depth,
+    serving,
+    until_settled,
+)
 from tests.http.support import chat, http_serving, sse_lines
 
 ALICE = {"x-user-id": "alice"}
@@ -130,9 +139,8 @@ async def test_bearer_keys_decide_identity_never_the_body_or_the_user_header() -
                 {"authorization": "Bearer alice-key", "x-user-id": "mallory"},
             )
         )
-        queues = server.scheduler.dispatchers["m"].queues
-        await eventually(lambda: queues.user_depth("alice") == 1, what="alice's request queued")
-        assert queues.user_depth("mallory") == 0
+        await eventually(lambda: queue_depth(server, "alice") == 1, what="alice's request queued")
+        assert queue_depth(server, "mallory") == 0
         queued.cancel()
     assert missing[0] == 401 and wrong[0] == 401 and models_status == 401
     assert _error(wrong[2])["code"] == "unauthenticated" and missing[1]["x-should-retry"] == "false"
@@ -154,7 +162,7 @@ async def test_duplicate_live_request_id_is_409_not_retried_and_the_id_is_echoed
     engine = ControlledEngine(waiting=50)
     async with http_serving(engine.factory()) as (server, base), aiohttp.ClientSession() as session:
         first = asyncio.create_task(_post(session, base + CHAT, chat(), {"x-request-id": "job-1"}))
-        await eventually(lambda: len(server.scheduler.dispatchers["m"].queues) == 1, what="first queued")
+        await eventually(lambda: queue_depth(server) == 1, what="first queued")
         second = await _post(session, base + CHAT, chat(), {"x-request-id": "job-1"})
         engine.waiting, engine.auto_release = 0, True
         status, headers, _ = await first
@@ -179,7 +187,7 @@ async def test_queue_full_is_429_with_retry_after_from_the_grpc_hint() -> None:
     models = [{"name": "m", "max_queued_per_user": 1, "backends": [{"name": "b0"}]}]
     async with http_serving(engine.factory(), models=models) as (server, base), aiohttp.ClientSession() as session:
         held = asyncio.create_task(_post(session, base + CHAT, chat()))
-        await eventually(lambda: len(server.scheduler.dispatchers["m"].queues) == 1, what="first queued")
+        await eventually(lambda: queue_depth(server) == 1, what="first queued")
         status, headers, body = await _post(session, base + CHAT, chat("again"))
         held.cancel()
     assert status == 429 and _error(body)["code"] == "queue_full" and _error(body)["type"] == "rate_limit_error"
@@ -321,7 +329,7 @@ async def test_disconnect_while_queued_leaves_the_queue() -> None:
             assert (await response.content.readline()).startswith(b": queued position=1")
             response.close()  # the client goes away
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
-        assert len(server.scheduler.dispatchers["m"].queues) == 0
+        assert queue_depth(server) == 0
         engine.waiting = 0
     assert engine.started == []
 
@@ -350,7 +358,7 @@ async def test_draining_answers_503_and_readyz_says_so() -> None:
         async with session.get(base + "/readyz") as ready, session.get(base + "/healthz") as live:
             before = (ready.status, live.status)
         queued = asyncio.create_task(_post(session, base + CHAT, chat()))
-        await eventually(lambda: len(server.scheduler.dispatchers["m"].queues) == 1, what="queued")
+        await eventually(lambda: queue_depth(server) == 1, what="queued")
         await server.scheduler.drain(0.1)
         status, headers, body = await queued
         late = await _post(session, base + CHAT, chat())

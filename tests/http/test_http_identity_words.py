@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from scheduler_svc.auth import GRPC, Authenticator, http_wording
 from scheduler_svc.config import AuthConfig
-from scheduler_svc.errors import Unauthenticated
+from scheduler_svc.core.auth import GRPC, Authenticator, http_wording
+from scheduler_svc.core.errors import Unauthenticated
 from tests.helpers import ControlledEngine
 from tests.http.support import chat, http_serving
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 import trustme
 
-from tests.helpers import ControlledEngine, eventually
+from tests.helpers import ControlledEngine, eventually, queue_depth
 from tests.http.support import chat, http_serving
 
 
@@ -50,18 +50,17 @@ async def test_mtls_and_the_client_certificate_identity_over_http(ca: tuple[trus
         with pytest.raises(aiohttp.ClientError):  # no client certificate: refused in the handshake
             async with session.post(url, json=chat(), ssl=_client_context(authority)) as response:
                 await response.read()
-        queues = server.scheduler.dispatchers["m"].queues
         for context, user in [
             (_client_context(authority, "svc-a.example", common_name="ignored-cn"), "svc-a.example"),
             (_client_context(authority, common_name="batch-worker"), "batch-worker"),
         ]:
             request = asyncio.create_task(_post(session, url, context))  # x-user-id: root, ignored
-            await eventually(lambda: queues.user_depth(user) == 1, what=f"{user} queued")  # noqa: B023
-            assert queues.user_depth("root") == 0
+            await eventually(lambda: queue_depth(server, user) == 1, what=f"{user} queued")  # noqa: B023
+            assert queue_depth(server, "root") == 0
             request.cancel()  # the client leaves: its request leaves the queue
             with contextlib.suppress(asyncio.CancelledError):
                 await request
-            await eventually(lambda: len(queues) == 0, what="queue empty")
+            await eventually(lambda: queue_depth(server) == 0, what="queue empty")
 
 
 async def _post(session: aiohttp.ClientSession, url: str, context: ssl.SSLContext) -> int:

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from backends.sim import SimConfig, running_simulator
-from scheduler_svc.server import SchedulerServer
-from tests.helpers import ControlledEngine, client_for, eventually, outcome_count, until_settled
+from scheduler_svc.app.server import SchedulerServer
+from tests.helpers import ControlledEngine, client_for, eventually, outcome_count, queue_depth, until_settled
 from tests.http.support import http_serving
 
 FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
@@ -153,7 +153,7 @@ async def test_a_conflict_and_a_queue_timeout_are_not_retried_by_the_sdk() -> No
         first = asyncio.create_task(
             client.chat.completions.create(model="m", messages=ASK, extra_headers={"x-request-id": "one"})
         )
-        await eventually(lambda: len(server.scheduler.dispatchers["m"].queues) == 1, what="first queued")
+        await eventually(lambda: queue_depth(server) == 1, what="first queued")
         with pytest.raises(openai.ConflictError):
             await client.chat.completions.create(model="m", messages=ASK, extra_headers={"x-request-id": "one"})
         with pytest.raises(openai.InternalServerError):
@@ -176,4 +176,4 @@ async def test_an_error_inside_a_stream_raises_in_the_sdk(door: tuple[SchedulerS
             async for _ in stream:
                 dispatcher = server.scheduler.dispatchers["m"]
                 if dispatcher.busy:
-                    dispatcher.cut_running("the scheduler shut down before the request finished")
+                    dispatcher.shutdown.cut_running("the scheduler shut down before the request finished")

@@ -18,8 +18,8 @@ from typing import Any
 
 from backends.base import Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.fake import FakeBackend
-from scheduler_svc.event_loop import run_on
-from scheduler_svc.logs import configure_logging
+from scheduler_svc.app.event_loop import run_on
+from scheduler_svc.app.logs import configure_logging
 from tests.helpers import make_config, serving
 
 

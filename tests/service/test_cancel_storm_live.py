@@ -28,15 +28,17 @@ from typing import Any, cast
 
 import aiohttp
 import grpc
+import pytest
 
+from backends.adapters.vllm import VllmBackend
 from backends.sim import SimConfig, running_simulator
 from backends.sim.journal import read_journal
-from backends.vllm import VllmBackend
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
-from scheduler_svc.request_run import Chunk, RequestRun
-from scheduler_svc.server import SchedulerServer
-from scheduler_svc.ticket import Outcome, TicketState
+from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.core.request_run import Chunk, RequestRun
+from scheduler_svc.core.ticket import Outcome, TicketState
+from scheduler_svc.policies.fairness.activity import UserActivity
 from tests.helpers import eventually, make_config, serving
 from tests.unit.dispatch_harness import Harness
 from tests.unit.test_cancel_storm import SLOTS, Caller, settle
@@ -180,6 +182,16 @@ def _journal_by_tag(lines: list[dict[str, Any]]) -> dict[str, list[str]]:
     return events
 
 
+def _admitted(server: SchedulerServer) -> float:
+    """Requests admitted for model `m`, every class together."""
+    return sum(
+        sample.value
+        for metric in server.scheduler.metrics.registry.collect()
+        for sample in metric.samples
+        if sample.name == "llmsched_requests_admitted_total" and sample.labels.get("model") == "m"
+    )
+
+
 def _counter(server: SchedulerServer, name: str, **labels: str) -> float:
     return server.scheduler.metrics.registry.get_sample_value(name, {"model": "m", **labels}) or 0.0
 
@@ -228,9 +240,14 @@ async def test_cancel_storms_through_both_doors_leave_nothing_at_the_engine(tmp_
             if classic:
                 blockers = []
             cancelled_before = _counter(server, "llmsched_request_outcomes_total", outcome="cancelled")
+            admitted_before = _admitted(server)
             tasks = [asyncio.ensure_future(storm.run(c, f"other-{i % 2}")) for i, c in enumerate(blockers)]
             tasks += [asyncio.ensure_future(storm.run(c, "storm")) for c in calls]
-            await asyncio.sleep(rng.uniform(0.05, 0.4))  # the storm breaks wherever the calls are
+            # Every call is in before the storm (on a loaded machine the clients may still be connecting), so
+            # each one the storm ends is one the scheduler counts; then it breaks wherever the calls are.
+            expected = admitted_before + len(tasks)
+            await eventually(lambda: _admitted(server) >= expected, what="every call admitted")  # noqa: B023
+            await asyncio.sleep(rng.uniform(0.05, 0.4))
             storm.storm.set()
             async with asyncio.timeout(30):
                 await asyncio.gather(*tasks)
@@ -287,12 +304,15 @@ FORCED_POINTS = {
 }
 
 
-async def test_forced_points_on_the_fake_clock_leave_nothing_in_the_simulator_journal(tmp_path: Path) -> None:
+async def test_forced_points_on_the_fake_clock_leave_nothing_in_the_simulator_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The dispatcher on the fake clock (`tests.unit.dispatch_harness`) with the real vLLM adapter against the
     simulator: each caller leaves exactly at its point (queued, chosen, on its way, waiting for the engine's
     answer, at `Dispatched` with the engine's answer just read, while text streams), closing its run at the
     event or having its task cancelled. The journal must end every such request `aborted` (or never see it),
     and fairness charges the prompt only of those the engine answered, and the tokens the run read."""
+    monkeypatch.setattr(UserActivity, "pruning", False)  # every user's counter is read after its round
     journal = tmp_path / "journal.jsonl"
     totals: Counter[str] = Counter()
     sim_config = SimConfig(max_num_seqs=8, decode_base_ms=2.0, decode_per_seq_ms=0.2, journal=str(journal))
@@ -320,7 +340,6 @@ async def _forced_round(
     rng: random.Random, user: str, points: tuple[str, ...], backend: VllmBackend, sim: Any, journal: Path
 ) -> Counter[str]:
     h = Harness(scheduling={"fairness": "vtc_basic"}, cap=SLOTS)
-    h.dispatcher.fairness["interactive"].pruning = False  # type: ignore[attr-defined]
     h.handle.backend = backend
     callers: list[Caller] = []
     for _ in range(rng.randint(1, 8)):
@@ -329,7 +348,7 @@ async def _forced_round(
         # At `Dispatched` the caller closes its run right at the event (the engine's answer just read); in the
         # text, either way.
         caller = Caller(ticket, point, closes=point == "dispatched" or rng.random() < 0.5)
-        caller.task = asyncio.create_task(caller.consume(RequestRun(ticket, h.dispatcher, watch_positions=True)))
+        caller.task = asyncio.create_task(caller.consume(RequestRun(ticket, h.events, watch_positions=True)))
         callers.append(caller)
     await settle()
 
@@ -390,7 +409,6 @@ async def _forced_round(
         charged += 2 * ticket.completion_tokens
         if caller.point in ("queued", "chosen", "sending", "unanswered"):
             assert not ticket.reached_engine and ticket.completion_tokens == 0, caller.point
-    dispatcher = h.dispatcher
-    assert dispatcher.busy == 0 and h.handle.estimator.in_flight == 0
-    assert dispatcher.fairness["interactive"]._users.value(user) == charged  # type: ignore[attr-defined]
+    assert h.dispatcher.busy == 0 and h.handle.estimator.in_flight == 0
+    assert h.counters("interactive").get(user, 0) == charged
     return figures

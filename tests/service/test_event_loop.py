@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 import pytest
 
-from scheduler_svc.config_schema import ServerConfig
-from scheduler_svc.event_loop import run_on
+from scheduler_svc.app.event_loop import run_on
+from scheduler_svc.config import ServerConfig
 from tests.helpers import ControlledEngine, client_for, make_config, serving
 from tests.service import test_rpc
 

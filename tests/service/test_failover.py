@@ -12,10 +12,11 @@ import pytest
 from backends.base import Backend, GenerationEvent, GenerationRequest, SamplingParams, TextDelta
 from backends.errors import BackendError, BackendRejectedRequest, BackendUnavailable
 from backends.fake import FakeBackend
-from scheduler_svc.config import BackendConfig, Config, ModelConfig, PriorityClassConfig, config_from_dict
-from scheduler_svc.queues import ModelQueues
-from scheduler_svc.request import QueuedRequest
-from scheduler_svc.ticket import Outcome, TicketState
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import BackendConfig, Config, ModelConfig, PriorityClassConfig
+from scheduler_svc.core.queues import ModelQueues
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.ticket import Outcome, TicketState
 from tests.helpers import ControlledEngine, client_for, outcome_count, serving, until_settled
 from tests.unit.dispatch_harness import Harness
 
@@ -90,7 +91,7 @@ async def test_while_a_failed_backend_cools_down_new_requests_go_elsewhere() -> 
     config = two_backends(failover_cooldown_seconds=30.0)
     async with serving(config, factory(b0, engine.backend("b1"))) as server, client_for(server) as client:
         backends = [(await client.submit("m", f"q{i}")).backend for i in range(4)]
-        states = server.scheduler.dispatchers["m"].backend_states()
+        states = server.scheduler.snapshot("m", "", 0).gates
     assert backends == ["b1"] * 4
     assert len(b0.requests) == 1  # only the first request found out that b0 was down
     cooling = [state.decision for state in states if state.name == "b0"]
@@ -173,11 +174,11 @@ def test_no_failover_past_the_deadline_or_once_shutdown_closed_the_queue() -> No
     error = BackendUnavailable("connection refused")
     in_time, late = h.submit("a"), h.submit("b")
     h.dispatch()
-    assert h.dispatcher.fail_over(in_time, error) and in_time.state is TicketState.QUEUED
+    assert h.events.fail_over(in_time, error) and in_time.state is TicketState.QUEUED
     h.clock.advance(6.0)  # past the 5 s TTL of both
-    assert not h.dispatcher.fail_over(late, error) and late.state is TicketState.DISPATCHED
+    assert not h.events.fail_over(late, error) and late.state is TicketState.DISPATCHED
     at_shutdown = h.submit("c")  # a fresh deadline
     h.dispatch()
     assert in_time.outcome is Outcome.EXPIRED  # never sent again once its time was up
-    h.dispatcher.reject_all_queued("stopping")
-    assert not h.dispatcher.fail_over(at_shutdown, error) and at_shutdown.state is TicketState.DISPATCHED
+    h.dispatcher.shutdown.reject_all_queued("stopping")
+    assert not h.events.fail_over(at_shutdown, error) and at_shutdown.state is TicketState.DISPATCHED

@@ -143,7 +143,7 @@ _floats = st.floats(width=32, allow_nan=True, allow_infinity=True)
 # Stream of alice with id "req.3:a/b-c_d" in class batch, sent together, must not leave the Stream waiting to
 # its deadline. False sends only ids that cannot collide.
 LIVE_DUPLICATE_IDS = True
-_ADMISSIBLE_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")  # scheduler_svc.admission's request_id rule
+_ADMISSIBLE_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")  # scheduler_svc.core.admission's request_id rule
 _request_ids = st.one_of(_texts, st.text(max_size=200))
 if not LIVE_DUPLICATE_IDS:
     _request_ids = _request_ids.filter(lambda rid: rid == "" or not _ADMISSIBLE_ID.match(rid))

@@ -13,7 +13,7 @@ import aiohttp
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-from scheduler_svc.metrics import GATE_CLOSE_CAUSES, SchedulerMetrics
+from scheduler_svc.dispatch.metrics import GATE_CLOSE_CAUSES, SchedulerMetrics
 from tests.helpers import ControlledEngine, client_for, make_config, serving
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "llm-scheduler.json"

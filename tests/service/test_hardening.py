@@ -11,8 +11,18 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients import error_reason, from_rpc_error, retry_delay
-from scheduler_svc.server import SchedulerServer
-from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, serving, until_settled
+from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.policies.fairness.turns import FirstInTurn, TurnView
+from tests.helpers import (
+    ControlledEngine,
+    client_for,
+    eventually,
+    make_config,
+    outcome_count,
+    queue_depth,
+    serving,
+    until_settled,
+)
 
 
 def _error_metadata(err: grpc.aio.AioRpcError) -> dict[str, str]:
@@ -42,12 +52,12 @@ async def _health(server: SchedulerServer) -> int:
 
 async def _wait_health(server: SchedulerServer, status: int) -> None:
     """Until grpc.health.v1 says `status`: the server mirrors the core's verdict in its own task, and the
-    health service offers no event to wait on, so poll it with a deadline."""
-    deadline = asyncio.get_running_loop().time() + 5.0
-    while await _health(server) != status:
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"health did not become {status} within 5 s")
-        await asyncio.sleep(0.01)
+    health service offers no event to wait on."""
+
+    async def says() -> bool:
+        return await _health(server) == status
+
+    await eventually(says, 5.0, f"health {status}")
 
 
 # -- 1. request ids ------------------------------------------------------------------------------------
@@ -72,8 +82,7 @@ async def test_a_live_request_id_is_refused_for_the_same_user_and_nothing_jams()
         assert (await other_user.read()).HasField("queued")
         first.cancel()  # the jam of old: the cancelled twin left a queue entry nobody held
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
-        dispatcher = server.scheduler.dispatchers["m"]
-        assert len(dispatcher.queues) == 1
+        assert queue_depth(server) == 1
         engine.waiting = 0
         engine.auto_release = True
         batch = [asyncio.create_task(alice.submit("m", f"b{i}", priority_class="batch")) for i in range(5)]
@@ -112,7 +121,9 @@ async def test_a_bug_during_admission_is_internal_with_error_info_and_the_servic
 # -- 2. unexpected errors in a dispatch loop ----------------------------------------------------------------
 
 
-async def test_a_failing_band_is_counted_logged_once_and_turns_health_until_it_recovers() -> None:
+async def test_a_failing_band_is_counted_logged_once_and_turns_health_until_it_recovers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     engine = ControlledEngine(auto_release=True)
     classes = [{"name": "interactive", "rank": 0}, {"name": "batch", "rank": 1}]
     config = make_config(
@@ -121,32 +132,34 @@ async def test_a_failing_band_is_counted_logged_once_and_turns_health_until_it_r
     )
     async with serving(config, engine.factory()) as server, client_for(server) as client:
         dispatcher = server.scheduler.dispatchers["m"]
-        policy = dispatcher.fairness["interactive"]
-        real_select = policy.select
+        real_select = FirstInTurn.select
+        broken_band = {"interactive"}
 
-        def broken(flows: Any) -> str:
-            raise RuntimeError("a policy bug")
+        def select(chooser: FirstInTurn, view: TurnView, eligible: Any) -> str | None:
+            if next(iter(view.flows.values())).head().priority_class in broken_band:
+                raise RuntimeError("a policy bug")
+            return real_select(chooser, view, eligible)
 
-        policy.select = broken  # type: ignore[method-assign]
+        monkeypatch.setattr(FirstInTurn, "select", select)
         logged: list[str] = []
-        real_report = dispatcher.errors.report
+        real_report = server.scheduler.errors.report
 
         def spy(component: str, exc: BaseException, **context: object) -> None:
             logged.append(component)
             real_report(component, exc, **context)
 
-        dispatcher.errors.report = spy  # type: ignore[method-assign]
+        monkeypatch.setattr(server.scheduler.errors, "report", spy)
         stuck = [asyncio.create_task(client.submit("m", f"i{i}", timeout=20)) for i in range(3)]
         # the batch band goes on while the interactive band fails on every pass
         done = await asyncio.gather(*(client.submit("m", f"b{i}", priority_class="batch") for i in range(3)))
         assert all(r.usage.completion_tokens == 3 for r in done)
         assert _internal_errors(server, "dispatch") >= 1
-        while dispatcher.health.failed_in_a_row < 2:  # how many passes ran depends on how wake-ups merged
-            dispatcher.dispatch_ready()  # one more pass, as the next event would run: it fails again
+        while "dispatch:m:errors" not in server.scheduler.health.problems:  # passes merge with wake-ups
+            dispatcher.decide()  # one more pass, as the next event would run: it fails again
         assert _internal_errors(server, "dispatch") >= 2
         assert not server.scheduler.health.serving
         await _wait_health(server, health_pb2.HealthCheckResponse.NOT_SERVING)
-        policy.select = real_select  # type: ignore[method-assign]
+        broken_band.clear()
         dispatcher.wake()
         results = await asyncio.gather(*stuck)
         assert all(r.usage.completion_tokens == 3 for r in results)
@@ -158,8 +171,8 @@ async def test_a_wedged_loop_turns_health_not_serving() -> None:
     engine = ControlledEngine()
     config = make_config(server={"unhealthy_after_stalled_seconds": 0.3})
     async with serving(config, engine.factory()) as server, client_for(server) as client:
-        dispatcher = server.scheduler.dispatchers["m"]
-        dispatcher.dispatch_ready = lambda: 0  # type: ignore[method-assign]  # wedged: never sends anything
+        (loop,) = [t for t in asyncio.all_tasks() if t.get_name() == "dispatch:m"]
+        loop.cancel()  # wedged: the model's loop never sends anything again (its task group carries on)
         call = client.stream("m", "x")
         await call.read()
         async with asyncio.timeout(5):
@@ -246,7 +259,7 @@ async def test_byte_caps_count_queued_and_running_requests_per_user_and_per_mode
             await _drain(call)
         dispatcher = server.scheduler.dispatchers["m"]
         await until_settled(server, lambda: dispatcher.busy == 0)
-        assert dispatcher.capacity.held_bytes == 0
+        assert server.scheduler.snapshot("m", "", 0).held_prompt_bytes == 0
 
 
 # -- 6. outcomes ----------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from tests.helpers import ControlledEngine, make_config, serving
 
 async def health(*args: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scheduler_svc.cli", "health", *args,
+        sys.executable, "-m", "scheduler_svc.app.cli", "health", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(process.communicate(), 60)

@@ -15,7 +15,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from clients import error_reason, pb
-from scheduler_svc.server import SchedulerServer
+from scheduler_svc.app.server import SchedulerServer
 from tests.helpers import ControlledEngine, client_for, make_config, serving
 
 SERVICE = "/llmsched.v1.SchedulerService"

@@ -78,7 +78,7 @@ async def test_prometheus_metrics_endpoint_reports_the_scheduler() -> None:
 async def test_cli_submit_and_stream_against_a_running_service() -> None:
     engine = ControlledEngine(tokens=3, auto_release=True)
     async with serving(make_config(), engine.factory()) as server:
-        cli = [sys.executable, "-m", "scheduler_svc.cli"]
+        cli = [sys.executable, "-m", "scheduler_svc.app.cli"]
         submitted = await _run(*cli, "submit", "--target", server.address, "--model", "m", "--user", "dave", "Hi")
         streamed = await _run(*cli, "stream", "--target", server.address, "--model", "m", "--user", "dave", "Hi")
         state = await _run(*cli, "queue-state", "--target", server.address, "--user", "dave")
@@ -177,7 +177,7 @@ async def test_engine_priority_lets_a_latecomer_overtake_a_flood_inside_a_priori
 
 def test_the_cli_shows_how_long_the_engine_took_the_request_in() -> None:
     from clients import Timings
-    from scheduler_svc.cli import _timings_text
+    from scheduler_svc.app.cli import _timings_text
 
     text = _timings_text(Timings(queue_wait=0.012, time_to_first_token=0.25, total=1.0, engine_accept=0.0042))
     assert text == "queued 0.012s, first token 0.250s, engine took it in 4.2ms"

@@ -1,6 +1,8 @@
 """The finished Python client (`AsyncClient` and `Client`) against a live scheduler over a real socket: the
 event-order contract, retries that honour RetryInfo and never follow a token, deadline propagation, and
-cancellation, for the asyncio and the blocking variant alike (the blocking one runs in a worker thread)."""
+cancellation, for the asyncio and the blocking variant alike (the blocking one runs in a worker thread). The
+client waits out RetryInfo's delays on real time against the live service, so those waits are timed on the
+wall clock."""
 
 from __future__ import annotations
 
@@ -36,9 +38,18 @@ from clients import (
     RetryPolicy,
     UnavailableError,
 )
-from scheduler_svc.cli import _QueueLine
-from scheduler_svc.server import SchedulerServer
-from tests.helpers import ControlledEngine, client_for, eventually, make_config, outcome_count, serving, until_settled
+from scheduler_svc.app.cli import _QueueLine
+from scheduler_svc.app.server import SchedulerServer
+from tests.helpers import (
+    ControlledEngine,
+    client_for,
+    eventually,
+    make_config,
+    outcome_count,
+    queue_depth,
+    serving,
+    until_settled,
+)
 
 FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
 
@@ -315,12 +326,11 @@ async def test_cli_stream_shows_the_live_queue_position_while_waiting() -> None:
     engine = ControlledEngine(auto_release=True)
     async with serving(make_config(), engine.factory()) as server:
         raw, parked = await _held_queue(server, engine)  # alice's first request waits at position 1
-        cli = [sys.executable, "-m", "scheduler_svc.cli", "stream", "--target", server.address]
+        cli = [sys.executable, "-m", "scheduler_svc.app.cli", "stream", "--target", server.address]
         process = await asyncio.create_subprocess_exec(
             *cli, "--model", "m", "--user", "alice", "Hi", stdout=PIPE, stderr=PIPE, env=_env()
         )
-        queues = server.scheduler.dispatchers["m"].queues
-        await eventually(lambda: queues.user_depth("alice") == 2, what="the CLI's request queued second")
+        await eventually(lambda: queue_depth(server, "alice") == 2, what="the CLI's request queued second")
         parked.cancel()  # it moves up to position 1
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
         engine.waiting = 0  # and goes

@@ -28,8 +28,8 @@ async def test_4000_one_off_users_leave_bounded_state_and_queue_state_is_capped(
 
         for start in range(0, ONE_OFF_USERS, 200):
             await asyncio.gather(*(one_off(i) for i in range(start, start + 200)))
-        policy = server.scheduler.dispatchers["m"].fairness["interactive"]
-        tracked, counters = policy.tracked_users(), len(policy.counters())
+        (snapshot,) = [c for c in server.scheduler.snapshot("m", "", 0).classes if c.priority_class == "interactive"]
+        tracked, counters = snapshot.tracked_users, snapshot.users_total
         state = (await root.queue_state("m")).models[0]
     interactive = next(c for c in state.classes if c.priority_class == "interactive")
     assert tracked <= 300 and counters <= 300, (tracked, counters)  # at most about one batch of callers

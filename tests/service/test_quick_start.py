@@ -112,7 +112,7 @@ def make_run() -> Iterator[Ports]:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "example.toml"
         config.write_text(example_config(ports))
-        cli = [sys.executable, "-m", "scheduler_svc.cli"]
+        cli = [sys.executable, "-m", "scheduler_svc.app.cli"]
         try:
             sim = subprocess.Popen([*cli, *simulator_arguments(ports.engine)], cwd=ROOT, stdout=subprocess.DEVNULL)
             procs.append(sim)

@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from clients import error_reason, pb
-from scheduler_svc.auth import Authenticator
-from scheduler_svc.keys import key_digest
-from scheduler_svc.servicer import SchedulerServicer
-from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, serving, until_settled
+from scheduler_svc.core.auth import Authenticator
+from scheduler_svc.core.keys import key_digest
+from scheduler_svc.grpc.servicer import SchedulerServicer
+from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, queue_depth, serving, until_settled
 
 
 async def test_submit_returns_text_usage_timings_and_backend() -> None:
@@ -112,11 +112,10 @@ async def test_api_keys_decide_the_user_and_cannot_be_spoofed() -> None:
     engine = ControlledEngine(waiting=50)
     config = make_config(auth={"api_key_sha256": {key_digest("sk-alice"): "alice", key_digest("sk-bob"): "bob"}})
     async with serving(config, engine.factory()) as server:
-        queues = server.scheduler.dispatchers["m"].queues
         async with client_for(server, user="bob", api_key="sk-alice") as spoofer:
             call = spoofer.stream("m", "x")
             await call.read()
-            assert queues.user_depth("alice") == 1 and queues.user_depth("bob") == 0
+            assert queue_depth(server, "alice") == 1 and queue_depth(server, "bob") == 0
             call.cancel()
         for key in ("sk-wrong", None):
             async with client_for(server, user="alice", api_key=key) as client:
@@ -130,10 +129,10 @@ async def test_cancel_while_queued_removes_the_request() -> None:
     async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
         call = client.stream("m", "x")
         await call.read()
-        assert len(server.scheduler.dispatchers["m"].queues) == 1
+        assert queue_depth(server) == 1
         call.cancel()
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
-        assert len(server.scheduler.dispatchers["m"].queues) == 0
+        assert queue_depth(server) == 0
     assert engine.started == []
 
 

@@ -24,12 +24,13 @@ import trustme
 
 from clients import SchedulerClient, error_reason
 from llmsched.v1 import scheduler_pb2 as pb
-from scheduler_svc.auth import Authenticator
-from scheduler_svc.config import AuthConfig, ConfigError, config_from_dict
-from scheduler_svc.errors import Unauthenticated
-from scheduler_svc.keys import key_digest
-from scheduler_svc.server import SchedulerServer
-from tests.helpers import ControlledEngine, client_for, make_config, serving
+from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import AuthConfig, ConfigError
+from scheduler_svc.core.auth import Authenticator
+from scheduler_svc.core.errors import Unauthenticated
+from scheduler_svc.core.keys import key_digest
+from tests.helpers import ControlledEngine, client_for, make_config, queue_depth, queued_users, serving, until_settled
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
@@ -82,8 +83,7 @@ async def _queued_as(server: SchedulerServer, client: SchedulerClient) -> list[s
     try:
         first = await call.read()
         assert first is not grpc.aio.EOF and first.HasField("queued")
-        depths = server.scheduler.dispatchers["m"].queues.depth_by_band_and_user()
-        return sorted({user for users in depths.values() for user, n in users.items() if n})
+        return queued_users(server)
     finally:
         call.cancel()
 
@@ -181,10 +181,7 @@ async def test_keys_from_digests_a_file_and_the_environment(pki: Pki, monkeypatc
 
 
 async def _wait_empty(server: SchedulerServer) -> None:
-    queues = server.scheduler.dispatchers["m"].queues
-    async with asyncio.timeout(10):
-        while len(queues):
-            await server.scheduler.dispatchers["m"].wait_settled()
+    await until_settled(server, lambda: queue_depth(server) == 0)
 
 
 def test_every_key_digest_is_compared_whichever_matches(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,7 +195,7 @@ def test_every_key_digest_is_compared_whichever_matches(monkeypatch: pytest.Monk
         calls.append(1)
         return compare(a, b)
 
-    monkeypatch.setattr("scheduler_svc.auth.hmac.compare_digest", counting)
+    monkeypatch.setattr("scheduler_svc.core.auth.hmac.compare_digest", counting)
     for key, user in [("sk-0", "user0"), ("sk-4", "user4")]:
         calls.clear()
         assert authenticator.identify([("authorization", f"Bearer {key}")]) == user
@@ -312,7 +309,7 @@ async def test_cli_speaks_mtls_and_hashes_keys(pki: Pki) -> None:
     cert.cert_chain_pems[0].write_to_path(str(cert_file))
     cert.private_key_pem.write_to_path(str(key_file))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cli = [sys.executable, "-m", "scheduler_svc.cli"]
+    cli = [sys.executable, "-m", "scheduler_svc.app.cli"]
     async with serving(config) as server:
         process = await asyncio.create_subprocess_exec(
             *cli, "queue-state", "--target", server.address, "--ca-cert", pki.ca_file,

@@ -1,6 +1,7 @@
 """Past its first tokens, a long answer is read from its engine at most once per interval, so the tokens
 that arrive in between leave in one message (server.stream_read_interval_seconds): over real gRPC and HTTP
-against the simulator."""
+against the simulator. The pacing grid is the event loop's own time, so lateness is measured on the wall
+clock (the simulator's engine steps run on it too)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 
 from backends.sim import SimConfig, running_simulator
 from bench.scenarios.r1 import setups as r1_setups
-from scheduler_svc.config import Config, config_from_dict
-from scheduler_svc.config_schema import ServerConfig
-from scheduler_svc.stream_pacing import NO_PACING, StreamPacing
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import Config, ServerConfig
+from scheduler_svc.core.stream_pacing import NO_PACING, StreamPacing
 from tests.helpers import (
     client_for,
     eventually,

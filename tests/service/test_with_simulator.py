@@ -12,11 +12,11 @@ from aiohttp import web
 from backends.sim import SimConfig, running_simulator
 from backends.sim.vllm_api import VllmApi
 from clients import pb
-from scheduler_svc.backend_handle import BackendHandle
-from scheduler_svc.dispatcher import ModelDispatcher
-from scheduler_svc.request import QueuedRequest
-from scheduler_svc.server import SchedulerServer
-from scheduler_svc.ticket import Ticket
+from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.dispatcher import ModelDispatcher
 from tests.helpers import client_for, client_label, eventually, make_config, outcome_count, serving, until_settled
 
 FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -21,22 +17,6 @@ def fast_config(**overrides: Any) -> SimConfig:
     values: dict[str, Any] = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5, "prefill_per_token_ms": 0.0}
     values.update(overrides)
     return SimConfig(**values)
-
-
-async def wait_until(
-    condition: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0, what: str = "condition"
-) -> None:
-    """Poll `condition` until it holds; fail after `timeout` seconds instead of hanging."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        await asyncio.sleep(0.01)
 
 
 async def sse_lines(response: aiohttp.ClientResponse) -> list[str]:

@@ -21,7 +21,8 @@ from backends.sim.engine import (
     TokenEvent,
 )
 from backends.sim.tokens import count_tokens
-from tests.sim.support import fast_config, wait_until
+from tests.helpers import eventually
+from tests.sim.support import fast_config
 
 EngineFactory = Callable[..., SimEngine]
 
@@ -72,7 +73,7 @@ async def test_fcfs_serves_in_arrival_order_and_ignores_priority(make_engine: En
 async def test_priority_serves_lower_value_first_then_arrival(make_engine: EngineFactory) -> None:
     engine = make_engine(max_num_seqs=1, scheduling_policy="priority")
     blocker = engine.add_request("blocker", params(max_tokens=30))
-    await wait_until(lambda: engine.num_running == 1, what="blocker running")
+    await eventually(lambda: engine.num_running == 1, what="blocker running")
     priorities = {"a": 5, "b": -1, "c": 3, "d": -1, "e": 0}
     handles = [engine.add_request(rid, params(max_tokens=2, priority=p)) for rid, p in priorities.items()]
     await asyncio.gather(collect(blocker), *(collect(h) for h in handles))
@@ -83,7 +84,7 @@ async def test_priority_serves_lower_value_first_then_arrival(make_engine: Engin
 async def test_waiting_high_priority_does_not_preempt_a_full_batch(make_engine: EngineFactory) -> None:
     engine = make_engine(max_num_seqs=1, scheduling_policy="priority")
     low = engine.add_request("low", params(max_tokens=20, priority=10))
-    await wait_until(lambda: engine.num_running == 1, what="low running")
+    await eventually(lambda: engine.num_running == 1, what="low running")
     high = engine.add_request("high", params(max_tokens=2, priority=-10))
     low_events, _ = await asyncio.gather(collect(low), collect(high))
     assert len(low_events) == 20
@@ -121,7 +122,7 @@ async def test_abort_removes_waiting_and_running_requests_at_once(make_engine: E
     engine = make_engine(max_num_seqs=1)
     running = engine.add_request("running", params(max_tokens=1000))
     waiting = engine.add_request("waiting", params(max_tokens=1000))
-    await wait_until(lambda: engine.num_running == 1 and engine.num_waiting == 1, what="one running, one waiting")
+    await eventually(lambda: engine.num_running == 1 and engine.num_waiting == 1, what="one running, one waiting")
     assert waiting.abort("test")
     assert engine.num_waiting == 0
     assert running.abort("test")

@@ -11,7 +11,8 @@ import pytest
 
 from backends.sim import running_simulator
 from backends.sim.journal import read_journal
-from tests.sim.support import fast_config, sse_lines, sse_payloads, stats, wait_until
+from tests.helpers import eventually
+from tests.sim.support import fast_config, sse_lines, sse_payloads, stats
 
 
 async def set_faults(session: aiohttp.ClientSession, url: str, **faults: object) -> dict[str, object]:
@@ -118,7 +119,7 @@ async def test_stopping_the_simulator_cuts_open_streams(session: aiohttp.ClientS
             asyncio.create_task(consume({"prompt": "a", "max_tokens": 5000, "stream": True})),
             asyncio.create_task(consume({"prompt": "b", "max_tokens": 5000})),
         ]
-        await wait_until(lambda: sim.engine.num_running == 1 and sim.engine.num_waiting == 1, what="both queued")
+        await eventually(lambda: sim.engine.num_running == 1 and sim.engine.num_waiting == 1, what="both queued")
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=5)
     assert len(errors) == 2  # neither client mistakes the cut for a finished answer
     assert sim.engine.stats()["aborted_total"] == 2
@@ -152,7 +153,7 @@ async def test_a_client_gone_during_an_injected_intake_or_answer_delay(
                 async with asyncio.timeout(0.3):
                     await post
             await set_faults(session, sim.url, **{fault: None})
-        await wait_until(lambda: sim.engine.stats()["aborted_total"] == 1, what="the unanswered request aborted")
+        await eventually(lambda: sim.engine.stats()["aborted_total"] == 1, what="the unanswered request aborted")
     events = [(line["event"], line.get("id")) for line in read_journal(path) if line["event"] != "boot"]
     assert {request_id for _, request_id in events} == {"unanswered"}  # the engine generates while it holds
     assert events[0][0] == "received" and events[-1][0] == "aborted"  # its answer, and then aborts

@@ -15,7 +15,8 @@ import aiohttp
 
 from backends.sim import running_simulator
 from backends.sim.journal import read_journal
-from tests.sim.support import fast_config, wait_until
+from tests.helpers import eventually
+from tests.sim.support import fast_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +43,7 @@ async def test_journal_records_completed_aborted_failed_and_refused(
         body = {"prompt": "tag-gone", "max_tokens": 50, "stream": True, "ignore_eos": True}
         async with session.post(sim.url + "/v1/completions", json=body, headers={"X-Request-Id": "gone-1"}) as response:
             await response.content.readline()
-        await wait_until(lambda: "aborted" in _events(read_journal(path), "gone-1"), what="abort journaled")
+        await eventually(lambda: "aborted" in _events(read_journal(path), "gone-1"), what="abort journaled")
 
         # An injected stream error ends the request as failed; an oversized one is refused before the engine.
         async with session.post(sim.url + "/sim/faults", json={"stream_error_after_tokens": 1}) as response:
@@ -81,7 +82,7 @@ def _free_port() -> int:
 
 def _spawn_sim(port: int, journal: Path) -> subprocess.Popen[bytes]:
     command = [
-        sys.executable, "-m", "scheduler_svc.cli", "sim", "--port", str(port), "--journal", str(journal),
+        sys.executable, "-m", "scheduler_svc.app.cli", "sim", "--port", str(port), "--journal", str(journal),
         "--decode-base-ms", "2", "--decode-per-seq-ms", "0", "--prefill-per-token-ms", "0",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -97,7 +98,7 @@ async def _wait_healthy(session: aiohttp.ClientSession, url: str, proc: subproce
         except aiohttp.ClientError:
             return False
 
-    await wait_until(healthy, timeout=60.0, what="simulator up")
+    await eventually(healthy, timeout=60.0, what="simulator up")
 
 
 async def test_journal_survives_sigkill_and_a_restart_appends(session: aiohttp.ClientSession, tmp_path: Path) -> None:
@@ -112,7 +113,7 @@ async def test_journal_survives_sigkill_and_a_restart_appends(session: aiohttp.C
         body = {"prompt": "tag-live", "max_tokens": 1000, "stream": True, "ignore_eos": True}
         live = await session.post(url + "/v1/completions", json=body, headers={"X-Request-Id": "live"})
         await live.content.readline()
-        await wait_until(lambda: "first_token" in _events(read_journal(path), "live"), what="live request started")
+        await eventually(lambda: "first_token" in _events(read_journal(path), "live"), what="live request started")
         async with session.get(url + "/sim/stats") as response:
             stats = await response.json()
         proc.send_signal(signal.SIGKILL)

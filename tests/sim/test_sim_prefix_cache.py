@@ -7,12 +7,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from backends._prom import MetricSamples
+from backends.adapters.vllm import cache_tokens
+from backends.metrics import MetricSamples
 from backends.sim import SimConfig, running_simulator
 from backends.sim.engine import GenerateParams, NullObserver, SimEngine
 from backends.sim.prefix_cache import PrefixCache, block_hashes
 from backends.sim.tokens import count_tokens
-from backends.vllm import cache_tokens
 from tests.sim.support import fast_config, scrape, value
 
 RECORDED_VLLM_METRICS = Path(__file__).resolve().parents[1] / "engines" / "data" / "vllm_metrics.txt"

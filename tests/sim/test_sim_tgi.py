@@ -9,7 +9,8 @@ from typing import Any
 import aiohttp
 
 from backends.sim import running_simulator
-from tests.sim.support import fast_config, scrape, sse_lines, sse_payloads, value, wait_until
+from tests.helpers import eventually
+from tests.sim.support import fast_config, scrape, sse_lines, sse_payloads, value
 
 TGI = {"flavor": "tgi"}
 
@@ -77,7 +78,7 @@ async def test_over_concurrency_limit_is_overloaded(session: aiohttp.ClientSessi
                     pass
 
         holders = [asyncio.create_task(hold_open()) for _ in range(2)]
-        await wait_until(lambda: sim.engine.num_running == 2, what="two requests in flight")
+        await eventually(lambda: sim.engine.num_running == 2, what="two requests in flight")
         small = {"inputs": "y", "parameters": {"max_new_tokens": 2}}
         async with session.post(sim.url + "/generate", json=small) as response:
             assert response.status == 429
@@ -91,7 +92,7 @@ async def test_over_concurrency_limit_is_overloaded(session: aiohttp.ClientSessi
         for task in holders:
             task.cancel()
         await asyncio.gather(*holders, return_exceptions=True)
-        await wait_until(lambda: sim.engine.num_running == 0, what="holders aborted")
+        await eventually(lambda: sim.engine.num_running == 0, what="holders aborted")
         async with session.post(sim.url + "/generate", json=small) as response:
             assert response.status == 200
 

@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 
 from backends.sim import running_simulator
-from tests.sim.support import fast_config, scrape, sse_lines, sse_payloads, stats, value, wait_until
+from tests.helpers import eventually
+from tests.sim.support import fast_config, scrape, sse_lines, sse_payloads, stats, value
 
 COMPLETION_CHOICE_KEYS = {"index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids", "token_ids"}
 
@@ -207,7 +208,7 @@ async def test_metrics_show_running_capped_and_waiting_then_drain_on_disconnect(
             samples = await scrape(session, sim.url)
             return value(samples, "vllm:num_requests_running") == 2 and value(samples, "vllm:num_requests_waiting") == 4
 
-        await wait_until(loaded, what="2 running, 4 waiting in /metrics")
+        await eventually(loaded, what="2 running, 4 waiting in /metrics")
         samples = await scrape(session, sim.url)
         assert 0 < value(samples, "vllm:kv_cache_usage_perc") < 1
         for task in clients:
@@ -218,7 +219,7 @@ async def test_metrics_show_running_capped_and_waiting_then_drain_on_disconnect(
             samples = await scrape(session, sim.url)
             return value(samples, "vllm:num_requests_running") == 0 and value(samples, "vllm:num_requests_waiting") == 0
 
-        await wait_until(drained, what="engine drained after disconnects")
+        await eventually(drained, what="engine drained after disconnects")
         samples = await scrape(session, sim.url)
         assert value(samples, "vllm:request_success_total", finished_reason="abort") == 6
         assert (await stats(session, sim.url))["aborted_total"] == 6
@@ -231,13 +232,13 @@ async def test_disconnect_aborts_running_and_waiting_requests(session: aiohttp.C
         )
         await response.content.readline()  # the first token has arrived: it is running
         queued = asyncio.create_task(session.post(sim.url + "/v1/completions", json={"prompt": "y", "max_tokens": 5}))
-        await wait_until(lambda: sim.engine.num_waiting == 1, what="second request waiting")
+        await eventually(lambda: sim.engine.num_waiting == 1, what="second request waiting")
         queued.cancel()
         await asyncio.gather(queued, return_exceptions=True)
-        await wait_until(lambda: sim.engine.num_waiting == 0, what="waiting request aborted")
+        await eventually(lambda: sim.engine.num_waiting == 0, what="waiting request aborted")
         assert sim.engine.num_running == 1
         response.close()
-        await wait_until(lambda: sim.engine.num_running == 0, what="running request aborted")
+        await eventually(lambda: sim.engine.num_running == 0, what="running request aborted")
         assert sim.engine.stats()["aborted_total"] == 2
         assert sim.engine.stats()["completed_total"] == 0
 
@@ -264,7 +265,7 @@ async def test_time_per_token_grows_with_batch_size(session: aiohttp.ClientSessi
                     pass
 
         others = [asyncio.create_task(background()) for _ in range(7)]
-        await wait_until(lambda: sim.engine.num_running == 7, what="7 background requests running")
+        await eventually(lambda: sim.engine.num_running == 7, what="7 background requests running")
         crowded = await mean_gap(url)
         for task in others:
             task.cancel()
@@ -277,9 +278,9 @@ async def test_waiting_queue_limit_answers_503(session: aiohttp.ClientSession) -
     async with running_simulator(fast_config(max_num_seqs=1, max_num_queued_reqs=1)) as sim:
         url = sim.url + "/v1/completions"
         first = asyncio.create_task(post_json(session, url, {"prompt": "a", "max_tokens": 5000}))
-        await wait_until(lambda: sim.engine.num_running == 1, what="first running")
+        await eventually(lambda: sim.engine.num_running == 1, what="first running")
         second = asyncio.create_task(post_json(session, url, {"prompt": "b", "max_tokens": 5000}))
-        await wait_until(lambda: sim.engine.num_waiting == 1, what="second waiting")
+        await eventually(lambda: sim.engine.num_waiting == 1, what="second waiting")
         status, body = await post_json(session, url, {"prompt": "c", "max_tokens": 5})
         assert status == 503 and body["error"]["code"] == 503
         assert sim.engine.stats()["rejected_total"] == 1

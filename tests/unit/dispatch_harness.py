@@ -8,15 +8,18 @@ from typing import Any
 
 from backends.base import BackendCapabilities, BackendLoad, SamplingParams
 from backends.fake import FakeBackend
-from scheduler_svc.backend_handle import BackendHandle
-from scheduler_svc.clock import FakeClock
-from scheduler_svc.config import GateConfig, PriorityClassConfig, config_from_dict
-from scheduler_svc.dispatcher import ModelDispatcher
-from scheduler_svc.load import LoadEstimator
-from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import GateConfig, PriorityClassConfig
+from scheduler_svc.core.clock import FakeClock
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.dispatcher import ModelDispatcher
+from scheduler_svc.dispatch.health import LoopHealth
+from scheduler_svc.dispatch.load import LoadEstimator
+from scheduler_svc.dispatch.metrics import SchedulerMetrics
+from scheduler_svc.dispatch.openings import BackendState
 from scheduler_svc.policies import GATE_POLICIES, GateDecision, GateInputs
-from scheduler_svc.request import QueuedRequest
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
 
 
 class CapGate:
@@ -46,6 +49,7 @@ class Harness:
         model: dict[str, Any] | None = None,
         cap: int | None = 4,
         priority_scheduling: bool = False,
+        health: LoopHealth | None = None,
     ) -> None:
         raw = {
             "scheduling": scheduling or {},
@@ -64,11 +68,14 @@ class Harness:
         backend = FakeBackend(_never, capabilities=BackendCapabilities(supports_priority=priority_scheduling))  # type: ignore[arg-type]
         gate = CapGate(cap) if cap is not None else GATE_POLICIES.create(model_config.gate.policy, model_config.gate)
         self.handle = BackendHandle(model_config.backends[0], backend, gate, LoadEstimator())
+        self.metrics = SchedulerMetrics()
         self.dispatcher = ModelDispatcher(
-            model_config, config.scheduling, [self.handle], self.clock, SchedulerMetrics()
+            model_config, config.scheduling, [self.handle], self.clock, self.metrics, health=health
         )
+        self.events = self.dispatcher.events
         self.tickets: dict[str, Ticket] = {}
         self.dispatch_log: list[Ticket] = []
+        self._sent: list[Ticket] = []  # every assignment, in order
         self.assignments: list[tuple[Ticket, set[str]]] = []  # each dispatch with the band's other backlogged users
         self.tokens_by_user: dict[str, int] = defaultdict(int)
         self._ids = itertools.count()
@@ -105,19 +112,43 @@ class Harness:
         assign = ticket.assign
 
         def recording_assign(backend: BackendHandle, now: float, priority: int | None = None) -> None:
-            band = self.dispatcher.queues.band(ticket.request.priority_class)
-            self.assignments.append((ticket, set(band.flows)))  # who else was waiting in the band
+            self.assignments.append((ticket, self.waiting_users(ticket.request.priority_class, but=ticket)))
+            self._sent.append(ticket)
             assign(backend, now, priority)
 
         ticket.assign = recording_assign  # type: ignore[method-assign]
         return ticket
 
+    def waiting_users(self, priority_class: str, but: Ticket | None = None) -> set[str]:
+        """The users with a request queued in the class (`but` aside: the one being dispatched)."""
+        return {
+            t.request.user
+            for t in self.tickets.values()
+            if t.state is TicketState.QUEUED and t is not but and t.request.priority_class == priority_class
+        }
+
+    def queued(self) -> int:
+        """Requests queued for the model, as the dispatcher reports them."""
+        return self.dispatcher.snapshot("", 0).queued
+
+    def user_depth(self, user: str) -> int:
+        """Requests `user` has queued for the model, all classes together, as the dispatcher reports them."""
+        return sum(u.queued for cls in self.dispatcher.snapshot(user, 1).classes for u in cls.users)
+
+    def counters(self, priority_class: str) -> dict[str, float]:
+        """The class's fair-share counters by user, as introspection shows them."""
+        (cls,) = (c for c in self.dispatcher.snapshot("", 1 << 30).classes if c.priority_class == priority_class)
+        return {u.user: u.fair_share_counter for u in cls.users if u.fair_share_counter is not None}
+
+    def gates(self) -> list[BackendState]:
+        """Every backend's gate state for every class, as introspection shows them."""
+        return self.dispatcher.snapshot("", 0).gates
+
     def dispatch(self) -> list[Ticket]:
         """One dispatch round; returns the newly dispatched tickets in order."""
-        before = {t.request.request_id for t in self.running()}
-        self.dispatcher.dispatch_ready()
-        # the dispatcher's running map keeps insertion order: the order of dispatch
-        order = [t for t in self.dispatcher._running.values() if t.request.request_id not in before]
+        start = len(self._sent)
+        self.dispatcher.decide()
+        order = self._sent[start:]
         self.dispatch_log.extend(order)
         return order
 
@@ -130,10 +161,10 @@ class Harness:
         for ticket in self.running():
             if ticket.first_token_at is None:
                 ticket.first_token_at = self.clock.now()
-                self.dispatcher.on_first_token(ticket)
+                self.events.on_first_token(ticket)
             ticket.completion_tokens += 1
             self.tokens_by_user[ticket.request.user] += 1
-            self.dispatcher.on_generated(ticket, 1)
+            self.events.on_generated(ticket, 1)
             if ticket.completion_tokens >= ticket.request.max_tokens:
                 ticket.close(Outcome.COMPLETED)
 

@@ -15,8 +15,8 @@ from google.rpc import error_details_pb2, status_pb2
 from backends.errors import BackendError
 from llmsched.v1 import error_reason_pb2, scheduler_pb2
 from llmsched.v1.errors import ERROR_DOMAIN, ERRORS, describe, is_retryable, markdown_table
-from scheduler_svc.errors import SchedulerError
-from scheduler_svc.grpc_errors import to_grpc_status
+from scheduler_svc.core.errors import SchedulerError
+from scheduler_svc.grpc.status import to_grpc_status
 
 ROOT = Path(__file__).resolve().parents[2]
 REASONS = set(error_reason_pb2.ErrorReason.keys()) - {"ERROR_REASON_UNSPECIFIED"}

@@ -18,11 +18,13 @@ import random
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+import pytest
+
 from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.fake import FakeBackend
-from scheduler_svc.policies.fairness import BasicVirtualTokenCounterFairness
-from scheduler_svc.request_run import Chunk, Dispatched, RequestRun
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.core.request_run import Chunk, Dispatched, RequestRun
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.policies.fairness.activity import UserActivity
 from tests.unit.dispatch_harness import Harness
 
 ROUNDS = 300
@@ -103,11 +105,18 @@ class Caller:
                     return
 
 
+@pytest.fixture(autouse=True)
+def _counters_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fairness keeps every user's state (no idle pruning), so the counter can be read after a round."""
+    monkeypatch.setattr(UserActivity, "pruning", False)
+
+
+STAGES = ("answered", "sent")  # llmsched_engine_aborts_total's stage label
+
+
 def harness() -> tuple[Harness, ScriptedEngine]:
-    """One backend with SLOTS slots, vtc_basic fairness kept whole (no idle pruning, so the counter can be
-    read after the round), the scripted engine behind it."""
+    """One backend with SLOTS slots, vtc_basic fairness, the scripted engine behind it."""
     h = Harness(scheduling={"fairness": "vtc_basic"}, cap=SLOTS)
-    h.dispatcher.fairness["interactive"].pruning = False  # type: ignore[attr-defined]
     engine = ScriptedEngine()
     h.handle.backend = FakeBackend(engine.generate)
     return h, engine
@@ -153,7 +162,7 @@ async def storm(rng: random.Random) -> dict[str, int]:
     for _ in range(rng.randint(1, 12)):
         ticket = h.submit("u", max_tokens=ANSWER_TOKENS, prompt="p" * rng.randint(4, 400))
         caller = Caller(ticket, rng.choice(POINTS), closes=rng.random() < 0.5)
-        caller.task = asyncio.create_task(caller.consume(RequestRun(ticket, h.dispatcher, watch_positions=True)))
+        caller.task = asyncio.create_task(caller.consume(RequestRun(ticket, h.events, watch_positions=True)))
         callers.append(caller)
     await settle()
     for _ in range(200):
@@ -187,21 +196,20 @@ async def storm(rng: random.Random) -> dict[str, int]:
             assert caller.ticket.outcome is Outcome.COMPLETED
             assert attempts[caller.ticket.request.request_id].end == "finished"
     # Nothing is held: the backend, the estimator's and the gauge's in-flight, the queue, the bytes.
-    dispatcher = h.dispatcher
-    assert dispatcher.busy == 0 and h.handle.estimator.in_flight == 0 and dispatcher.capacity.held_bytes == 0
-    assert dispatcher._series["b0"].in_flight._value.get() == 0
-    # Fairness charged what the engine did: the prompt of each request it answered, two per token.
-    policy = dispatcher.fairness["interactive"]
-    assert isinstance(policy, BasicVirtualTokenCounterFairness)
+    assert h.dispatcher.busy == 0 and h.handle.estimator.in_flight == 0
+    assert h.dispatcher.snapshot("", 0).held_prompt_bytes == 0
+    sample = h.metrics.registry.get_sample_value
+    assert sample("llmsched_backend_in_flight", {"model": "m", "backend": "b0"}) == 0
+    # Fairness charged what the engine did: the prompt of each request it answered, two per token (and
+    # nothing is left pending: the counter is what was settled).
     done = {c.ticket.request.request_id: c.ticket for c in callers}
     charged = sum(done[rid].request.prompt_tokens_estimate + 2 * a.tokens for rid, a in attempts.items() if a.answered)
-    assert not policy._pending
-    assert policy._users.value("u") == charged
+    assert h.counters("interactive").get("u", 0.0) == charged
     # The engine-abort counter: closed after the engine answered, or while being sent or answered.
     answered = sum(a.end == "aborted" and a.answered for a in attempts.values())
     sent = sum(a.end in ("aborted", "dropped") and not a.answered for a in attempts.values())
-    series = dispatcher._series["b0"]
-    assert (series.aborts_answered._value.get(), series.aborts_sent._value.get()) == (answered, sent)
+    aborts = [sample("llmsched_engine_aborts_total", {"model": "m", "backend": "b0", "stage": s}) or 0 for s in STAGES]
+    assert aborts == [answered, sent]
     return {
         **{f"left {point}": sum(c.point == point for c in left) for point in POINTS[:-1]},
         "requests": len(callers),
@@ -240,7 +248,7 @@ async def test_each_point_alone_ends_as_its_point_says() -> None:
             h, engine = harness()
             ticket = h.submit("u", max_tokens=ANSWER_TOKENS, prompt="p" * 40)
             caller = Caller(ticket, point, closes=closes)
-            caller.task = asyncio.create_task(caller.consume(RequestRun(ticket, h.dispatcher)))
+            caller.task = asyncio.create_task(caller.consume(RequestRun(ticket, h.events)))
             await settle()
             for _ in range(20):
                 cancel_if_due([caller], engine, ("queued",))
@@ -259,6 +267,5 @@ async def test_each_point_alone_ends_as_its_point_says() -> None:
             assert (attempt.end if attempt else None) == end, (point, closes)
             assert ticket.outcome is Outcome.CANCELLED
             tokens = attempt.tokens if attempt else 0
-            policy = h.dispatcher.fairness["interactive"]
-            assert isinstance(policy, BasicVirtualTokenCounterFairness)
-            assert policy._users.value("u") == charged_prompt * ticket.request.prompt_tokens_estimate + 2 * tokens
+            charged = charged_prompt * ticket.request.prompt_tokens_estimate + 2 * tokens
+            assert h.counters("interactive").get("u", 0) == charged

@@ -8,13 +8,14 @@ import pytest
 
 from backends.base import BackendCapabilities, BackendLoad, SamplingParams
 from backends.fake import FakeBackend
-from scheduler_svc.activity import ClassActivity
-from scheduler_svc.backend_handle import BackendHandle
-from scheduler_svc.config import PriorityClassConfig, config_from_dict
-from scheduler_svc.config_schema import ConfigError
-from scheduler_svc.load import LoadEstimator
-from scheduler_svc.metrics import SchedulerMetrics, backend_series
-from scheduler_svc.openings import BackendChoice, BackendGates, EnginePriorities, Opening
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import ConfigError, PriorityClassConfig
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.dispatch.activity import ClassActivity
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.load import LoadEstimator
+from scheduler_svc.dispatch.metrics import SchedulerMetrics, backend_series
+from scheduler_svc.dispatch.openings import BackendChoice, BackendGates, EnginePriorities, Opening
 from scheduler_svc.policies import (
     BACKEND_POLICIES,
     BAND_POLICIES,
@@ -23,7 +24,6 @@ from scheduler_svc.policies import (
     LeastLoaded,
     StrictRankBands,
 )
-from scheduler_svc.request import QueuedRequest
 from tests.unit.dispatch_harness import CapGate, Harness
 
 TOP = PriorityClassConfig(name="interactive", rank=0)

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from scheduler_svc import config as cfg
-from scheduler_svc.config import ConfigError, config_from_dict, load_config
+from scheduler_svc.app.settings import config_from_dict, load_config
+from scheduler_svc.config import ConfigError
+from scheduler_svc.policies import scheduling_params
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = [
@@ -31,6 +33,26 @@ def test_every_field_has_a_default_and_a_docstring(section: type) -> None:
         assert f.metadata.get("doc"), f"{section.__name__}.{f.name} has no doc"
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         assert has_default, f"{section.__name__}.{f.name} has no default"
+
+
+def test_every_policy_parameter_has_a_default_a_doc_and_its_values() -> None:
+    """A policy's own parameters are declared like the schema's fields, at the field."""
+    declared = scheduling_params()
+    assert {"vtc_lookahead_tokens", "vtc_return_grace_seconds", "idle_user_ttl_seconds"} <= set(declared)
+    for key, (names, f) in declared.items():
+        assert names, key
+        assert f.default is not dataclasses.MISSING and f.metadata["doc"] and f.metadata["bounds"], key
+
+
+def test_a_policy_parameter_is_read_from_its_table_and_a_typo_is_refused() -> None:
+    config = config_from_dict({**MINIMAL, "scheduling": {"fairness": "vtc", "vtc_lookahead_tokens": 64}})
+    assert config.scheduling.policy_params == {"vtc_lookahead_tokens": 64}
+    with pytest.raises(ConfigError, match=r"scheduling: unknown key\(s\) \['vtc_lookahed_tokens'\]"):
+        config_from_dict({**MINIMAL, "scheduling": {"vtc_lookahed_tokens": 64}})
+    with pytest.raises(ConfigError, match=r"scheduling\.vtc_return_grace_seconds must be 0 to 1, got 2"):
+        config_from_dict({**MINIMAL, "scheduling": {"fairness": "round_robin", "vtc_return_grace_seconds": 2}})
+    with pytest.raises(ConfigError, match=r"scheduling\.vtc_lookahead_tokens: expected float"):
+        config_from_dict({**MINIMAL, "scheduling": {"vtc_lookahead_tokens": "many"}})
 
 
 def test_minimal_config_gets_documented_defaults() -> None:
@@ -100,7 +122,7 @@ def test_valid_cluster_sections_load(cluster: dict[str, object]) -> None:
 @pytest.mark.parametrize(
     ("cluster", "message"),
     [
-        ({"store": "etcd"}, "cluster.store 'etcd': one of ['memory', 'redis']"),
+        ({"store": "etcd"}, "cluster.store must be memory, redis, got 'etcd'"),
         ({"redis_url": "http://127.0.0.1:6379"}, "redis://host:port/db"),
         ({"redis_url": "redis://:hunter2@127.0.0.1:6379/0"}, "must not carry a user or password"),
         ({"redis_url": "redis://svc:hunter2@127.0.0.1:6379/0"}, "redis_password_file"),
@@ -113,7 +135,7 @@ def test_valid_cluster_sections_load(cluster: dict[str, object]) -> None:
         ({"replica_name": "r" * 65}, "cluster.replica_name"),
         ({"key_prefix": ""}, "cluster.key_prefix"),
         ({"key_prefix": "a b"}, "cluster.key_prefix"),
-        ({"heartbeat_interval_seconds": 0}, "heartbeat_timeout_seconds >= 2 x the interval"),
+        ({"heartbeat_interval_seconds": 0}, "cluster.heartbeat_interval_seconds must be > 0"),
         ({"heartbeat_interval_seconds": 1.5, "heartbeat_timeout_seconds": 2.0}, ">= 2 x the interval"),
         ({"heartbeat_timeout_seconds": float("inf")}, ">= 2 x the interval"),
         ({"admission_wait_seconds": 0}, "cluster.admission_wait_seconds must be > 0"),

@@ -1,4 +1,4 @@
-"""The values docs/configuration.md shows for each field (`bounds` in `scheduler_svc.config_schema`) are the
+"""The values docs/configuration.md shows for each field (`bounds` in `scheduler_svc.config.schema`) are the
 values the loader accepts: for every numeric bound (">= N", "> N", "A to B", "0, or A to B"), the example
 config with the field set just outside it is refused with an error naming the field, and set at its edge
 is accepted. A bound in words (a pattern, "at least one") is enforced by the loader's own tests."""
@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from scheduler_svc.config import config_from_dict
-from scheduler_svc.config_schema import Config, ConfigError
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import Config, ConfigError
+from scheduler_svc.policies import scheduling_params
 from tests.helpers import example_config
 
 NUMBER = r"-?[0-9.]+"
@@ -64,9 +65,18 @@ CONTAINERS = {
     "cluster": lambda c: c["cluster"],
 }
 
+
+def _policy_parameters() -> Iterator[tuple[str, type[Any], str]]:
+    """The same for the parameters the registered policies read from [scheduling]."""
+    kinds: dict[Any, type[Any]] = {"float": float, "int": int, float: float, int: int}
+    for key, (_, f) in scheduling_params().items():
+        if f.metadata.get("bounds") and f.type in kinds:
+            yield f"scheduling.{key}", kinds[f.type], f.metadata["bounds"]
+
+
 NUMERIC = [
     (path, kind, bounds, value, ok)
-    for path, kind, bounds in _bounded_fields()
+    for path, kind, bounds in [*_bounded_fields(), *_policy_parameters()]
     for value, ok in cases(path, kind, bounds)
 ]
 

@@ -6,19 +6,20 @@ from collections import Counter
 
 import pytest
 
-from scheduler_svc.clock import FakeClock
-from scheduler_svc.config import ConfigError, SchedulingConfig, config_from_dict
-from scheduler_svc.policies import FAIRNESS_POLICIES, FairnessPolicy, WeightResolver
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import ConfigError
+from scheduler_svc.core.clock import FakeClock
+from scheduler_svc.policies import FAIRNESS_POLICIES, Fairness, WeightResolver
 from scheduler_svc.policies.cost import CostAccounts, CounterScope, LocalCounters, Prices
 from tests.unit.test_fairness_conformance import Harness
 
 
-def _vtc(prices: Prices | None = None, scope: CounterScope | None = None) -> FairnessPolicy:
-    settings = SchedulingConfig(vtc_return_grace_seconds=0)  # serial serving: nobody is about to return
-    policy = FAIRNESS_POLICIES.create("vtc", WeightResolver(), settings, FakeClock())
+def _vtc(prices: Prices | None = None, scope: CounterScope | None = None) -> Fairness:
+    params = {"vtc_return_grace_seconds": 0}  # serial serving: nobody is about to return
+    policy = FAIRNESS_POLICIES.create("vtc", WeightResolver(), FakeClock(), params=params)
     if prices is not None or scope is not None:
         scope = scope or CounterScope()
-        policy.use_costing(
+        policy.account.use_costing(
             prices or Prices(), scope.counters("interactive", "user"), scope.counters("interactive", "group")
         )
     return policy
@@ -59,9 +60,9 @@ def test_default_prices_leave_vtc_exactly_as_it_was_and_prices_scale_the_counter
         h.add("b", 30, max_tokens=7)
     orders = [[h.serve().request_id for _ in range(40)] for h in (plain, priced_1, priced_3)]
     assert orders[0] == orders[1] == orders[2]  # one model: a uniform price changes no decision
-    assert plain.policy.counters() == priced_1.policy.counters()
-    for user, value in plain.policy.counters().items():
-        assert priced_3.policy.counters()[user] == pytest.approx(3 * value)
+    assert plain.policy.account.counters() == priced_1.policy.account.counters()
+    for user, value in plain.policy.account.counters().items():
+        assert priced_3.policy.account.counters()[user] == pytest.approx(3 * value)
 
 
 def test_an_output_price_weighs_generated_tokens_against_prompts() -> None:
@@ -75,10 +76,10 @@ def test_an_output_price_weighs_generated_tokens_against_prompts() -> None:
         assert user is not None
         request = h.band.flows[user].head()
         h.queues.remove(request.request_id)
-        h.policy.on_dispatched(request)
-        h.policy.on_generated(request, request.max_tokens)
-        h.policy.on_finished(request, request.max_tokens)
-    counters = h.policy.counters()
+        h.policy.account.on_dispatched(request)
+        h.policy.account.on_generated(request, request.max_tokens)
+        h.policy.account.on_finished(request, request.max_tokens)
+    counters = h.policy.account.counters()
     assert counters["prompts"] == pytest.approx(counters["answers"], rel=0.15)
 
 
@@ -109,10 +110,10 @@ def test_global_scope_joining_a_second_model_neither_sheds_debt_nor_adds_any() -
     _serve(first, 5)
     second.add("b", 20, max_tokens=10)
     _serve(second, 2)  # b: 2 x 21 on the second model
-    before_first = first.policy.counters()["a"]
+    before_first = first.policy.account.counters()["a"]
     second.add("a", 20, max_tokens=10)  # `a` joins the second model: not lifted (its spend is above b's)
-    assert second.policy.counters()["a"] == pytest.approx(before_first)  # its debt came along
-    assert first.policy.counters()["a"] == pytest.approx(before_first)  # and joining cost it nothing there
+    assert second.policy.account.counters()["a"] == pytest.approx(before_first)  # its debt came along
+    assert first.policy.account.counters()["a"] == pytest.approx(before_first)  # and joining cost it nothing there
     served = _serve(second, 22)
     assert served == Counter({"b": 18, "a": 4})  # all of b first: it is still below a's spend
 
@@ -126,7 +127,7 @@ def test_global_scope_lifts_a_returning_user_only_in_the_band_it_returns_to() ->
     _serve(first, 1)  # a's: 21
     second.add("a", 10, max_tokens=10)  # lifted to b's counter there, so it does not take 9 turns in a row
     assert _serve(second, 10)["a"] <= 6
-    assert first.policy.counters()["a"] == pytest.approx(21.0 + 10 * 21.0 / 2, rel=0.3)  # its spend, no lift
+    assert first.policy.account.counters()["a"] == pytest.approx(21.0 + 10 * 21.0 / 2, rel=0.3)  # its spend, no lift
 
 
 def test_shared_spend_goes_with_the_last_band_that_tracks_the_user() -> None:

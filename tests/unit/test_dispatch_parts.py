@@ -11,8 +11,13 @@ import pytest
 from backends.base import BackendCapabilities, SamplingParams
 from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
 from backends.fake import FakeBackend
-from scheduler_svc.backend_handle import BackendHandle
-from scheduler_svc.capacity import (
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import ModelConfig
+from scheduler_svc.core.errors import QueueBytesFull, QueueFull
+from scheduler_svc.core.queues import Flow, ModelQueues
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.capacity import (
     MAX_RETRY_SECONDS,
     UNKNOWN_RETRY_SECONDS,
     Capacity,
@@ -20,13 +25,9 @@ from scheduler_svc.capacity import (
     dispatch_eta,
     retry_hint,
 )
-from scheduler_svc.config import ModelConfig, config_from_dict
-from scheduler_svc.errors import QueueBytesFull, QueueFull
-from scheduler_svc.failover import FailoverRule
-from scheduler_svc.load import LoadEstimator
-from scheduler_svc.positions import PositionNotifier
-from scheduler_svc.queues import Flow, ModelQueues
-from scheduler_svc.request import QueuedRequest
+from scheduler_svc.dispatch.failover import FailoverRule
+from scheduler_svc.dispatch.load import LoadEstimator
+from scheduler_svc.dispatch.positions import PositionNotifier
 from tests.unit.dispatch_harness import CapGate, Harness
 
 
@@ -114,10 +115,10 @@ def test_a_full_queue_behind_long_answers_hints_when_they_end_not_the_recent_rat
     assert full.value.retry_after_seconds == pytest.approx(1999 * 0.04)
     # The queued requests' own estimate: the same ends, nothing shown as 0.
     ticket = next(t for t in h.tickets.values() if t.request.user == "u")
-    assert h.dispatcher.estimated_wait(ticket) == pytest.approx(1999 * 0.04)
+    assert h.dispatcher.outlook(ticket).estimated_wait == pytest.approx(1999 * 0.04)
     # Nothing dispatched lately and nothing running: no estimate (the queue line leaves eta out).
     idle = Harness(cap=0)
-    assert idle.dispatcher.estimated_wait(idle.submit("u")) is None
+    assert idle.dispatcher.outlook(idle.submit("u")).estimated_wait is None
 
 
 def test_capacity_holds_prompt_bytes_until_released() -> None:

@@ -43,7 +43,7 @@ async def test_a_newcomer_with_a_closer_deadline_moves_the_others_back_and_their
     other = h.submit("b", timeout=1.0)
     for ticket in (first, second, other):
         ticket.watches_position = True
-    updates = asyncio.create_task(h.dispatcher.positions.run(0.0))
+    updates = asyncio.create_task(h.dispatcher.notify_positions(0.0))
     try:
         urgent = h.submit("a", timeout=5.0)
         assert await asyncio.wait_for(first.wait_dispatched(None), 5) is False  # woken, still queued
@@ -59,7 +59,7 @@ def test_a_failed_over_request_goes_first_again_under_edf() -> None:
     (sent,) = h.dispatch()
     assert sent is far
     near = h.submit("a", timeout=10.0)  # arrived while `far` was at the engine, closer deadline
-    assert h.dispatcher.fail_over(far, BackendUnavailable("connection refused"))
+    assert h.events.fail_over(far, BackendUnavailable("connection refused"))
     assert (far.position(), near.position()) == (1, 2)
     h.clock.advance(h.config.models[0].failover_cooldown_seconds)  # the only backend cooled down
     assert h.dispatch() == [far]

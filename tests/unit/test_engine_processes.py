@@ -182,7 +182,7 @@ def test_a_failing_model_generator_is_an_engine_error(fake: FakeInstall) -> None
 def test_simulator_command_line() -> None:
     eng = engines.sim_process(port=8125, max_num_seqs=4, extra_args=["--decode-base-ms", "12"])
     assert eng.argv == [
-        sys.executable, "-m", "scheduler_svc.cli", "sim", "--port", "8125", "--max-num-seqs", "4",
+        sys.executable, "-m", "scheduler_svc.app.cli", "sim", "--port", "8125", "--max-num-seqs", "4",
         "--scheduling-policy", "priority", "--decode-base-ms", "12",
     ]  # fmt: skip
     assert (eng.name, eng.served_model_name, eng.startup_timeout) == ("sim", "sim-model", 30.0)

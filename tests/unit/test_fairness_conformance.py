@@ -5,26 +5,34 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.base import SamplingParams
-from scheduler_svc.clock import FakeClock
-from scheduler_svc.config import PriorityClassConfig, SchedulingConfig, WeightsConfig
-from scheduler_svc.policies import FAIRNESS_POLICIES, FairnessPolicy, WeightResolver
+from scheduler_svc.config import PriorityClassConfig, WeightsConfig
+from scheduler_svc.core.clock import FakeClock
+from scheduler_svc.core.queues import ModelQueues
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.policies import FAIRNESS_POLICIES, Fairness, WeightResolver
 from scheduler_svc.policies.cost import LocalCounters, Prices
-from scheduler_svc.queues import ModelQueues
-from scheduler_svc.request import QueuedRequest
+from tests.unit import prompt_share_policy
 
-POLICIES = sorted(FAIRNESS_POLICIES.describe())
+POLICIES = sorted([*FAIRNESS_POLICIES.describe(), prompt_share_policy.NAME])  # the shipped ones and a test one
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _test_policy() -> Iterator[None]:
+    with prompt_share_policy.registered():
+        yield
 
 
 class Harness:
     """A single band driven the way the dispatcher drives it."""
 
-    def __init__(self, policy: FairnessPolicy, clock: FakeClock | None = None) -> None:
+    def __init__(self, policy: Fairness, clock: FakeClock | None = None) -> None:
         self.policy = policy
         self.clock = clock
         self.queues = ModelQueues([PriorityClassConfig()])
@@ -46,7 +54,7 @@ class Harness:
             )
             _, newly = self.queues.push(request)
             if newly:
-                self.policy.on_backlogged(user, self.band.flow_views)
+                self.policy.account.on_backlogged(user, self.band.flow_views)
 
     def serve(self) -> QueuedRequest:
         user = self.policy.select(self.band.flow_views)
@@ -60,16 +68,16 @@ class Harness:
         assert user in self.band.flows, f"selected {user!r}, which has nothing queued"
         request = self.band.flows[user].head()
         self.queues.remove(request.request_id)
-        self.policy.on_dispatched(request)
-        self.policy.on_generated(request, request.max_tokens)
-        self.policy.on_finished(request, request.max_tokens)
+        self.policy.account.on_dispatched(request)
+        self.policy.account.on_generated(request, request.max_tokens)
+        self.policy.account.on_finished(request, request.max_tokens)
         return request
 
 
 @pytest.fixture(params=POLICIES)
 def harness(request: pytest.FixtureRequest) -> Harness:
     clock = FakeClock()
-    return Harness(FAIRNESS_POLICIES.create(request.param, WeightResolver(), SchedulingConfig(), clock), clock)
+    return Harness(FAIRNESS_POLICIES.create(request.param, WeightResolver(), clock), clock)
 
 
 def test_only_selects_backlogged_users_and_is_work_conserving(harness: Harness) -> None:
@@ -122,22 +130,22 @@ def test_a_requeued_request_costs_its_user_nothing(harness: Harness) -> None:
     harness.add("b", 3)
     harness.serve()
     harness.serve()
-    before = harness.policy.counters()
+    before = harness.policy.account.counters()
     user = harness.policy.select(harness.band.flow_views)
     request = harness.band.flows[user].head()
     harness.queues.remove(request.request_id)
-    harness.policy.on_dispatched(request)
+    harness.policy.account.on_dispatched(request)
     harness.queues.push(request, front=True)
-    harness.policy.on_requeued(request)
-    assert harness.policy.counters() == pytest.approx(before)
+    harness.policy.account.on_requeued(request)
+    assert harness.policy.account.counters() == pytest.approx(before)
     assert harness.serve() is request
 
 
 def _one_off_users(policy: str, users: int, ttl: float, pruning: bool = True) -> tuple[Harness, FakeClock]:
     clock = FakeClock()
-    settings = SchedulingConfig(idle_user_ttl_seconds=ttl)
-    h = Harness(FAIRNESS_POLICIES.create(policy, WeightResolver(), settings, clock), clock)
-    h.policy.pruning = pruning  # type: ignore[attr-defined]
+    params = {"idle_user_ttl_seconds": ttl}
+    h = Harness(FAIRNESS_POLICIES.create(policy, WeightResolver(), clock, params=params), clock)
+    h.policy.account.activity.pruning = pruning  # type: ignore[attr-defined]
     h.add("steady", 2 * users)  # one user stays backlogged throughout
     for i in range(users):
         h.add(f"one-off-{i}")
@@ -152,8 +160,8 @@ def test_state_for_4000_one_off_users_stays_bounded(policy: str) -> None:
     """Each policy forgets an idle user once the rules allow; the idle TTL (here 100 s of
     fake time) bounds what the safe rule cannot drop (vtc's length estimates)."""
     h, _ = _one_off_users(policy, 4000, ttl=100.0)
-    assert h.policy.tracked_users() <= 110  # type: ignore[attr-defined]
-    assert len(h.policy.counters()) <= 110
+    assert h.policy.account.tracked_users() <= 110  # type: ignore[attr-defined]
+    assert len(h.policy.account.counters()) <= 110
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -164,10 +172,10 @@ def test_pruning_changes_no_decision(policy: str) -> None:
         rng = random.Random(7)
         clock = FakeClock()
         h = Harness(
-            FAIRNESS_POLICIES.create(policy, WeightResolver(), SchedulingConfig(idle_user_ttl_seconds=0), clock), clock
+            FAIRNESS_POLICIES.create(policy, WeightResolver(), clock, params={"idle_user_ttl_seconds": 0}), clock
         )
-        h.policy.pruning = pruning  # type: ignore[attr-defined]
-        h.policy.sweep_per_event = 50  # type: ignore[attr-defined]
+        h.policy.account.activity.pruning = pruning  # type: ignore[attr-defined]
+        h.policy.account.activity.sweep_per_event = 50  # type: ignore[attr-defined]
         order = []
         for _ in range(3000):
             if rng.random() < 0.5:
@@ -192,25 +200,29 @@ def test_a_heavy_user_pausing_for_less_than_the_ttl_keeps_its_debt(policy: str, 
     does not reset its debt; after the TTL it is forgotten."""
     clock = FakeClock()
     weights = WeightResolver(WeightsConfig(users={"light": 20.0}))
-    h = Harness(FAIRNESS_POLICIES.create(policy, weights, SchedulingConfig(idle_user_ttl_seconds=60), clock), clock)
+    h = Harness(FAIRNESS_POLICIES.create(policy, weights, clock, params={"idle_user_ttl_seconds": 60}), clock)
     h.add("light", 300, max_tokens=5)
     h.add("heavy", 1, max_tokens=500)
     while "heavy" in h.band.flows:
         h.serve()
-    debt = h.policy.counters()["heavy"]
-    assert debt > h.policy.counters()["light"]
+    debt = h.policy.account.counters()["heavy"]
+    assert debt > h.policy.account.counters()["light"]
     for _ in range(10):  # heavy pauses while light is served
         h.serve()
         clock.advance(pause / 10)
     if pause < 60:
-        assert h.policy.counters().get("heavy") == debt, "the pause wiped out heavy's debt"
+        assert h.policy.account.counters().get("heavy") == debt, "the pause wiped out heavy's debt"
         h.add("heavy", 5, max_tokens=500)
         assert [h.serve().user for _ in range(5)] == ["light"] * 5
     else:
-        assert "heavy" not in h.policy.counters()
+        assert "heavy" not in h.policy.account.counters()
 
 
-BOUNDED = [name for name in POLICIES if hasattr(FAIRNESS_POLICIES.create(name), "service_difference_bound")]
+BOUNDED = [
+    name
+    for name in FAIRNESS_POLICIES.describe()
+    if FAIRNESS_POLICIES.create(name, WeightResolver(), FakeClock()).guarantee
+]
 
 
 @pytest.mark.parametrize("policy", BOUNDED)
@@ -229,11 +241,12 @@ def test_the_stated_service_bound_holds_on_a_multi_slot_engine(
     per step: two users always backlogged, each cycling through its own answer lengths; at every step the
     cost served to each differs by no more than the bound."""
     clock = FakeClock()
-    p = FAIRNESS_POLICIES.create(policy, WeightResolver(), SchedulingConfig(), clock)
-    p.use_costing(Prices(*prices), LocalCounters(), LocalCounters())
+    p = FAIRNESS_POLICIES.create(policy, WeightResolver(), clock)
+    p.account.use_costing(Prices(*prices), LocalCounters(), LocalCounters())
     h = Harness(p)
     cycle = {"a": itertools.cycle(lengths[0]), "b": itertools.cycle(lengths[1])}
-    bound = p.service_difference_bound(slots, max(max(lengths[0]), max(lengths[1])), 1)  # type: ignore[attr-defined]
+    assert p.guarantee is not None
+    bound = p.guarantee(slots, max(max(lengths[0]), max(lengths[1])), 1)
     served = {"a": 0.0, "b": 0.0}
     running: dict[str, tuple[QueuedRequest, int]] = {}
     for _ in range(1500):
@@ -245,16 +258,16 @@ def test_the_stated_service_bound_holds_on_a_multi_slot_engine(
             assert user is not None
             request = h.band.flows[user].head()
             h.queues.remove(request.request_id)
-            p.on_dispatched(request)
+            p.account.on_dispatched(request)
             served[user] += prices[0] * request.prompt_tokens_estimate
             running[request.request_id] = (request, 0)
         clock.advance(0.02)
         for rid, (request, done) in list(running.items()):
-            p.on_generated(request, 1)
+            p.account.on_generated(request, 1)
             served[request.user] += 2 * prices[1]  # VTC's generated-token weight x the price
             if done + 1 >= request.max_tokens:
                 del running[rid]
-                p.on_finished(request, done + 1)
+                p.account.on_finished(request, done + 1)
             else:
                 running[rid] = (request, done + 1)
         assert abs(served["a"] - served["b"]) <= bound, (served, bound)
@@ -265,7 +278,7 @@ def test_vtc_waits_for_a_user_about_to_return_at_most_the_grace() -> None:
     request at once), so the dispatch its ending triggers does not hand the slot to the user ahead; the
     wait ends at the grace (`wake_at`), and then the user ahead goes."""
     clock = FakeClock()
-    p = FAIRNESS_POLICIES.create("vtc", WeightResolver(), SchedulingConfig(vtc_return_grace_seconds=0.05), clock)
+    p = FAIRNESS_POLICIES.create("vtc", WeightResolver(), clock, params={"vtc_return_grace_seconds": 0.05})
     h = Harness(p)
     h.add("ahead", 3, max_tokens=100)
     h.add("behind", 1, max_tokens=10)

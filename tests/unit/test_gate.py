@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
-from scheduler_svc.load import LoadEstimator
+from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.policies import QueueDepthGate, SignalGate
 
 CLS = PriorityClassConfig()

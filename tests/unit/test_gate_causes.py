@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
-from scheduler_svc.load import LoadEstimator
-from scheduler_svc.metrics import GATE_CLOSE_CAUSES, SchedulerMetrics, backend_series
+from scheduler_svc.dispatch.load import LoadEstimator
+from scheduler_svc.dispatch.metrics import GATE_CLOSE_CAUSES, SchedulerMetrics, backend_series
 from scheduler_svc.policies import GateCause, SignalGate
 
 

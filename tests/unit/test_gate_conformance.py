@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.base import BackendLoad
-from scheduler_svc.config import ConfigError, GateConfig, PriorityClassConfig, config_from_dict
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import ConfigError, GateConfig, PriorityClassConfig
 from scheduler_svc.policies import GATE_POLICIES, Gate, GateInputs
 from scheduler_svc.policies import gate as gate_module
 from scheduler_svc.policies.gate import CLASS_LIMITS, ignored_limits

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from scheduler_svc.health import InternalErrors, LoopHealth, ServiceHealth
+from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth
 
 
 def _raise(kind: type[Exception]) -> Exception:

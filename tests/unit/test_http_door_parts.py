@@ -6,13 +6,16 @@ from __future__ import annotations
 import pytest
 
 from backends import errors as backend_errors
+from backends.adapters.openai_compat import openai_body
+from backends.adapters.tgi import tgi_body
 from backends.base import GenerationRequest, SamplingParams
-from backends.openai_compat import openai_body
-from backends.tgi import tgi_body
+from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1.errors import ERRORS
-from scheduler_svc import errors
+from scheduler_svc.core import errors
+from scheduler_svc.grpc.servicer import client_request
 from scheduler_svc.http.errors import error_reply
 from scheduler_svc.http.headers import peer_info, timeout_seconds
+from scheduler_svc.http.parsing import parse_call
 
 EXCEPTIONS: list[Exception] = [
     errors.InvalidRequest("x"),
@@ -100,3 +103,35 @@ def test_penalties_reach_the_engine_bodies() -> None:
     assert parameters["frequency_penalty"] == -1.0 and "presence_penalty" not in parameters  # TGI has none
     _, plain = openai_body(GenerationRequest("r", prompt="p"), "model")
     assert "presence_penalty" not in plain and "frequency_penalty" not in plain
+
+
+def test_both_doors_hand_admission_the_same_neutral_request() -> None:
+    """The HTTP door's JSON and the gRPC face's message become one `ClientRequest`: no protobuf in between."""
+    body = {
+        "model": "m",
+        "messages": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        "max_completion_tokens": 12,
+        "temperature": 0.5,
+        "stop": "END",
+        "seed": 7,
+        "prompt_cache_key": "s-1",
+    }
+    from_http = parse_call(body, "chat").request
+    params = pb.GenerationParams(
+        model="m",
+        messages=[pb.ChatMessage(role="system", content="be brief"), pb.ChatMessage(role="user", content="hi")],
+        max_tokens=12,
+        temperature=0.5,
+        stop=["END"],
+        seed=7,
+        prompt_cache_key="s-1",
+    )
+    from_grpc = client_request(params)
+    assert from_http == from_grpc
+    assert from_grpc.top_p is None and from_grpc.presence_penalty is None  # unset stays unset, not 0
+    assert client_request(pb.GenerationParams(model="m", prompt="x")).max_tokens is None
+
+
+def test_a_lone_surrogate_in_the_json_is_a_malformed_request() -> None:
+    with pytest.raises(errors.MalformedRequest, match="not valid Unicode"):
+        parse_call({"model": "m", "prompt": "a\ud800b"}, "completion")

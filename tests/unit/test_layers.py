@@ -18,14 +18,20 @@ from google.rpc import error_details_pb2, status_pb2
 
 from backends import errors as backend_errors
 from backends.registry import BACKEND_KINDS, adapter_class, create_backend
-from scheduler_svc import errors
 from scheduler_svc.config import BackendConfig
-from scheduler_svc.grpc_errors import status_code, to_grpc_status
+from scheduler_svc.core import errors
+from scheduler_svc.grpc.status import status_code, to_grpc_status
 
 ROOT = Path(__file__).resolve().parents[2]
 # modules the core must never load: the wire, generated code, HTTP clients, and the adapters
 WIRE = ("grpc", "grpc_status", "grpc_health", "grpc_reflection", "google.rpc", "google.protobuf", "aiohttp")
-ADAPTERS = ("backends.vllm", "backends.tgi", "backends.llamacpp", "backends._http", "backends.openai_compat")
+ADAPTERS = (
+    "backends.adapters.vllm",
+    "backends.adapters.tgi",
+    "backends.adapters.llamacpp",
+    "backends.http",
+    "backends.adapters.openai_compat",
+)
 GENERATED = ("llmsched",)  # the public API package: generated messages
 
 
@@ -42,17 +48,19 @@ def offending(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
     return [m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes)]
 
 
-CORE = [
-    "scheduler_svc.queues",
-    "scheduler_svc.dispatcher",
-    "scheduler_svc.ticket",
-    "scheduler_svc.scheduler",
-    "scheduler_svc.config",
-    "scheduler_svc.policies",
-    "scheduler_svc.load",
-    "scheduler_svc.errors",
-    "backends",
-]
+INNER = ("config", "core", "policies", "dispatch")  # the packages under the faces: every module of them
+
+
+def inner_modules() -> list[str]:
+    modules = []
+    for package in INNER:
+        for path in sorted((ROOT / "scheduler_svc" / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return modules
+
+
+CORE = [*inner_modules(), "backends"]
 
 
 def test_importing_the_core_loads_no_grpc_aiohttp_generated_code_or_adapter() -> None:
@@ -64,13 +72,13 @@ def test_importing_the_core_loads_no_grpc_aiohttp_generated_code_or_adapter() ->
 
 def test_a_config_loads_only_the_adapter_of_the_kind_it_names() -> None:
     code = (
-        "from scheduler_svc.config import config_from_dict\n"
+        "from scheduler_svc.app.settings import config_from_dict\n"
         "config_from_dict({'models': [{'name': 'm', 'backends': [{'name': 'b', 'kind': 'tgi',"
         " 'url': 'http://127.0.0.1:1'}]}]})"
     )
     modules = loaded_after(code)
-    assert "backends.tgi" in modules
-    assert offending(modules, ("backends.vllm", "backends.llamacpp", "grpc", *GENERATED)) == []
+    assert "backends.adapters.tgi" in modules
+    assert offending(modules, ("backends.adapters.vllm", "backends.adapters.llamacpp", "grpc", *GENERATED)) == []
 
 
 def test_the_registry_is_the_one_list_of_kinds() -> None:

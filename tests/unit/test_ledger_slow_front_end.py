@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
-from scheduler_svc.load import LoadEstimator
+from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.policies.gate import SignalGate
 
 CLS = PriorityClassConfig(name="standard")

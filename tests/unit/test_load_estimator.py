@@ -3,12 +3,13 @@ readings stamped with the core clock (no sockets, fake clock)."""
 
 from __future__ import annotations
 
+import random
 import time
 
 from backends.base import BackendCapabilities, BackendLoad
 from backends.fake import FakeBackend
-from scheduler_svc.clock import FakeClock
-from scheduler_svc.load import LoadEstimator, scrape
+from scheduler_svc.core.clock import FakeClock
+from scheduler_svc.dispatch.load import LoadEstimator, _seen_by, scrape
 
 
 def test_users_are_counted_while_their_requests_are_in_flight() -> None:
@@ -52,3 +53,40 @@ async def test_a_reading_is_stamped_with_the_core_clock_before_the_scrape() -> N
     estimator = LoadEstimator()
     estimator.record_reading(reading)
     assert estimator.gate_inputs(clock.now()).reading_age() == 2.0
+
+
+def _walked(estimator: LoadEstimator) -> tuple[int, int]:
+    """(unseen in flight, sent unseen) the slow way: every request in flight looked at."""
+    reading = estimator.reading
+    unseen = [rid for rid, at in estimator._in_flight.items() if not _seen_by(at, reading)]
+    return len(unseen), sum(rid in estimator._unstarted for rid in unseen)
+
+
+def test_the_unseen_tallies_kept_as_events_come_match_a_walk_over_every_request() -> None:
+    """Accepts reported late (a follower's, through the cluster) can land before a reading's time; ids can be
+    dispatched again after a failover; readings come out of order or fail. Whatever the order, the tallies a
+    gate decision reads equal what walking every request in flight counts."""
+    rng = random.Random(7)
+    estimator = LoadEstimator(engine_slots=8)
+    now = 0.0
+    live: list[str] = []
+    for step in range(5000):
+        now += rng.random() * 0.02
+        action = rng.random()
+        if action < 0.3 or not live:
+            rid = f"r{rng.randrange(400)}"
+            if rid not in live:
+                live.append(rid)
+            estimator.dispatched(rid, user=f"u{rng.randrange(5)}")
+        elif action < 0.5:
+            estimator.accepted(rng.choice(live), now - rng.random() * 0.3)
+        elif action < 0.65:
+            estimator.started(rng.choice(live), None if rng.random() < 0.2 else now - rng.random() * 0.2)
+        elif action < 0.8:
+            rid = live.pop(rng.randrange(len(live)))
+            estimator.finished(rid, now)
+        else:
+            at = now - rng.random() * 0.5
+            estimator.record_reading(BackendLoad(ok=rng.random() < 0.9, read_at=at, waiting=rng.randrange(4)))
+        inputs = estimator.gate_inputs(now)
+        assert (inputs.unseen_in_flight, inputs.sent_unseen) == _walked(estimator), step

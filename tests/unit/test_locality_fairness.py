@@ -1,11 +1,13 @@
-"""Conformance of `FairnessPolicy.offer` (D-LPM's candidates) for every registered fairness policy.
+"""Conformance of `Fairness.offer` (D-LPM's candidates) for every registered fairness policy.
 
-The bound stated on `_VirtualCounterFairness.offer`: whichever offered user the backend policy sends, two
+The bound stated on `counters.LeastServed.offer`: whichever offered user the backend policy sends, two
 users backlogged throughout never drift apart by more than `deficit_bound` + the largest single charge.
 Hypothesis plays the adversary: it picks which offered user goes at every step.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -13,24 +15,40 @@ from hypothesis import strategies as st
 
 from backends.base import SamplingParams
 from scheduler_svc.config import PriorityClassConfig
-from scheduler_svc.policies import FAIRNESS_POLICIES, FairnessPolicy
-from scheduler_svc.queues import ModelQueues
-from scheduler_svc.request import QueuedRequest
+from scheduler_svc.core.clock import FakeClock
+from scheduler_svc.core.queues import ModelQueues
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.policies import FAIRNESS_POLICIES, Fairness, WeightResolver
+from tests.unit import prompt_share_policy
 
-POLICIES = sorted(FAIRNESS_POLICIES.describe())
+POLICIES = sorted([*FAIRNESS_POLICIES.describe(), prompt_share_policy.NAME])  # the shipped ones and a test one
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _test_policy() -> Iterator[None]:
+    with prompt_share_policy.registered():
+        yield
+
+
 COUNTER_POLICIES = [name for name in POLICIES if name != "round_robin"]  # round robin keeps no counters
 # The largest single charge in the workloads below, in each policy's counter units.
 MAX_PROMPT_CHARS, MAX_TOKENS = 400, 40
 
 
+def make(name: str) -> Fairness:
+    return FAIRNESS_POLICIES.create(name, WeightResolver(), FakeClock())
+
+
 def max_charge(policy: str) -> float:
-    return 1.0 if policy == "weighted_round_robin" else MAX_PROMPT_CHARS / 4 + 2 * MAX_TOKENS
+    if policy == "weighted_round_robin":
+        return 1.0
+    return MAX_PROMPT_CHARS / 4 + (0 if policy == prompt_share_policy.NAME else 2 * MAX_TOKENS)
 
 
 class Band:
     """One band driven the way the dispatcher drives it with `locality.deficit_bound` set."""
 
-    def __init__(self, policy: FairnessPolicy) -> None:
+    def __init__(self, policy: Fairness) -> None:
         self.policy = policy
         self.queues = ModelQueues([PriorityClassConfig()])
         self.band = self.queues.band("interactive")
@@ -50,21 +68,21 @@ class Band:
         )
         _, newly = self.queues.push(request)
         if newly:
-            self.policy.on_backlogged(user, self.band.flow_views)
+            self.policy.account.on_backlogged(user, self.band.flow_views)
 
     def serve(self, user: str) -> QueuedRequest:
         request = self.band.flows[user].head()
         self.queues.remove(request.request_id)
-        self.policy.on_dispatched(request)
-        self.policy.on_generated(request, request.max_tokens)
-        self.policy.on_finished(request, request.max_tokens)
+        self.policy.account.on_dispatched(request)
+        self.policy.account.on_generated(request, request.max_tokens)
+        self.policy.account.on_finished(request, request.max_tokens)
         return request
 
 
 @pytest.mark.parametrize("name", POLICIES)
 def test_offer_with_no_bound_is_select(name: str) -> None:
     """Without a deficit bound the dispatcher's choices are today's, whichever method it calls."""
-    selecting, offering = Band(FAIRNESS_POLICIES.create(name)), Band(FAIRNESS_POLICIES.create(name))
+    selecting, offering = Band(make(name)), Band(make(name))
     for band in (selecting, offering):
         for i in range(30):
             band.add("abc"[i % 3], prompt_chars=40 * (1 + i % 3), max_tokens=1 + 7 * (i % 3))
@@ -87,7 +105,7 @@ def test_offer_with_no_bound_is_select(name: str) -> None:
 @settings(max_examples=30, deadline=None)
 @given(eligible=st.lists(st.sets(st.sampled_from("abcd")), min_size=5, max_size=20))
 def test_offer_puts_selects_choice_first_and_offers_only_eligible_users(name: str, eligible: list[set[str]]) -> None:
-    twin, band = Band(FAIRNESS_POLICIES.create(name)), Band(FAIRNESS_POLICIES.create(name))
+    twin, band = Band(make(name)), Band(make(name))
     for b in (twin, band):
         for i in range(40):
             b.add("abcd"[i % 4], prompt_chars=40 + 10 * (i % 4))
@@ -114,7 +132,7 @@ def test_offer_puts_selects_choice_first_and_offers_only_eligible_users(name: st
 def test_any_choice_among_the_offered_keeps_counters_within_the_bound(
     name: str, bound: float, sizes: list[tuple[int, int]], picks: list[int]
 ) -> None:
-    band = Band(FAIRNESS_POLICIES.create(name))
+    band = Band(make(name))
     users = "abcd"
     for user, (chars, tokens) in zip(users, sizes, strict=True):
         for _ in range(3):
@@ -125,7 +143,7 @@ def test_any_choice_among_the_offered_keeps_counters_within_the_bound(
         user = offered[pick % len(offered)]  # the adversary: any offered user may be sent
         request = band.serve(user)
         band.add(user, len(request.prompt or ""), request.max_tokens)  # everyone stays backlogged
-        counters = band.policy.counters()
+        counters = band.policy.account.counters()
         keys = [counters.get(u, 0.0) for u in users]  # a user never charged has no entry yet
         spread = max(keys) - min(keys)
         assert spread <= limit + 1e-9, f"{name}: spread {spread} over bound {bound} + one charge"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from scheduler_svc.logs import configure_logging
+from scheduler_svc.app.logs import configure_logging
 
 
 @pytest.fixture

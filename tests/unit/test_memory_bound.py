@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from scheduler_svc.errors import QueueFull
+from scheduler_svc.core.errors import QueueFull
 from tests.unit.dispatch_harness import Harness
 
 QUEUED = 100_000
@@ -25,4 +25,4 @@ def test_100k_queued_requests_fit_in_a_bounded_footprint_and_the_cap_holds() -> 
     assert per_request < 4096
     with pytest.raises(QueueFull):
         h.submit("one-more")
-    assert len(h.dispatcher.queues) == QUEUED
+    assert h.queued() == QUEUED

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from backends.base import SamplingParams
 from scheduler_svc.config import PriorityClassConfig
+from scheduler_svc.core.queues import Flow, ModelQueues
+from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import ORDERING_POLICIES, OrderingPolicy
-from scheduler_svc.queues import Flow, ModelQueues
-from scheduler_svc.request import QueuedRequest
 
 POLICIES = sorted(ORDERING_POLICIES.describe())
 

@@ -12,17 +12,17 @@ import pytest
 
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
-from scheduler_svc.errors import QueueFull
-from scheduler_svc.load import LoadEstimator
+from scheduler_svc.core.errors import QueueFull
+from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.policies import SignalGate
-from scheduler_svc.ticket import Outcome, Ticket, TicketState
 from tests.unit.dispatch_harness import Harness
 
 
 def keep_backlogged(h: Harness, users: dict[str, int], depth: int = 8, **kwargs: object) -> None:
     """Top every user's queue up to `depth` requests of `users[user]` tokens."""
     for user, tokens in users.items():
-        while h.dispatcher.queues.user_depth(user) < depth:
+        while h.user_depth(user) < depth:
             h.submit(user, max_tokens=tokens, **kwargs)  # type: ignore[arg-type]
 
 
@@ -76,7 +76,7 @@ def test_vtc_lifts_a_returning_user_so_idle_time_earns_no_credit() -> None:
         keep_backlogged(h, {"a": 20})
         h.dispatch()
         h.step()
-    counters = h.dispatcher.fairness["interactive"].counters()
+    counters = h.counters("interactive")
     assert counters["a"] > counters.get("b", 0.0)  # b, below the floor a's return lifts it to, may be forgotten
     h.tokens_by_user.clear()
     served = run(h, {"a": 20, "b": 20}, steps=400)  # b is back: lifted, so it does not get 200 steps' credit
@@ -156,7 +156,7 @@ def test_queue_ttl_expires_a_request_that_is_then_never_dispatched() -> None:
     running.close(Outcome.COMPLETED)
     h.dispatch()
     assert queued.outcome is Outcome.EXPIRED and queued.backend is None
-    assert len(h.dispatcher.queues) == 0
+    assert h.queued() == 0
 
 
 def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() -> None:
@@ -177,7 +177,7 @@ def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() 
         h.clock.advance(0.1)
         for t in h.running():
             t.close(Outcome.COMPLETED)
-    assert len(h.dispatcher.queues) == 0
+    assert h.queued() == 0
     for user in ("a", "a", "a", "b", "b"):
         h.submit(user)
     with pytest.raises(QueueFull) as err:
@@ -266,7 +266,7 @@ def test_batch_is_held_to_its_contended_limit_while_interactive_is_around_and_fi
         h.submit("etl", priority_class="batch")
     h.reading()
     assert len(h.dispatch()) == 2  # alice's request is over: 2 batch may run
-    decision = next(s.decision for s in h.dispatcher.backend_states() if s.priority_class == "batch")
+    decision = next(s.decision for s in h.gates() if s.priority_class == "batch")
     assert not decision.open and "running 2 >= 2" in decision.reason and "better class active" in decision.reason
     h.clock.advance(4.9)
     h.reading()
@@ -299,7 +299,7 @@ def long_vs_short_after_a_synchronised_start(lookahead: float) -> list[float]:
 
     def top_up() -> None:  # closed loops: each user keeps 48 requests queued or running
         for user, n in tokens.items():
-            while h.dispatcher.queues.user_depth(user) + h.handle.estimator.user_in_flight.get(user, 0) < 48:
+            while h.user_depth(user) + h.handle.estimator.user_in_flight.get(user, 0) < 48:
                 h.submit(user, max_tokens=n, prompt="pp")
 
     for _ in range(48):  # interleaved arrivals, each sent on arrival while the engine has room
@@ -354,10 +354,10 @@ def _closed_loop_s4(
         for ticket in engine[:8]:
             if ticket.first_token_at is None:
                 ticket.first_token_at = h.clock.now()
-                h.dispatcher.on_first_token(ticket)
+                h.events.on_first_token(ticket)
             ticket.completion_tokens += 1
             got[ticket.request.user] += 1
-            h.dispatcher.on_generated(ticket, 1)
+            h.events.on_generated(ticket, 1)
             if ticket.completion_tokens >= ticket.request.max_tokens:
                 ticket.close(Outcome.COMPLETED)
                 due.append((step + resubmit_after, ticket.request.user, ticket.request.max_tokens))

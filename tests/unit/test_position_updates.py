@@ -13,7 +13,7 @@ async def test_only_clients_whose_queue_moved_are_woken() -> None:
     b1, b2 = (h.submit("b") for _ in range(2))
     for ticket in (a1, a2, a3, b1, b2):
         ticket.watches_position = True
-    updates = asyncio.create_task(h.dispatcher.positions.run(0.0))
+    updates = asyncio.create_task(h.dispatcher.notify_positions(0.0))
     try:
         assert h.dispatch() == [a1]  # a's queue moves up; b's does not
         assert await asyncio.wait_for(a2.wait_dispatched(None), 5) is False  # woken, still queued

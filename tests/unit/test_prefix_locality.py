@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from backends.base import BackendLoad, ChatMessage, SamplingParams
-from scheduler_svc.config import LocalityConfig, config_from_dict
-from scheduler_svc.config_schema import ConfigError
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import ConfigError, LocalityConfig
+from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import BACKEND_POLICIES, Candidate, GateInputs, LeastLoaded, PrefixLocality
 from scheduler_svc.policies.prefix_index import (
     CHARS_PER_TOKEN,
@@ -21,7 +22,6 @@ from scheduler_svc.policies.prefix_index import (
     block_hashes,
     prompt_text,
 )
-from scheduler_svc.request import QueuedRequest
 
 BLOCK = 64
 
@@ -239,7 +239,7 @@ def test_config_selects_and_validates_the_backend_policy() -> None:
         config_from_dict(model(locality={"deficit_bound": 10}))
     with pytest.raises(ConfigError, match="max_load_factor"):
         config_from_dict(model(backend_policy="prefix_locality", locality={"max_load_factor": 0.5}))
-    with pytest.raises(ConfigError, match="must not be negative"):
+    with pytest.raises(ConfigError, match=r"locality\.index_max_bytes must be >= 0"):
         config_from_dict(model(locality={"index_max_bytes": -1}))
 
 

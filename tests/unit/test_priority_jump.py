@@ -12,8 +12,8 @@ import pytest
 
 from backends.base import BackendLoad
 from scheduler_svc.config import GateConfig, PriorityClassConfig
-from scheduler_svc.health import LoopHealth, ServiceHealth
-from scheduler_svc.load import LoadEstimator
+from scheduler_svc.dispatch.health import LoopHealth, ServiceHealth
+from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.policies import SignalGate
 from tests.unit.dispatch_harness import Harness
 
@@ -79,12 +79,13 @@ def _fields(inputs: object) -> dict[str, object]:
     return {name: getattr(inputs, name) for name in inputs.__slots__}  # type: ignore[attr-defined]
 
 
-def _flood_then_latecomers(priority_scheduling: bool, fairness: str) -> Harness:
+def _flood_then_latecomers(priority_scheduling: bool, fairness: str, health: LoopHealth | None = None) -> Harness:
     harness = Harness(
         scheduling={"fairness": fairness},
         model={"gate": {"policy": "signals", "waiting_target": 3}},
         cap=None,
         priority_scheduling=priority_scheduling,
+        health=health,
     )
     harness.reading(waiting=0, tpot=0.005)  # a TPOT far under the interactive limit: only the queue binds
     for _ in range(10):
@@ -104,7 +105,7 @@ def test_a_latecomer_goes_at_once_to_a_priority_engine_while_the_flood_waits(fai
         assert sent[0].engine_priority == 0  # ahead of the flood's second and third (priorities 1 and 2)
     harness.submit("d")
     assert not harness.dispatch(), "three already wait with priority 0 or better: d would queue behind them"
-    assert harness.dispatcher.queues.user_depth("flood") == 7
+    assert harness.user_depth("flood") == 7
 
 
 def test_without_engine_priorities_the_latecomer_waits_for_the_engine_queue() -> None:
@@ -129,10 +130,10 @@ def test_a_user_skipped_for_its_priority_keeps_its_round_robin_turn() -> None:
 def test_a_lone_flood_held_at_a_priority_engine_is_not_a_stall() -> None:
     """A newcomer would pass the gate, but the only backlogged user's next request would not: the watchdog
     must not call that a wedged loop (it would turn the service NOT_SERVING during any long flood)."""
-    harness = _flood_then_latecomers(priority_scheduling=True, fairness="round_robin")
-    dispatcher = harness.dispatcher
     service = ServiceHealth()
-    dispatcher.health = LoopHealth("dispatch:m", service, max_failed_passes=3, max_stall_seconds=30.0)
+    health = LoopHealth("dispatch:m", service, max_failed_passes=3, max_stall_seconds=30.0)
+    harness = _flood_then_latecomers(priority_scheduling=True, fairness="round_robin", health=health)
+    dispatcher = harness.dispatcher
     for second in range(10, 130, 10):
         harness.reading(waiting=0, tpot=0.005)  # fresh readings; the flood's three are still on their way
         dispatcher.watchdog_look()

@@ -7,11 +7,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.errors import BackendUnavailable
-from scheduler_svc.clock import FakeClock
-from scheduler_svc.config import config_from_dict
-from scheduler_svc.dispatcher import ModelDispatcher
-from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.ticket import Outcome
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.core.clock import FakeClock
+from scheduler_svc.core.ticket import Outcome
+from scheduler_svc.dispatch.dispatcher import ModelDispatcher
+from scheduler_svc.dispatch.metrics import SchedulerMetrics
 from tests.unit.dispatch_harness import Harness
 
 CLASSES = [{"name": "interactive", "rank": 0}, {"name": "batch", "rank": 1}]
@@ -25,7 +25,7 @@ DEMAND = (
 
 def demand(h: Harness, priority_class: str = "interactive") -> tuple[float, ...]:
     """(requests, prompt tokens, max output tokens, oldest wait) for model m and the class, as scraped."""
-    registry = h.dispatcher._metrics.registry
+    registry = h.metrics.registry
     values = (registry.get_sample_value(name, {"model": "m", "priority_class": priority_class}) for name in DEMAND)
     return tuple(v if v is not None else float("nan") for v in values)
 
@@ -37,7 +37,7 @@ def harness(cap: int = 1, **scheduling: object) -> Harness:
 def test_every_configured_class_has_its_series_at_zero_before_anything_is_queued() -> None:
     h = harness()
     assert demand(h, "interactive") == demand(h, "batch") == (0, 0, 0, 0)
-    text = generate_latest(h.dispatcher._metrics.registry).decode()
+    text = generate_latest(h.metrics.registry).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in DEMAND[1:]:
         labels = {tuple(sorted(s.labels.items())) for s in families[name].samples}
@@ -57,7 +57,7 @@ def test_totals_follow_admission_dispatch_failover_and_the_end_of_requests() -> 
     assert h.dispatch() == [first]  # alice's leaves the queue: bob's, 2 s old, is the oldest now
     assert demand(h) == (1, 10, 20, 2.0)
 
-    assert h.dispatcher.fail_over(first, BackendUnavailable("connection refused"))
+    assert h.events.fail_over(first, BackendUnavailable("connection refused"))
     assert demand(h) == (2, 110, 120, 5.0), "put back: counted again, its wait from its first admission"
 
     h.tickets["bob-1"].close(Outcome.CANCELLED)
@@ -73,7 +73,7 @@ def test_expired_requests_leave_the_totals() -> None:
     h.submit("alice", max_tokens=9, prompt="b" * 12)
     assert demand(h) == (2, 5, 14, 0.5)
     h.clock.advance(1.0)
-    h.dispatcher.expire(h.tickets["alice-0"])
+    h.events.expire(h.tickets["alice-0"])
     assert demand(h) == (1, 3, 9, 1.0)
 
 
@@ -83,7 +83,7 @@ def test_the_oldest_wait_is_the_oldest_admission_whatever_the_order() -> None:
     old = h.submit("alice")  # no deadline: last under edf
     h.clock.advance(4.0)
     young = h.submit("alice", timeout=10.0)
-    assert h.dispatcher.queues.band("interactive").flows["alice"].head() is young.request
+    assert (young.position(), old.position()) == (1, 2)
     assert demand(h)[3] == 4.0
     assert h.dispatch() == [young]
     h.clock.advance(1.0)

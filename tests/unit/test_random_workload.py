@@ -11,29 +11,37 @@ import contextlib
 import math
 import random
 from collections import defaultdict
+from collections.abc import Iterator
 
 import pytest
 
-from scheduler_svc.errors import QueueFull
+from scheduler_svc.core.errors import QueueFull
+from scheduler_svc.core.ticket import Outcome, TicketState
 from scheduler_svc.policies import FAIRNESS_POLICIES
-from scheduler_svc.ticket import Outcome, TicketState
+from tests.unit import prompt_share_policy
 from tests.unit.dispatch_harness import Harness
 
-POLICIES = sorted(FAIRNESS_POLICIES.describe())
+POLICIES = sorted([*FAIRNESS_POLICIES.describe(), prompt_share_policy.NAME])  # the shipped ones and a test one
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _test_policy() -> Iterator[None]:
+    with prompt_share_policy.registered():
+        yield
 
 
 def check_invariants(h: Harness, with_metrics: bool = False) -> None:
     states = defaultdict(list)
     for ticket in h.tickets.values():
         states[ticket.state].append(ticket)
-    assert len(h.dispatcher.queues) == len(states[TicketState.QUEUED])
+    assert h.queued() == len(states[TicketState.QUEUED])
     for ticket in states[TicketState.QUEUED]:
-        assert h.dispatcher.queues.flow_of(ticket.request.request_id) is not None
+        assert ticket.position() > 0
         assert ticket.outcome is None and ticket.backend is None
     assert h.handle.estimator.in_flight == len(states[TicketState.DISPATCHED])
     assert all(t.outcome is not None for t in states[TicketState.DONE])
     if with_metrics:  # collecting the registry is slow: every so often
-        sample = h.dispatcher._metrics.registry.get_sample_value
+        sample = h.metrics.registry.get_sample_value
         labels = ({"model": "m", "outcome": o.value} for o in Outcome)
         recorded = sum(sample("llmsched_request_outcomes_total", label) or 0 for label in labels)
         assert recorded == len(states[TicketState.DONE])

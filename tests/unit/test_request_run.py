@@ -12,10 +12,10 @@ import pytest
 from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.errors import BackendError, BackendUnavailable
 from backends.fake import FakeBackend
-from scheduler_svc.errors import ShuttingDown
-from scheduler_svc.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun, RunEvent
-from scheduler_svc.stream_pacing import StreamPacing
-from scheduler_svc.ticket import Outcome, TicketState
+from scheduler_svc.core.errors import ShuttingDown
+from scheduler_svc.core.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun, RunEvent
+from scheduler_svc.core.stream_pacing import StreamPacing
+from scheduler_svc.core.ticket import Outcome, TicketState
 from tests.unit.dispatch_harness import Harness
 
 
@@ -52,7 +52,7 @@ async def test_a_watched_run_tells_its_position_then_streams_to_the_end() -> Non
     h.submit("other")  # another user: dispatched with it, in no way ahead in its queue
     ticket = h.submit("u")
     h.submit("u")  # behind it in the same queue
-    events = RequestRun(ticket, h.dispatcher, watch_positions=True).events()
+    events = RequestRun(ticket, h.events, watch_positions=True).events()
     async with contextlib.aclosing(events):
         assert await anext(events) == Queued(1)
         h.dispatch()
@@ -67,7 +67,7 @@ async def test_an_unwatched_run_yields_no_positions() -> None:
     h = harness(Engine(ANSWER))
     ticket = h.submit("u")
     h.dispatch()
-    kinds = [type(event).__name__ async for event in RequestRun(ticket, h.dispatcher).events()]
+    kinds = [type(event).__name__ async for event in RequestRun(ticket, h.events).events()]
     assert kinds == ["Dispatched", "Chunk", "Chunk", "Done"]
 
 
@@ -75,7 +75,7 @@ async def test_a_failure_before_the_first_token_queues_the_request_again() -> No
     engine = Engine([Accepted(), BackendUnavailable("dropped")], ANSWER)
     h = harness(engine, failover_attempts=1, failover_cooldown_seconds=1.0)
     ticket = h.submit("u")
-    events = RequestRun(ticket, h.dispatcher, watch_positions=True).events()
+    events = RequestRun(ticket, h.events, watch_positions=True).events()
     async with contextlib.aclosing(events):
         assert await anext(events) == Queued(1)
         h.dispatch()
@@ -93,7 +93,7 @@ async def test_an_attempt_the_engine_refused_is_never_announced() -> None:
     engine = Engine([BackendUnavailable("refused")], ANSWER)
     h = harness(engine, failover_attempts=1, failover_cooldown_seconds=1.0)
     ticket = h.submit("u")
-    events = RequestRun(ticket, h.dispatcher, watch_positions=True).events()
+    events = RequestRun(ticket, h.events, watch_positions=True).events()
     async with contextlib.aclosing(events):
         assert await anext(events) == Queued(1)
         h.dispatch()
@@ -121,7 +121,7 @@ async def test_dispatched_waits_for_the_engine_to_take_the_request() -> None:
     h.handle.backend = FakeBackend(slow_front_end)
     ticket = h.submit("u")
     h.dispatch()
-    events = RequestRun(ticket, h.dispatcher).events()
+    events = RequestRun(ticket, h.events).events()
     async with contextlib.aclosing(events):
         first = asyncio.ensure_future(anext(events))
         async with asyncio.timeout(5):  # told before the request left (the old order), this would never come
@@ -138,7 +138,7 @@ async def test_a_source_without_acceptance_is_announced_before_its_first_event()
     h = harness(Engine([TextDelta("he"), Finished("stop", 3, 1)]))
     ticket = h.submit("u")
     h.dispatch()
-    events = [event async for event in RequestRun(ticket, h.dispatcher).events()]
+    events = [event async for event in RequestRun(ticket, h.events).events()]
     assert events == [Dispatched("b0", 1), Chunk("he", 1), Done("stop", 3, 1)]
 
 
@@ -147,7 +147,7 @@ async def test_a_failure_after_text_is_the_last_event_and_fails_the_request() ->
     h = harness(Engine([Accepted(), TextDelta("he"), error]))
     ticket = h.submit("u")
     h.dispatch()
-    events = [event async for event in RequestRun(ticket, h.dispatcher).events()]
+    events = [event async for event in RequestRun(ticket, h.events).events()]
     assert events == [Dispatched("b0", 1), Chunk("he", 1), Failed(error)]
     assert ticket.outcome is Outcome.FAILED and h.handle.estimator.in_flight == 0
 
@@ -155,8 +155,8 @@ async def test_a_failure_after_text_is_the_last_event_and_fails_the_request() ->
 async def test_a_request_ended_in_the_queue_fails_with_its_reason() -> None:
     h = harness(Engine())
     ticket = h.submit("u")
-    h.dispatcher.reject_all_queued("stopping")
-    events = [event async for event in RequestRun(ticket, h.dispatcher).events()]
+    h.dispatcher.shutdown.reject_all_queued("stopping")
+    events = [event async for event in RequestRun(ticket, h.events).events()]
     assert len(events) == 1 and isinstance(events[0], Failed) and isinstance(events[0].error, ShuttingDown)
     assert ticket.outcome is Outcome.REJECTED
 
@@ -173,7 +173,7 @@ async def test_closing_the_run_early_cancels_the_request_and_closes_the_engine_s
     h = harness(engine)
     ticket = h.submit("u")
     h.dispatch()
-    events = RequestRun(ticket, h.dispatcher).events()
+    events = RequestRun(ticket, h.events).events()
     assert [await anext(events) for _ in seen] == seen
     assert engine.closed == 0  # the engine's stream is open
     await events.aclose()  # the caller left
@@ -198,6 +198,6 @@ async def test_paced_reads_never_hold_the_end_of_an_answer() -> None:
     h = harness(Engine(answer))
     ticket = h.submit("u")
     h.dispatch()
-    events = [event async for event in RequestRun(ticket, h.dispatcher, pacing=RecordingPacing(0.05, 0)).events()]
+    events = [event async for event in RequestRun(ticket, h.events, pacing=RecordingPacing(0.05, 0)).events()]
     assert events[-1] == Done("stop", 3, 2) and ticket.outcome is Outcome.COMPLETED
     assert pauses == [1]  # after "he" only

@@ -6,15 +6,16 @@ from typing import Any
 
 import pytest
 
+from backends.adapters.llamacpp import LlamaCppBackend
+from backends.adapters.tgi import TgiBackend
+from backends.adapters.vllm import VllmBackend
 from backends.base import BackendCapabilities, BackendLoad
-from backends.llamacpp import LlamaCppBackend
-from backends.tgi import TgiBackend
-from backends.vllm import VllmBackend
-from scheduler_svc.config import ConfigError, GateConfig, PriorityClassConfig, config_from_dict
-from scheduler_svc.load import LoadEstimator
+from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.config import ConfigError, GateConfig, PriorityClassConfig
+from scheduler_svc.core.ticket import TicketState
+from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.policies import SignalGate
 from scheduler_svc.policies.step_model import StepTimeModel
-from scheduler_svc.ticket import TicketState
 from tests.unit.dispatch_harness import Harness
 
 INTERACTIVE = PriorityClassConfig("interactive", max_tpot_seconds=0.15)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_svc.text import client_text
+from scheduler_svc.core.text import client_text
 
 
 def test_short_strings_are_quoted_like_repr() -> None:

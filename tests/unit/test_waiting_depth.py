@@ -158,7 +158,7 @@ def _flooded_engine_readings(teach: bool) -> int:
         if teach:
             h.dispatch()
         else:
-            h.dispatcher.backend_states()
+            h.gates()
     gate = h.handle.gate
     assert isinstance(gate, SignalGate)
     return gate.waiting.depth.target

@@ -43,9 +43,8 @@ from typing import Any
 
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult
-from bench.scenario import Options, Scenario
+from bench.scenario import Definition, Options, Scenario
 from bench.scenarios.common import jsonable, median
-from bench.scenarios.definition import Definition
 from bench.scenarios.r1.engine import RealEngine, calibrate, real_engine
 from bench.scenarios.r1.figures import nearest_rank, run_figures
 from bench.scenarios.r1.gates import layout_markdown

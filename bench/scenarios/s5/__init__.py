@@ -46,9 +46,8 @@ from __future__ import annotations
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult
 from bench.runner import run_modes
-from bench.scenario import Options, Plot, Scenario
+from bench.scenario import Definition, Options, Plot, Scenario
 from bench.scenarios.common import not_run
-from bench.scenarios.definition import Definition
 from bench.scenarios.s5.setups import TITLE, S5Params, modes
 from bench.scenarios.s5.summary import summarise, tpot_targets
 from bench.scenarios.s5.workload import body, run_tpot_flood

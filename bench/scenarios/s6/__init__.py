@@ -24,9 +24,8 @@ from typing import Any
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult
 from bench.runner import run_modes
-from bench.scenario import Options, Scenario
+from bench.scenario import Definition, Options, Scenario
 from bench.scenarios.common import not_run
-from bench.scenarios.definition import Definition
 from bench.scenarios.s6.profile import profiled
 from bench.scenarios.s6.setups import (
     DIRECT,

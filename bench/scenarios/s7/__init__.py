@@ -27,8 +27,7 @@ from pathlib import Path
 from bench.engines import EngineProvider
 from bench.report import table_markdown
 from bench.results import ScenarioResult
-from bench.scenario import Options, Scenario
-from bench.scenarios.definition import Definition
+from bench.scenario import Definition, Options, Scenario
 from bench.scenarios.s7.experiment import measure
 from bench.scenarios.s7.params import TITLE, S7Params
 from bench.scenarios.s7.summary import summarise, three_way, workload

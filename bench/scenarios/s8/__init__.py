@@ -33,8 +33,7 @@ from typing import Any
 from bench.configs import NotAvailable
 from bench.engines import EngineProvider, SimProfile, SimProvider, VllmProvider
 from bench.results import ScenarioResult
-from bench.scenario import Options, Scenario
-from bench.scenarios.definition import Definition
+from bench.scenario import Definition, Options, Scenario
 from bench.scenarios.s8.replicas import ReplicaPair, SimReplicas, VllmReplicas, vllm_specs
 from bench.scenarios.s8.setups import TITLE, VLLM_PARAMS, S8Params, setup_list
 from bench.scenarios.s8.summary import build_result, workload_text

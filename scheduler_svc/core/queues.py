@@ -1,0 +1,231 @@
+"""Per-model queues: priority bands, and inside each band one flow (queue) per user.
+
+Only this module mutates queues. Policies receive them as the read-only views of
+`scheduler_svc.policies.interfaces`, so they can look but not reorder or drop anything.
+
+A flow's storage does not decide its order: the ordering policy's key does (`OrderKey`). A flow keeps its
+requests sorted by that key, so its head is the request that goes next, a request's position is its
+rank in that order, and nothing here assumes the head is the oldest (a band's starvation age is read from
+a separate record of admissions).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+from sortedcontainers import SortedList
+
+from scheduler_svc.config import PriorityClassConfig
+from scheduler_svc.core.request import QueuedRequest
+
+OrderKey = tuple[float, ...]
+"""A request's place in its user's queue by the ordering policy: smaller goes first, equal keys go in
+arrival order. It must not change while the request is queued."""
+
+OrderKeyFn = Callable[[QueuedRequest], OrderKey]
+
+
+def arrival_order(request: QueuedRequest) -> OrderKey:
+    """The empty key: arrival order alone (first come, first served)."""
+    return ()
+
+
+# (front, policy key, stamp, request): `front` is 0, or -n for the n-th request put back at the front of
+# the flow; `stamp` counts the flow's pushes and is unique, so comparisons never reach the request.
+_Entry = tuple[int, OrderKey, int, QueuedRequest]
+
+
+class Flow:
+    """A user's queued requests in one band, kept in the ordering policy's order.
+
+    Entries sort by (front, key, stamp): `front` puts a request that came back from a failed dispatch ahead
+    of everything (the latest such first), `key` is the ordering policy's, `stamp` keeps arrival order
+    among equal keys. Push, removal of any request and position are O(log n) (a `SortedList`, which also
+    keeps ranks); head and the oldest admission are O(1): admissions sit in a heap whose stale records are
+    popped while they are on top, and which is rebuilt once they outnumber live ones, so it stays O(n) and
+    each removal costs O(log n) amortised.
+    """
+
+    __slots__ = ("_admissions", "_entries", "_fronts", "_key", "_order", "_stamp", "priority_class", "user")
+
+    def __init__(self, user: str, priority_class: str, key: OrderKeyFn = arrival_order) -> None:
+        self.user = user
+        self.priority_class = priority_class
+        self._key = key
+        self._order = SortedList()
+        self._entries: dict[str, _Entry] = {}
+        self._admissions: list[tuple[float, int, str]] = []  # (admitted_at, stamp, request_id), lazily cleaned
+        self._stamp = 0
+        self._fronts = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[QueuedRequest]:
+        return (entry[3] for entry in self._order)
+
+    def head(self) -> QueuedRequest:
+        """The request that goes next by the ordering policy."""
+        entry: _Entry = self._order[0]
+        return entry[3]
+
+    def push(self, request: QueuedRequest) -> None:
+        """Queue `request` where the ordering policy puts it."""
+        self._add((0, self._key(request), self._stamp, request))
+
+    def push_front(self, request: QueuedRequest) -> None:
+        """Put a request back ahead of all others, whatever the ordering policy (it was sent and came back
+        before its first token: it goes first again for its user)."""
+        self._fronts += 1
+        self._add((-self._fronts, (), self._stamp, request))
+
+    def _add(self, entry: _Entry) -> None:
+        request = entry[3]
+        self._stamp += 1
+        self._order.add(entry)
+        self._entries[request.request_id] = entry
+        heapq.heappush(self._admissions, (request.admitted_at, entry[2], request.request_id))
+
+    def remove(self, request_id: str) -> QueuedRequest | None:
+        entry = self._entries.pop(request_id, None)
+        if entry is None:
+            return None
+        self._order.remove(entry)
+        admissions = self._admissions
+        while admissions and not self._live(admissions[0]):  # under arrival order: the one just removed
+            heapq.heappop(admissions)
+        if len(admissions) > 2 * len(self._entries) + 16:  # removals from the middle left too many behind
+            self._admissions = [(e[3].admitted_at, e[2], e[3].request_id) for e in self._entries.values()]
+            heapq.heapify(self._admissions)
+        return entry[3]
+
+    def _live(self, admission: tuple[float, int, str]) -> bool:
+        """Whether a record of the admissions heap is still a queued request's (not removed or re-pushed)."""
+        entry = self._entries.get(admission[2])
+        return entry is not None and entry[2] == admission[1]
+
+    def position(self, request: QueuedRequest) -> int:
+        """1-based rank of `request` in the ordering policy's order (1: it goes next); 0 if not queued here."""
+        entry = self._entries.get(request.request_id)
+        if entry is None:
+            return 0
+        index: int = self._order.index(entry)
+        return index + 1
+
+    def is_last(self, request: QueuedRequest) -> bool:
+        """Whether `request` is behind every other queued request (pushing it moved nobody)."""
+        entry: _Entry = self._order[-1]
+        return entry[3] is request
+
+    def oldest_admission(self) -> float:
+        """When the longest-waiting request of the flow was admitted, whatever the order (flow non-empty)."""
+        return self._admissions[0][0]  # stale records on top are dropped as requests leave
+
+
+class Band:
+    """The queued requests of one priority class: backlogged flows in the order they became backlogged.
+
+    `size`, `prompt_tokens` and `max_output_tokens` are running totals over the queued requests (kept by
+    `ModelQueues` as requests come and go), so reading what is queued costs nothing per request.
+    """
+
+    __slots__ = ("flows", "max_output_tokens", "priority_class", "prompt_tokens", "size")
+
+    def __init__(self, priority_class: PriorityClassConfig) -> None:
+        self.priority_class = priority_class
+        self.flows: dict[str, Flow] = {}
+        self.size = 0
+        self.prompt_tokens = 0  # the requests' prompt_tokens_estimate, summed
+        self.max_output_tokens = 0  # their max_tokens, summed: the most they may generate
+
+    @property
+    def flow_views(self) -> Mapping[str, Flow]:
+        """Backlogged flows by user, in the order they became backlogged (policies see them read-only)."""
+        return self.flows
+
+    def oldest_admission(self) -> float:
+        """When the band's longest-waiting request was admitted (band non-empty): its starvation age is
+        measured from here. Whatever the ordering: starvation is about how long the band's work has waited,
+        and under an order other than arrival a flow's head may be its youngest request, so reading heads
+        would let an old request hide behind fresher ones that keep overtaking it."""
+        return min(flow.oldest_admission() for flow in self.flows.values())
+
+
+class ModelQueues:
+    """All queued requests of one model; each flow ordered by `order_key` (the ordering policy's key)."""
+
+    def __init__(self, classes: Sequence[PriorityClassConfig], order_key: OrderKeyFn = arrival_order) -> None:
+        self._order_key = order_key
+        ordered = sorted(classes, key=lambda c: c.rank)
+        self.bands: list[Band] = [Band(c) for c in ordered]
+        self._band_by_class = {b.priority_class.name: b for b in self.bands}
+        self._flow_of: dict[str, Flow] = {}
+        self._user_depth: dict[str, int] = {}
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def band(self, priority_class: str) -> Band:
+        return self._band_by_class[priority_class]
+
+    def push(self, request: QueuedRequest, *, front: bool = False) -> tuple[Flow, bool]:
+        """Queue `request` where the ordering puts it (at the head of its flow with `front`); returns its
+        flow and whether that flow just became backlogged."""
+        band = self._band_by_class[request.priority_class]
+        flow = band.flows.get(request.user)
+        newly_backlogged = flow is None
+        if flow is None:
+            flow = band.flows[request.user] = Flow(request.user, request.priority_class, self._order_key)
+        if front:
+            flow.push_front(request)
+        else:
+            flow.push(request)
+        band.size += 1
+        band.prompt_tokens += request.prompt_tokens_estimate
+        band.max_output_tokens += request.max_tokens
+        self.size += 1
+        self._flow_of[request.request_id] = flow
+        self._user_depth[request.user] = self._user_depth.get(request.user, 0) + 1
+        return flow, newly_backlogged
+
+    def remove(self, request_id: str) -> QueuedRequest | None:
+        """Take a request out wherever it is; None if it is not queued (already dispatched or removed)."""
+        flow = self._flow_of.pop(request_id, None)
+        if flow is None:
+            return None
+        request = flow.remove(request_id)
+        assert request is not None
+        band = self._band_by_class[flow.priority_class]
+        band.size -= 1
+        band.prompt_tokens -= request.prompt_tokens_estimate
+        band.max_output_tokens -= request.max_tokens
+        self.size -= 1
+        if not flow:
+            del band.flows[flow.user]
+        depth = self._user_depth[request.user] - 1
+        if depth:
+            self._user_depth[request.user] = depth
+        else:
+            del self._user_depth[request.user]
+        return request
+
+    def flow_of(self, request_id: str) -> Flow | None:
+        return self._flow_of.get(request_id)
+
+    def user_depth(self, user: str) -> int:
+        """Requests this user has queued for the model, all bands together."""
+        return self._user_depth.get(user, 0)
+
+    def users_in(self, priority_class: str) -> int:
+        """Users with requests queued in the class's band."""
+        return len(self._band_by_class[priority_class].flows)
+
+    def backlogged_bands(self) -> Iterator[Band]:
+        """Non-empty bands, best (lowest rank) first."""
+        return (b for b in self.bands if b.size)
+
+    def depth_by_band_and_user(self) -> dict[str, dict[str, int]]:
+        """For introspection: class -> user -> queued requests."""
+        return {b.priority_class.name: {u: len(f) for u, f in b.flows.items()} for b in self.bands}

@@ -1,0 +1,45 @@
+"""A backend as the dispatch core holds it: the adapter, its gate, its load estimator, and its cooldown.
+
+It lives apart from the dispatcher so that a ticket can name the backend it was assigned without
+importing the dispatcher (the ticket calls back through its own `TicketHost` Protocol).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.base import Backend, BackendLoad
+from scheduler_svc.config import BackendConfig
+from scheduler_svc.dispatch.load import LoadEstimator
+from scheduler_svc.policies.gate import Gate
+
+
+@dataclass(eq=False)
+class BackendHandle:
+    """A backend as a dispatcher sees it: the adapter, its gate, and what was sent to it."""
+
+    config: BackendConfig
+    backend: Backend
+    gate: Gate
+    estimator: LoadEstimator
+
+    def __post_init__(self) -> None:
+        self.cool_until = 0.0  # no request goes to it before this time: it failed one before its first token
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def cooling_for(self, now: float) -> float:
+        """Seconds until it may take requests again after a failover (0: it may now)."""
+        return max(0.0, self.cool_until - now)
+
+    def record_reading(self, reading: BackendLoad) -> None:
+        """A scrape of the backend: the estimator sets it against what was sent, the gate learns from it."""
+        self.estimator.record_reading(reading)
+        self.gate.observe(reading)
+
+    @property
+    def sends_priority(self) -> bool:
+        """Whether requests to this backend carry a numeric engine priority."""
+        return self.config.priority_scheduling and self.backend.capabilities.supports_priority

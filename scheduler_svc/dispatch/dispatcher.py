@@ -1,0 +1,286 @@
+"""One model's dispatch, wired from named parts, each in its own module with one job:
+
+    queue_book.QueueBook        what is queued, ticket by ticket, and whose position moved
+    run_ledger.RunLedger        what is in flight, per backend and class
+    decisions.Decisions         one decision pass: band -> user -> request -> backend, while the gates allow
+    handover.Handover           a queued request handed to a backend, with all that changes with it
+    loop.DispatchLoop           wakes on events only and runs a pass; the timer for a held choice
+    request_events.RequestEvents  what tickets and runs call back on: the accounting of each request's life,
+                                and failover (the one interface a ticket knows)
+    cluster_port.ClusterPort    the port a cluster steers the model through
+    shutdown.Shutdown           stopping, and the steps of the drain
+    capacity, openings (gates and engine priorities), failover (the rule), health (the watchdog's look),
+    introspection (the operator's snapshot)
+
+`ModelDispatcher` only builds and connects them, and says which of them the rest of the service may use: the
+scheduler queues a request (`enqueue`), runs the loop and drains through `shutdown`; a face runs a request
+with `events` as its host and asks `outlook` for what a waiting client is told; the cluster steers through
+`cluster`; an operator reads `snapshot`. The request itself runs in its caller's task (`core.request_run`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from scheduler_svc.config import ModelConfig, SchedulingConfig
+from scheduler_svc.core.clock import Clock
+from scheduler_svc.core.errors import InternalError
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.dispatch.activity import ClassActivity
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.capacity import Capacity
+from scheduler_svc.dispatch.cluster_port import ClusterPort
+from scheduler_svc.dispatch.decisions import Decisions
+from scheduler_svc.dispatch.drain_estimate import DrainEstimate
+from scheduler_svc.dispatch.failover import FailoverRule
+from scheduler_svc.dispatch.handover import Handover
+from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth, StallWatch
+from scheduler_svc.dispatch.introspection import ModelSnapshot, model_snapshot
+from scheduler_svc.dispatch.loop import DispatchLoop
+from scheduler_svc.dispatch.metrics import RequestCounters, SchedulerMetrics, backend_series, class_series
+from scheduler_svc.dispatch.openings import BackendGates, EnginePriorities
+from scheduler_svc.dispatch.queue_book import QueueBook
+from scheduler_svc.dispatch.request_events import RequestEvents
+from scheduler_svc.dispatch.run_ledger import RunLedger
+from scheduler_svc.dispatch.shutdown import Shutdown
+from scheduler_svc.policies import FAIRNESS_POLICIES, ORDERING_POLICIES, Fairness
+from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, BackendPolicy
+from scheduler_svc.policies.band import BAND_POLICIES
+from scheduler_svc.policies.cost import CostAccounts, CounterScope, Prices
+from scheduler_svc.policies.weights import WeightResolver
+
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """What a client waiting in the queue is told besides its position: the model's queue depth, and about
+    how long until its request goes (None while the drain rate is unknown)."""
+
+    depth: int
+    estimated_wait: float | None
+
+
+class ModelDispatcher:
+    """Queues and dispatch for one model (see the module docstring for its parts)."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        scheduling: SchedulingConfig,
+        backends: Sequence[BackendHandle],
+        clock: Clock,
+        metrics: SchedulerMetrics,
+        *,
+        errors: InternalErrors | None = None,
+        health: LoopHealth | None = None,
+        on_done: Callable[[Ticket], None] | None = None,
+        counter_scope: CounterScope | None = None,
+    ) -> None:
+        self.model = model
+        self.clock = clock
+        self._backends = tuple(backends)
+        errors = errors or InternalErrors(lambda component: metrics.internal_errors.labels(component).inc())
+        health = health or LoopHealth(
+            f"dispatch:{model.name}", ServiceHealth(), max_failed_passes=3, max_stall_seconds=0.0
+        )
+        self._classes = list(scheduling.classes)
+        classes = {c.name: c for c in self._classes}
+        weights = WeightResolver(scheduling.weights)
+        self._fairness: dict[str, Fairness] = {
+            c.name: FAIRNESS_POLICIES.create(scheduling.fairness, weights, clock, params=scheduling.policy_params)
+            for c in self._classes
+        }
+        prices = Prices.of(model)
+        scope = counter_scope or CounterScope(scheduling.fairness_scope)  # one per scheduler: shared by models
+        for name, policy in self._fairness.items():
+            policy.account.use_costing(prices, scope.counters(name, "user"), scope.counters(name, "group"))
+        series = {h.name: backend_series(metrics, model.name, h.name, classes) for h in self._backends}
+        by_class = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
+        self._counters = RequestCounters(
+            metrics, model.name, series, by_class, CostAccounts(scheduling.cost_accounts).label
+        )
+        self._activity = ClassActivity(scheduling.classes)
+        self._book = QueueBook(
+            scheduling.classes,
+            ORDERING_POLICIES.create(scheduling.ordering).key,
+            lambda priority_class, size: by_class[priority_class].queue_depth.set(size),
+        )
+        metrics.queued_demand.watch(model.name, self._book.bands, clock)
+        self._ledger = RunLedger(self._backends, self._activity, series)
+        backend_policy: BackendPolicy = BACKEND_POLICIES.create(model.backend_policy, model.locality)
+        self._handover = Handover(self._book, self._ledger, self._fairness, backend_policy, self._counters)
+        self._gates = BackendGates(
+            self._backends,
+            self._activity,
+            EnginePriorities(classes, scheduling.engine_priority_per_inflight),
+            series,
+        )
+        self._capacity = Capacity(model, self._book)
+        self._drain = DrainEstimate(clock, self._ledger, self._gates, classes, self._handover.drain_rate)
+        self._shutdown = Shutdown(self._book, self._ledger)
+        self._stall_watch = StallWatch(health)
+
+        def settled(ticket: Ticket) -> None:
+            if on_done is not None:
+                on_done(ticket)
+            self._shutdown.settled()
+
+        self._events = RequestEvents(
+            clock,
+            self._book,
+            self._ledger,
+            self._fairness,
+            prices,
+            self._counters,
+            self._capacity,
+            FailoverRule(model),
+            authority=lambda: self._gates.authority,
+            stopping=lambda: self._shutdown.stopping,
+            wake=self.wake,
+            settled=settled,
+            model=model.name,
+        )
+        self._decisions = Decisions(
+            self._book,
+            self._ledger,
+            self._gates,
+            self._fairness,
+            BAND_POLICIES.create(scheduling.band_policy),
+            backend_policy,
+            model.locality.deficit_bound,
+            send=self._handover.send,
+            expire=self._events.expire,
+            may_dispatch=self._may_dispatch,
+            errors=errors,
+            health=health,
+            model=model.name,
+        )
+        self._loop = DispatchLoop(self._decide, self._choose_again_at, clock, errors, health, model.name)
+        self._cluster = ClusterPort(
+            clock,
+            self._book,
+            self._ledger,
+            self._gates,
+            self._events,
+            self._fairness.__getitem__,
+            send=self._handover.send,
+            sent=self._stall_watch.count,
+            stopping=lambda: self._shutdown.stopping,
+            wake=self.wake,
+        )
+
+    # -- what the rest of the service uses --------------------------------------------------------------------
+    @property
+    def backends(self) -> Sequence[BackendHandle]:
+        """The model's backends, in configuration order (the scheduler reads their metrics)."""
+        return self._backends
+
+    @property
+    def events(self) -> RequestEvents:
+        """What the model's tickets and request runs call back on."""
+        return self._events
+
+    @property
+    def cluster(self) -> ClusterPort:
+        """The port a cluster agent steers this model through."""
+        return self._cluster
+
+    @property
+    def shutdown(self) -> Shutdown:
+        """Stopping the model: end what waits, wait for what runs, cut the rest (the scheduler's drain)."""
+        return self._shutdown
+
+    @property
+    def loop(self) -> DispatchLoop:
+        """The dispatch loop (the scheduler runs it; a driver on virtual time steps it)."""
+        return self._loop
+
+    def enqueue(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
+        """Queue an admitted request and return its ticket; QueueFull when a cap is reached (unless `force`:
+        a request admitted before, registered again with a new cluster leader)."""
+        request_id = request.request_id
+        if self._book.ticket(request_id) is not None or self._ledger.ticket(request_id) is not None:
+            # Server ids are unique: a second ticket for one would corrupt the queue (never a client's doing).
+            raise InternalError(f"request {request_id} is already queued or running here")
+        if not force:
+            self._capacity.check(request, self.busy, self._drain.eta)
+        ticket = Ticket(request, self._events)
+        _, newly_backlogged = self._book.put(ticket)
+        if newly_backlogged:
+            band = self._book.band(request.priority_class)
+            self._fairness[request.priority_class].account.on_backlogged(request.user, band.flow_views)
+        self._capacity.hold(request)
+        self._counters.admitted(request)
+        self._activity.touch(request.priority_class, self.clock.now())
+        self.wake()
+        return ticket
+
+    def wake(self) -> None:
+        """Something happened that may let a request go (a backend's new reading, say): pass again."""
+        self._loop.wake()
+
+    def decide(self) -> int:
+        """One decision pass now: send every request the gates allow; returns how many went."""
+        return self._decide()
+
+    async def run(self) -> None:
+        """The dispatch loop, until cancelled."""
+        await self._loop.run()
+
+    async def notify_positions(self, interval: float) -> None:
+        """Tell streaming clients their new queue position when it changes, at most once per `interval`."""
+        await self._book.notify_positions(interval)
+
+    def outlook(self, ticket: Ticket) -> Outlook:
+        """The model's queue depth and the ticket's estimated wait: each backlogged user of its band served in
+        turn and better bands first, the requests ahead leaving as `drain_estimate` says (None when it cannot
+        say: nothing dispatched lately and nothing running to end)."""
+        position = self._events.position(ticket)
+        wait = None
+        if position:
+            wait = self._drain.eta(self._book.ahead(ticket, position) + 1, ticket.request.priority_class)
+        return Outlook(len(self._book), wait)
+
+    @property
+    def dispatches(self) -> int:
+        """Requests sent so far, here or (leading a cluster) granted to other replicas."""
+        return self._stall_watch.sent
+
+    @property
+    def busy(self) -> int:
+        """Requests queued or running."""
+        return len(self._book) + len(self._ledger)
+
+    def snapshot(self, user: str, max_users: int) -> ModelSnapshot:
+        """What an operator sees of the model (`dispatch.introspection`)."""
+        now = self.clock.now()
+        return model_snapshot(
+            self.model.name,
+            self._book,
+            len(self._ledger),
+            self._capacity.held_bytes,
+            self._handover.drain_rate(now),
+            self._fairness,
+            self._gates.states(self._classes, now),
+            user=user,
+            max_users=max_users,
+        )
+
+    def watchdog_look(self) -> None:
+        """Tell the loop's health whether work that could go now has been waiting without any dispatch."""
+        now = self.clock.now()
+        self._stall_watch.look(now, self._decisions.could_dispatch(now))
+
+    # -- wiring -----------------------------------------------------------------------------------------------
+    def _may_dispatch(self) -> bool:
+        return not self._shutdown.stopping and self._gates.authority.dispatches_locally
+
+    def _decide(self) -> int:
+        sent = self._decisions.dispatch_ready(self.clock.now())
+        self._stall_watch.count(sent)
+        return sent
+
+    def _choose_again_at(self) -> float | None:
+        due = [t for t in (f.wake_at() for f in self._fairness.values()) if t is not None]
+        return min(due) if due else None

@@ -1,0 +1,95 @@
+"""A snapshot of one model's dispatch for an operator: what is queued per class and user, each user's
+fair-share counter, every backend's gate state, the drain rate. Plain data: the gRPC face turns it into
+GetQueueState's answer (`grpc.introspection`).
+
+Bounded by construction: at most `max_users` users per class (the most queued first), whatever the number of
+users, and with `user` set only that user's entries.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler_svc.dispatch.openings import BackendState
+from scheduler_svc.dispatch.queue_book import QueueBook
+from scheduler_svc.policies import Fairness
+
+
+@dataclass(frozen=True, slots=True)
+class UserSnapshot:
+    user: str
+    queued: int
+    fair_share_counter: float | None  # None: the class's fairness policy keeps no counter for the user
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSnapshot:
+    priority_class: str
+    rank: int
+    queued: int
+    users: list[UserSnapshot]  # most queued first, then by name
+    users_total: int  # users with anything queued or counted, before `max_users` cut the list
+    truncated: bool
+    tracked_users: int  # users the class's fairness policy keeps any state for (idle ones are forgotten)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSnapshot:
+    model: str
+    queued: int
+    running: int
+    held_prompt_bytes: int  # what the queued and running requests hold (`max_queued_bytes` caps it)
+    drain_rate_per_second: float
+    classes: list[ClassSnapshot]
+    gates: list[BackendState]
+
+
+def class_snapshots(
+    book: QueueBook, fairness: Mapping[str, Fairness], user: str, max_users: int
+) -> list[ClassSnapshot]:
+    """Each band's depth per user with its fair-share counter, at most `max_users` users per band, most queued
+    first (O(n log max_users)); only `user` when it is set."""
+    classes = []
+    for band in book.bands:
+        policy = fairness[band.priority_class.name]
+        counted = policy.account.counters()
+        names = ({user} & (band.flows.keys() | counted.keys())) if user else band.flows.keys() | counted.keys()
+        depths = {name: len(band.flows[name]) if name in band.flows else 0 for name in names}
+        shown = heapq.nsmallest(max_users, depths, key=lambda name: (-depths[name], name))
+        classes.append(
+            ClassSnapshot(
+                priority_class=band.priority_class.name,
+                rank=band.priority_class.rank,
+                queued=band.size,
+                users=[UserSnapshot(name, depths[name], counted.get(name)) for name in shown],
+                users_total=len(names),
+                truncated=len(shown) < len(names),
+                tracked_users=policy.account.tracked_users(),
+            )
+        )
+    return classes
+
+
+def model_snapshot(
+    model: str,
+    book: QueueBook,
+    running: int,
+    held_prompt_bytes: int,
+    drain_rate: float,
+    fairness: Mapping[str, Fairness],
+    gates: Sequence[BackendState],
+    *,
+    user: str,
+    max_users: int,
+) -> ModelSnapshot:
+    return ModelSnapshot(
+        model=model,
+        queued=len(book),
+        running=running,
+        held_prompt_bytes=held_prompt_bytes,
+        drain_rate_per_second=drain_rate,
+        classes=class_snapshots(book, fairness, user, max_users),
+        gates=list(gates),
+    )

@@ -1,0 +1,320 @@
+"""The scheduler: admission into per-model queues, one dispatcher and one metrics monitor per backend.
+
+scheduler.admit(request) -> Ticket      queue a validated request (both doors, through `dispatch.intake`)
+scheduler.request_run(ticket)           the ticket's run, reporting to its model's dispatch
+scheduler.outlook(ticket)               what a waiting client is told: the queue depth, its estimated wait
+scheduler.snapshot(model, ...)          what an operator sees of a model (GetQueueState)
+await scheduler.run()                   dispatch loops and metrics monitors, until cancelled
+await scheduler.drain(grace)            on shutdown: stop admitting, let work finish, then reject
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+
+import structlog
+
+from backends.base import Backend, BackendLoad, HttpSettings
+from backends.registry import create_backend
+from scheduler_svc.config import BackendConfig, Config, ModelConfig
+from scheduler_svc.core.clock import Clock, MonotonicClock
+from scheduler_svc.core.errors import AlreadyExists, ModelNotFound, ShuttingDown
+from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.request_run import GenerationSource, RequestRun
+from scheduler_svc.core.stream_pacing import NO_PACING, StreamPacing
+from scheduler_svc.core.text import client_text
+from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.dispatcher import ModelDispatcher, Outlook
+from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth
+from scheduler_svc.dispatch.introspection import ModelSnapshot
+from scheduler_svc.dispatch.load import LoadEstimator, scrape
+from scheduler_svc.dispatch.metrics import SchedulerMetrics, engine_series
+from scheduler_svc.dispatch.steering import AdmissionGuard
+from scheduler_svc.policies import GATE_POLICIES
+from scheduler_svc.policies.cost import CounterScope
+
+log = structlog.get_logger(__name__)
+
+BackendFactory = Callable[[ModelConfig, BackendConfig], Backend]
+CUT_REPORT_SECONDS = 1.0  # after cutting running requests, how long their RPCs get to report it
+# Engines read on the same beat: their answers are handled in the same passes of the event loop, where the
+# same reads spread one by one over the interval cost 1.5-2x the CPU; a beat's burst stays about a
+# millisecond, where a hundred engines read together hold every dispatch decision for ten (bench/tools/scrape_scale/).
+SCRAPES_PER_BEAT = 10
+
+
+def default_backend_factory(model: ModelConfig, backend: BackendConfig) -> Backend:
+    """Build the adapter for a configured engine."""
+    return create_backend(
+        kind=backend.kind,
+        name=backend.name,
+        url=backend.url,
+        engine_model=backend.engine_model or model.name,
+        priority_scheduling=backend.priority_scheduling,
+        http=HttpSettings(
+            metrics_path=backend.metrics_path,
+            metrics_timeout=model.gate.stale_after_seconds,
+            connect_timeout=backend.connect_timeout_seconds,
+            max_connections=backend.max_connections,
+            idle_connection_seconds=backend.idle_connection_seconds,
+        ),
+    )
+
+
+class Scheduler:
+    """All models' queues and dispatchers."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backend_factory: BackendFactory = default_backend_factory,
+        clock: Clock | None = None,
+        metrics: SchedulerMetrics | None = None,
+        spread_scrapes: bool = True,
+    ) -> None:
+        """`spread_scrapes=False` reads every engine on the same beat (the bench's baseline)."""
+        self.config = config
+        self._spread_scrapes = spread_scrapes
+        self.clock = clock or MonotonicClock()
+        # how often every face's runs read a long answer from its engine
+        self.pacing = StreamPacing(
+            config.server.stream_read_interval_seconds,
+            config.server.stream_read_after_tokens,
+            config.server.stream_group_at_engine,
+        )
+        self.metrics = metrics or SchedulerMetrics()
+        self.health = ServiceHealth()
+        self.errors = InternalErrors(lambda component: self.metrics.internal_errors.labels(component).inc())
+        self.dispatchers: dict[str, ModelDispatcher] = {}
+        # (user, client request_id) -> its live ticket: a client's id is unique among its own live requests
+        self._live_ids: dict[tuple[str, str], Ticket] = {}
+        counter_scope = CounterScope(config.scheduling.fairness_scope)  # global: shared by every model
+        for model in config.models:
+            handles = [
+                BackendHandle(
+                    config=b,
+                    backend=backend_factory(model, b),
+                    gate=GATE_POLICIES.create(model.gate.policy, model.gate),
+                    estimator=LoadEstimator(engine_slots=b.max_num_seqs),
+                )
+                for b in model.backends
+            ]
+            self.dispatchers[model.name] = ModelDispatcher(
+                model,
+                config.scheduling,
+                handles,
+                self.clock,
+                self.metrics,
+                counter_scope=counter_scope,
+                errors=self.errors,
+                health=LoopHealth(
+                    f"dispatch:{model.name}",
+                    self.health,
+                    max_failed_passes=config.server.unhealthy_after_failed_passes,
+                    max_stall_seconds=config.server.unhealthy_after_stalled_seconds,
+                ),
+                on_done=self._forget_id,
+            )
+        self._accepting = True
+        # Confirms each admission elsewhere before the call goes on (a cluster's leader); None: admitted here.
+        self.guard: AdmissionGuard | None = None
+
+    def admit(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
+        """Queue a validated request; raises ModelNotFound, AlreadyExists, QueueFull or ShuttingDown.
+
+        `force` skips the caps and the duplicate-id rule: the request was admitted before and is registered
+        again with a new cluster leader (it keeps its id when no live request holds it)."""
+        dispatcher = self.dispatchers.get(request.model)
+        if dispatcher is None:
+            served = sorted(self.dispatchers)
+            raise ModelNotFound(f"unknown model {client_text(request.model)}; served models: {served}")
+        if not self._accepting:
+            raise ShuttingDown("the scheduler is shutting down; retry on another instance")
+        key = (request.user, request.client_request_id)
+        if request.client_request_id and key in self._live_ids and not force:
+            raise AlreadyExists(
+                f"request_id {request.client_request_id} is in use by another live request of user "
+                f"{request.user}; use a new id, or wait for that request to end"
+            )
+        ticket = dispatcher.enqueue(request, force=force)
+        if request.client_request_id:
+            self._live_ids.setdefault(key, ticket)
+        return ticket
+
+    def request_run(
+        self, ticket: Ticket, *, watch_positions: bool = False, generate: GenerationSource | None = None
+    ) -> RequestRun:
+        """The run of an admitted ticket, reporting to its model's dispatch. Its generation comes from the
+        assigned backend's adapter, read at the service's pacing; or from `generate` (a cluster leader's
+        mirror: the owner's reports, which are not an engine's stream and are not paced)."""
+        host = self.dispatchers[ticket.request.model].events
+        if generate is None:
+            return RequestRun(ticket, host, watch_positions=watch_positions, pacing=self.pacing)
+        return RequestRun(ticket, host, watch_positions=watch_positions, generate=generate, pacing=NO_PACING)
+
+    def outlook(self, ticket: Ticket) -> Outlook:
+        """What a client waiting in the queue is told besides its position."""
+        return self.dispatchers[ticket.request.model].outlook(ticket)
+
+    def models(self) -> list[str]:
+        """The served models' names, in configuration order."""
+        return list(self.dispatchers)
+
+    def snapshot(self, model: str, user: str, max_users: int) -> ModelSnapshot:
+        """What an operator sees of `model` (a served one): queues per class and user, counters, gates."""
+        return self.dispatchers[model].snapshot(user, max_users)
+
+    def _forget_id(self, ticket: Ticket) -> None:
+        """A request reached its outcome: its client id may be used again."""
+        request = ticket.request
+        if request.client_request_id and self._live_ids.get((request.user, request.client_request_id)) is ticket:
+            del self._live_ids[(request.user, request.client_request_id)]
+
+    async def run(self) -> None:
+        """Run every dispatcher and backend monitor until cancelled."""
+        monitored = [(dispatcher, handle) for dispatcher in self.dispatchers.values() for handle in dispatcher.backends]
+        intervals = [handle.config.scrape_interval_seconds for _, handle in monitored]
+        phases = scrape_phases(intervals) if self._spread_scrapes else [0.0] * len(intervals)
+        origin = asyncio.get_running_loop().time()  # one for all, so a beat's reads share one timer deadline
+        async with asyncio.TaskGroup() as tasks:
+            for dispatcher in self.dispatchers.values():
+                tasks.create_task(dispatcher.run(), name=f"dispatch:{dispatcher.model.name}")
+                tasks.create_task(
+                    dispatcher.notify_positions(self.config.server.queue_update_interval_seconds),
+                    name=f"positions:{dispatcher.model.name}",
+                )
+                if self.config.server.unhealthy_after_stalled_seconds:
+                    tasks.create_task(self._watchdog(dispatcher), name=f"watchdog:{dispatcher.model.name}")
+            for (dispatcher, handle), phase in zip(monitored, phases, strict=True):
+                tasks.create_task(
+                    _monitor(dispatcher, handle, self.clock, self.metrics, self.errors, origin + phase),
+                    name=f"monitor:{dispatcher.model.name}:{handle.name}",
+                )
+
+    async def _watchdog(self, dispatcher: ModelDispatcher) -> None:
+        """Look at the dispatcher a few times per stall limit: work ready and nothing sent means it is wedged."""
+        period = min(1.0, self.config.server.unhealthy_after_stalled_seconds / 4)
+        while True:
+            await asyncio.sleep(period)  # a sampling period, not a synchronisation
+            try:
+                dispatcher.watchdog_look()
+            except Exception as exc:
+                self.errors.report("watchdog", exc, model=dispatcher.model.name)
+
+    @property
+    def accepting(self) -> bool:
+        """False once draining: new requests are refused with ShuttingDown (readiness probes say so)."""
+        return self._accepting
+
+    def stop_admission(self) -> None:
+        self._accepting = False
+
+    async def drain(self, grace_seconds: float) -> None:
+        """Stop admitting and dispatching; end what is queued at once with UNAVAILABLE (reason SHUTTING_DOWN)
+        so its clients retry elsewhere; give running requests up to `grace_seconds`, then cut the rest,
+        which end with the same status and reason."""
+        self.stop_admission()
+        for dispatcher in self.dispatchers.values():
+            rejected = dispatcher.shutdown.reject_all_queued(
+                "the scheduler is shutting down; retry on another instance"
+            )
+            if rejected:
+                log.warning("drain_rejected_queued", model=dispatcher.model.name, count=rejected)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_seconds
+        for dispatcher in self.dispatchers.values():
+            while dispatcher.busy and (remaining := deadline - loop.time()) > 0:
+                try:
+                    await asyncio.wait_for(dispatcher.shutdown.wait_settled(), remaining)
+                except TimeoutError:
+                    break
+        reason = "the scheduler shut down before the request finished; retry on another instance"
+        cut = sum(dispatcher.shutdown.cut_running(reason) for dispatcher in self.dispatchers.values())
+        if cut:
+            log.warning("drain_cut_running", count=cut)
+            for dispatcher in self.dispatchers.values():  # let each RPC send its status before gRPC stops
+                while dispatcher.busy:
+                    try:
+                        await asyncio.wait_for(dispatcher.shutdown.wait_settled(), CUT_REPORT_SECONDS)
+                    except TimeoutError:
+                        break
+
+    async def aclose(self) -> None:
+        for dispatcher in self.dispatchers.values():
+            for handle in dispatcher.backends:
+                await handle.backend.aclose()
+
+
+def scrape_phases(intervals: list[float]) -> list[float]:
+    """Where in its interval each of n engines is read: in beats of SCRAPES_PER_BEAT engines, the beats
+    spread evenly over the interval (for 100 engines every 0.2 s: 10 beats, 20 ms apart)."""
+    beats = math.ceil(len(intervals) / SCRAPES_PER_BEAT)
+    return [interval * (k // SCRAPES_PER_BEAT) / beats for k, interval in enumerate(intervals)]
+
+
+def next_beat(now: float, first_beat: float, interval: float) -> float:
+    """The first of the beats `first_beat + m * interval` (m >= 0) after `now`."""
+    return first_beat + max(0, math.floor((now - first_beat) / interval) + 1) * interval
+
+
+async def _sleep_until(when: float) -> None:
+    """Sleep until the loop's clock reads `when`: engines of one beat share the deadline, so one pass of the
+    loop wakes them all (asyncio.sleep would count each delay from its own now)."""
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
+    timer = loop.call_at(when, _wake, woken)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _monitor(
+    dispatcher: ModelDispatcher,
+    handle: BackendHandle,
+    clock: Clock,
+    metrics: SchedulerMetrics,
+    errors: InternalErrors,
+    first_beat: float,
+) -> None:
+    """Read one backend's metrics at once, then on its beats, `first_beat` plus every scrape interval on the
+    loop's clock (a read that outlasts the interval skips the beats it missed); stamp each reading with the
+    core clock and wake the dispatcher with it."""
+    interval = handle.config.scrape_interval_seconds
+    loop = asyncio.get_running_loop()
+    was_ok: bool | None = None
+    engine = engine_series(metrics, dispatcher.model.name, handle.name)
+    while True:
+        if not dispatcher.cluster.authority.scrapes:  # a cluster follower: the leader reads the engine for everyone
+            await _sleep_until(next_beat(loop.time(), first_beat, interval))
+            continue
+        try:
+            reading = await scrape(handle.backend, clock)
+        except Exception as exc:  # an adapter bug must not stop the model: count it as a failed scrape
+            errors.report("monitor", exc, model=dispatcher.model.name, backend=handle.name)
+            reading = BackendLoad(ok=False, read_at=clock.now(), error=f"{type(exc).__name__}: {exc}")
+        handle.record_reading(reading)
+        if reading.ok:  # the engine's numbers as last read (a failed scrape leaves the last good ones)
+            engine.show(reading.waiting, reading.running, reading.tpot_seconds, reading.kv_cache_usage)
+        else:
+            metrics.scrape_failures.labels(dispatcher.model.name, handle.name).inc()
+        if reading.ok != was_ok:
+            log.info(
+                "backend_metrics",
+                model=dispatcher.model.name,
+                backend=handle.name,
+                ok=reading.ok,
+                error=reading.error,
+            )
+            was_ok = reading.ok
+        dispatcher.wake()
+        await _sleep_until(next_beat(loop.time(), first_beat, interval))  # the scrape period, not a synchronisation

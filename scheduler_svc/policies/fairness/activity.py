@@ -1,0 +1,137 @@
+"""Which users of a band are active, and forgetting the idle ones, so a stream of one-off users costs
+bounded memory: the part every fairness account shares.
+
+A user is *idle* in a band when it has nothing queued there and nothing dispatched from there still
+running. Its account says when an idle user's state may go (`safe_to_forget`); there are two rules:
+
+- **safe rule**: forgetting cannot change a later decision (for the counter policies: its counter is at
+  or below the floor that any returning user is lifted to anyway);
+- **idle TTL**: the user's last event is `idle_user_ttl_seconds` old (0: this rule is off), long enough
+  that pausing is no way for a heavy user to shed its debt.
+
+Cost, amortised O(1) per event and never a full scan: the user an event is about is checked when it goes
+idle, and each event checks `sweep_per_event` more known users in turn (a rotating sweep), so an idle user
+is seen again within (known users / sweep_per_event) events. Time is the injected clock's.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+
+from scheduler_svc.core.clock import Clock
+from scheduler_svc.policies.interfaces import FlowView
+from scheduler_svc.policies.weights import WeightResolver
+
+
+class UserActivity:
+    """A band's active users: what each runs, when each was last seen, and who may be forgotten.
+
+    The account gives four callbacks: whether an idle user may be forgotten by the safe rule, how to forget
+    it (`expired`: by the TTL; False when some of it must stay until the TTL), and what to drop when a user's
+    (or a group's) last running request ends."""
+
+    sweep_per_event = 2
+    pruning = True  # tests turn it off to show that pruning changes no decision
+
+    def __init__(
+        self,
+        weights: WeightResolver,
+        clock: Clock,
+        idle_ttl: float,
+        *,
+        safe_to_forget: Callable[[str], bool],
+        forget: Callable[[str, bool], bool],
+        all_ended: Callable[[str], None] = lambda user: None,
+        group_all_ended: Callable[[str], None] = lambda group: None,
+    ) -> None:
+        self._weights = weights
+        self._clock = clock
+        self._idle_ttl = idle_ttl
+        self._safe_to_forget = safe_to_forget
+        self._forget = forget
+        self._all_ended = all_ended
+        self._group_all_ended = group_all_ended
+        self.flows: Mapping[str, FlowView] = {}  # the band's live backlogged flows (a read-only view)
+        self.in_flight: dict[str, int] = {}  # user -> requests dispatched from this band, still running
+        self.group_in_flight: dict[str, int] = {}
+        self._last_seen: OrderedDict[str, float] = OrderedDict()  # user -> its last event; the sweep's order
+        self._members: dict[str, int] = {}  # group -> its users in `_last_seen`
+
+    def tracked_users(self) -> int:
+        """How many users any state is kept for (active ones, and idle ones not yet forgotten)."""
+        return len(self._last_seen)
+
+    def backlogged(self, user: str, flows: Mapping[str, FlowView]) -> None:
+        self.flows = flows
+        self._touch(user)
+        self._sweep()
+
+    def dispatched(self, user: str) -> None:
+        group = self._weights.group_of(user)
+        self.in_flight[user] = self.in_flight.get(user, 0) + 1
+        self.group_in_flight[group] = self.group_in_flight.get(group, 0) + 1
+        self._touch(user)
+        self._sweep()
+
+    def finished(self, user: str) -> None:
+        self.ended(user)
+        if self.idle(user):
+            self._try_forget(user, self._clock.now())
+        self._sweep()
+
+    def ended(self, user: str) -> None:
+        """One of the user's running requests ended or came back to the queue."""
+        group = self._weights.group_of(user)
+        left = self.in_flight.pop(user, 0) - 1
+        if left > 0:
+            self.in_flight[user] = left
+        else:
+            self._all_ended(user)
+        left = self.group_in_flight.pop(group, 0) - 1
+        if left > 0:
+            self.group_in_flight[group] = left
+        else:
+            self._group_all_ended(group)
+        self._touch(user)
+
+    def idle(self, user: str) -> bool:
+        return user not in self.flows and user not in self.in_flight
+
+    def is_last_member(self, user: str) -> bool:
+        """Whether `user` is the only known user of its group."""
+        return self._members.get(self._weights.group_of(user), 0) <= 1
+
+    def _touch(self, user: str) -> None:
+        if user not in self._last_seen:
+            group = self._weights.group_of(user)
+            self._members[group] = self._members.get(group, 0) + 1
+        self._last_seen[user] = self._clock.now()
+        self._last_seen.move_to_end(user)
+
+    def _sweep(self) -> None:
+        """Check the next few known users (bounded work) and forget those the rules allow."""
+        if not self.pruning:
+            return
+        now = self._clock.now()
+        for _ in range(min(self.sweep_per_event, len(self._last_seen))):
+            user = next(iter(self._last_seen))
+            if not self._try_forget(user, now):
+                self._last_seen.move_to_end(user)
+
+    def _try_forget(self, user: str, now: float) -> bool:
+        """Forget what the rules allow of an idle user; True once nothing of it is left."""
+        if not self.pruning or not self.idle(user):
+            return False
+        expired = self._idle_ttl > 0 and now - self._last_seen[user] >= self._idle_ttl
+        if not expired and not self._safe_to_forget(user):
+            return False
+        if not self._forget(user, expired):
+            return False
+        del self._last_seen[user]
+        group = self._weights.group_of(user)
+        if self._members[group] > 1:
+            self._members[group] -= 1
+        else:
+            del self._members[group]
+        return True
