@@ -43,7 +43,7 @@ BackendFactory = Callable[[ModelConfig, BackendConfig], Backend]
 CUT_REPORT_SECONDS = 1.0  # after cutting running requests, how long their RPCs get to report it
 # Engines read on the same beat: their answers are handled in the same passes of the event loop, where the
 # same reads spread one by one over the interval cost 1.5-2x the CPU; a beat's burst stays about a
-# millisecond, where a hundred engines read together hold every dispatch decision for ten (bench/scrape_scale.py).
+# millisecond, where a hundred engines read together hold every dispatch decision for ten (bench/tools/scrape_scale/).
 SCRAPES_PER_BEAT = 10
 
 
