@@ -244,6 +244,9 @@ def _serve(path: str) -> None:
 
     async def run() -> None:
         server = SchedulerServer(config, config_path=path)
+        loop = asyncio.get_running_loop()
+        # Before serving, so a SIGHUP sent once the service says it serves never meets the default (exit).
+        loop.add_signal_handler(signal.SIGHUP, server.reload_on_signal)  # read the file again (app.reload)
         try:
             await server.start()
         except DuplicateReplica as exc:  # [cluster]: another live replica has this name
@@ -253,10 +256,8 @@ def _serve(path: str) -> None:
         gc.collect()
         gc.freeze()
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, server.reload_on_signal)  # read the file again (app.reload)
         await stop.wait()
         await server.stop()
 

@@ -5,7 +5,10 @@ each part that reads a setting is handed the new value.
 
 - Settings: the model's caps and failover settings hold for the next admission and failure; its prices for
   the cost counted from now on (the cost counters, every band's fairness account); the weights and the
-  engine priority step for the next dispatch; the cost accounts for the next cost counted.
+  engine priority step for the next dispatch; the cost accounts for the next cost counted. A request that
+  runs across the reload has what it still holds in its user's key (a dispatch charge pending its first
+  token, vtc's look-ahead) released at the new weight and price: the key is off by at most those requests'
+  own charges times the change, until the user has nothing running and the account drops that part whole.
 - Classes: a kept class's band takes its new settings (a new rank moves the band, never a request within
   it); a new class gets an empty band, its own fairness account and its series. A class that left the
   configuration is *retiring*: admission no longer knows it, and its band keeps serving what it holds under
