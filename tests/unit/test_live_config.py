@@ -8,18 +8,22 @@ import copy
 import dataclasses
 import typing
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from backends.base import GenerationEvent, GenerationRequest
 from backends.fake import FakeBackend
-from scheduler_svc.app.settings import config_from_dict
+from bench.configs import to_toml
+from scheduler_svc.app.reload import ConfigReloader
+from scheduler_svc.app.settings import config_from_dict, load_config
 from scheduler_svc.config import Config
 from scheduler_svc.config.live import LIVE, NAMED, config_changes, is_live
 from scheduler_svc.core.admission import build_request
+from scheduler_svc.core.auth import Authenticator
 from scheduler_svc.core.clock import FakeClock
-from scheduler_svc.core.errors import BackendNotFound, InvalidField
+from scheduler_svc.core.errors import BackendNotFound, ConfigInvalid, ConfigNeedsRestart, InvalidField
 from scheduler_svc.core.request import ClientRequest
 from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
 from scheduler_svc.dispatch.backend_handle import Drain
@@ -401,3 +405,70 @@ async def test_a_removed_model_admits_nothing_serves_what_it_holds_then_goes() -
         )
         is None
     )
+
+
+# -- the reloader: refusals that need the service around the scheduler ------------------------------------------
+@dataclasses.dataclass
+class Served:
+    """A scheduler and its authenticator, served from a file that a reloader reads again."""
+
+    path: Path
+    scheduler: Scheduler
+    authenticator: Authenticator
+    reloader: ConfigReloader
+
+
+def _served(tmp_path: Path, raw: dict[str, Any], *, clustered: bool = False) -> Served:
+    path = tmp_path / "llmsched.toml"
+    path.write_text(to_toml(raw))
+    scheduler = Scheduler(load_config(path), backend_factory=lambda m, b: FakeBackend(_never, name=b.name))
+    auth = Authenticator(scheduler.config.auth)
+    return Served(
+        path, scheduler, auth, ConfigReloader(path, scheduler, auth, scheduler.metrics.registry, clustered=clustered)
+    )
+
+
+def test_a_cluster_keeps_its_models_and_no_reload_raises_the_prompt_limit_the_listeners_were_sized_for(
+    tmp_path: Path,
+) -> None:
+    served = _served(tmp_path, _raw(), clustered=True)
+    reloader, path = served.reloader, served.path
+    two = _raw()
+    two["models"].append({"name": "n", "backends": [{"name": "c0", "url": "http://127.0.0.1:4"}]})
+    path.write_text(to_toml(two))
+    with pytest.raises(ConfigNeedsRestart, match=r"models\[n\]: added \(in a cluster the model set changes only"):
+        reloader.reload()
+    path.write_text(to_toml(_raw(models__0__max_prompt_bytes=2 << 20)))
+    with pytest.raises(ConfigNeedsRestart, match="max_prompt_bytes 2097152 is above 1048576"):
+        reloader.reload()
+    path.write_text(to_toml(_raw(models__0__max_prompt_bytes=1 << 10)))  # lower is fine
+    assert reloader.reload(dry_run=True) == ["models[m].max_prompt_bytes: 1048576 -> 1024"]
+    registry = reloader._scheduler.metrics.registry
+    counts = {
+        r: registry.get_sample_value("llmsched_config_reloads_total", {"result": r}) for r in ("applied", "refused")
+    }
+    assert counts == {"applied": 0, "refused": 2}, "a dry run counts neither"
+    assert reloader.reload() == ["models[m].max_prompt_bytes: 1048576 -> 1024"]
+    assert reloader._scheduler.config.models[0].max_prompt_bytes == 1024
+    assert registry.get_sample_value("llmsched_config_last_reload_successful") == 1
+
+
+def test_a_key_file_that_cannot_be_read_at_reload_changes_nothing(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("alice sk-alice\n")
+    served = _served(tmp_path, _raw(auth={"api_keys_file": str(keys)}))
+    served.path.write_text(to_toml(_raw(auth={"api_keys_file": str(tmp_path / "missing")}, models__0__max_queued=5)))
+    with pytest.raises(ConfigInvalid, match="missing"):
+        served.reloader.reload()
+    assert served.scheduler.config.models[0].max_queued == 10000, "the running configuration stays"
+    assert served.authenticator.identify([("authorization", "Bearer sk-alice")]) == "alice"
+
+
+def test_a_mirrored_request_of_a_class_this_replica_lacks_is_refused_cleanly() -> None:
+    rig = Rig(_raw())
+    request = build_request(
+        ClientRequest(model="m", prompt="p"), user="alice", config=rig.scheduler.config, now=0.0, timeout=None
+    )
+    request.priority_class = "gold"  # a leader's mirror of a replica that already has class gold
+    with pytest.raises(InvalidField, match="gold"):
+        rig.scheduler.admit(request, force=True)
