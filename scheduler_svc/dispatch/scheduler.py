@@ -266,6 +266,7 @@ class Scheduler:
         for priority_class in dispatcher.priority_classes:
             self.metrics.forget_class(name, priority_class, ())
         self.metrics.queued_demand.unwatch(name)
+        self.health.set(f"dispatch:{name}", None)  # a loop that no longer runs says nothing of the service
         log.info("model_removed", model=name)
 
     def _backend_gone(self, model: str, handle: BackendHandle) -> None:
@@ -344,7 +345,8 @@ class Scheduler:
         so its clients retry elsewhere; give running requests up to `grace_seconds`, then cut the rest,
         which end with the same status and reason."""
         self.stop_admission()
-        for dispatcher in self.dispatchers.values():
+        dispatchers = list(self.dispatchers.values())  # a removed model may go while this waits
+        for dispatcher in dispatchers:
             rejected = dispatcher.shutdown.reject_all_queued(
                 "the scheduler is shutting down; retry on another instance"
             )
@@ -352,17 +354,17 @@ class Scheduler:
                 log.warning("drain_rejected_queued", model=dispatcher.model.name, count=rejected)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_seconds
-        for dispatcher in self.dispatchers.values():
+        for dispatcher in dispatchers:
             while dispatcher.busy and (remaining := deadline - loop.time()) > 0:
                 try:
                     await asyncio.wait_for(dispatcher.shutdown.wait_settled(), remaining)
                 except TimeoutError:
                     break
         reason = "the scheduler shut down before the request finished; retry on another instance"
-        cut = sum(dispatcher.shutdown.cut_running(reason) for dispatcher in self.dispatchers.values())
+        cut = sum(dispatcher.shutdown.cut_running(reason) for dispatcher in dispatchers)
         if cut:
             log.warning("drain_cut_running", count=cut)
-            for dispatcher in self.dispatchers.values():  # let each RPC send its status before gRPC stops
+            for dispatcher in dispatchers:  # let each RPC send its status before gRPC stops
                 while dispatcher.busy:
                     try:
                         await asyncio.wait_for(dispatcher.shutdown.wait_settled(), CUT_REPORT_SECONDS)
@@ -370,8 +372,8 @@ class Scheduler:
                         break
 
     async def aclose(self) -> None:
-        for dispatcher in self.dispatchers.values():
-            for handle in dispatcher.backends:
+        for dispatcher in list(self.dispatchers.values()):
+            for handle in list(dispatcher.backends):
                 await handle.backend.aclose()
         while self._closing:
             await asyncio.wait(set(self._closing))
