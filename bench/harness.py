@@ -50,15 +50,16 @@ class Proc:
                 self.popen.wait()
 
 
-def spawn(args: Sequence[str], name: str) -> Proc:
+def spawn(args: Sequence[str], name: str, root: Path = ROOT) -> Proc:
+    """Run `args` on the code under `root` (this checkout's; a bench comparing with an earlier version gives
+    that version's tree), whatever the installed package points at."""
     log_dir = Path(tempfile.gettempdir()) / "llmsched-bench"
     log_dir.mkdir(exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log = log_path.open("wb")
-    # This checkout's code, whatever the installed package points at.
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path}
-    popen = subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    popen = subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, cwd=root, env=env)
     return Proc(popen, log_path)
 
 
@@ -113,10 +114,13 @@ class SchedulerProc:
 
 
 @asynccontextmanager
-async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> AsyncIterator[SchedulerProc]:
+async def scheduler_process(
+    config_toml: str, wrapper: Sequence[str] = (), root: Path = ROOT
+) -> AsyncIterator[SchedulerProc]:
     """A `llmsched serve` subprocess for the config (`{GRPC_PORT}`, `{HTTP_PORT}` and `{METRICS_PORT}` are filled
-    in), optionally run under `wrapper` (a profiler's command line ending where the module arguments start).
-    Ready once gRPC answers and, with the HTTP door open, once the door's /readyz does too."""
+    in), optionally run under `wrapper` (a profiler's command line ending where the module arguments start), on
+    the code under `root`. Ready once gRPC answers and, with the HTTP door open, once the door's /readyz does
+    too."""
     port = free_port()
     text = config_toml.replace("{GRPC_PORT}", str(port))
     http_port = free_port() if "{HTTP_PORT}" in text else None
@@ -127,7 +131,8 @@ async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> As
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
     command = [*wrapper] if wrapper else [sys.executable]
-    async with _grpc_process([*command, "-m", "scheduler_svc.app.cli", "serve", "--config", str(path)], port) as proc:
+    argv = [*command, "-m", "scheduler_svc.app.cli", "serve", "--config", str(path)]
+    async with _grpc_process(argv, port, root=root) as proc:
         if http_port is not None:
             proc.http_url = f"http://127.0.0.1:{http_port}"
             await wait_http(proc.http_url + "/readyz", proc.proc)
@@ -145,9 +150,11 @@ async def grpc_echo() -> AsyncIterator[SchedulerProc]:
 
 
 @asynccontextmanager
-async def _grpc_process(argv: Sequence[str], port: int, name: str = "scheduler") -> AsyncIterator[SchedulerProc]:
+async def _grpc_process(
+    argv: Sequence[str], port: int, name: str = "scheduler", root: Path = ROOT
+) -> AsyncIterator[SchedulerProc]:
     """Run a gRPC server process listening on `port`, ready once it answers; stopped on exit."""
-    proc = spawn(argv, f"{name}-{port}")
+    proc = spawn(argv, f"{name}-{port}", root)
     try:
         target = f"127.0.0.1:{port}"
         await wait_grpc(target, proc)

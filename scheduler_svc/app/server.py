@@ -19,6 +19,7 @@ import contextlib
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -35,12 +36,17 @@ from scheduler_svc.cluster.agent import ClusterAgent
 from scheduler_svc.cluster.store import ClusterStore
 from scheduler_svc.config import ClusterConfig, Config
 from scheduler_svc.core.auth import Authenticator
-from scheduler_svc.core.clock import Clock
+from scheduler_svc.core.clock import Clock, MonotonicClock
 from scheduler_svc.core.errors import ConfigInvalid, SchedulerError
 from scheduler_svc.dispatch.scheduler import BackendFactory, Scheduler, default_backend_factory
 from scheduler_svc.grpc.decoding import DecodeGuard
 from scheduler_svc.grpc.servicer import SchedulerServicer
 from scheduler_svc.http import HttpDoor
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from scheduler_svc.app.tracing import OtelTracer
 
 log = structlog.get_logger(__name__)
 
@@ -86,10 +92,19 @@ class SchedulerServer:
         backend_factory: BackendFactory = default_backend_factory,
         clock: Clock | None = None,
         store_factory: StoreFactory = default_store_factory,
+        span_processor: SpanProcessor | None = None,
         config_path: str | Path | None = None,
     ) -> None:
-        """`config_path`: the file `config` was read from, which a reload reads again (None: no reloads)."""
-        self.scheduler = Scheduler(config, backend_factory=backend_factory, clock=clock)
+        """`span_processor`: where spans go with `[tracing]` configured (tests: the SDK's in-memory exporter);
+        None: batched to the OTLP exporter `[tracing]` names. `config_path`: the file `config` was read from,
+        which a reload reads again (None: no reloads)."""
+        clock = clock or MonotonicClock()
+        self.tracer: OtelTracer | None = None
+        if config.tracing.enabled:  # imported only then: without [tracing] the SDK is never loaded
+            from scheduler_svc.app.tracing import OtelTracer
+
+            self.tracer = OtelTracer(config.tracing, clock, span_processor)
+        self.scheduler = Scheduler(config, backend_factory=backend_factory, clock=clock, tracer=self.tracer)
         self.authenticator = Authenticator(config.auth)  # both doors share it: a reload swaps its keys
         self.reloader: ConfigReloader | None = None
         if config_path is not None:
@@ -174,6 +189,7 @@ class SchedulerServer:
             models=[m.name for m in self.config.models],
             tls="off" if self._tls is None else "mutual" if self._tls.mutual else "on",
             event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
+            tracing=f"{self.config.tracing.protocol} {self.config.tracing.endpoint}" if self.tracer else "off",
         )
 
     async def _start_metrics(self) -> None:
@@ -272,6 +288,9 @@ class SchedulerServer:
             await self._metrics_runner.cleanup()
             self._metrics_runner = None
         await self.scheduler.aclose()
+        if self.tracer is not None:  # the spans still held go out, for a bounded time (the SDK blocks)
+            await asyncio.to_thread(self.tracer.close)
+            self.tracer = None
         log.info("stopped")
 
 

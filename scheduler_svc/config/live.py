@@ -10,6 +10,7 @@ What cannot change live, and why (docs/operations.md says the same to operators)
 
 - `[server]`: listeners, TLS files, the event loop, logging, the HTTP door's bounds and the stream pacing
   are set up once, at start; `[cluster]`: the store, the replica's name and the leases are joined at start;
+  `[tracing]`: the exporter is built at start;
 - `auth.identity_from_client_cert`: the source of identity goes with the TLS set up at start;
 - the policies (`scheduling.fairness`, `ordering`, `band_policy`, `fairness_scope` and their parameters,
   a model's `backend_policy` and `locality`): switching one would rebuild what it keeps (the fairness

@@ -31,6 +31,7 @@ from scheduler_svc.core.errors import InternalError, InvalidField
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.core.text import client_text
 from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.core.tracing import GateLog, RequestTrace
 from scheduler_svc.dispatch.activity import ClassActivity
 from scheduler_svc.dispatch.backend_handle import BackendHandle, Drain
 from scheduler_svc.dispatch.capacity import Capacity
@@ -38,6 +39,7 @@ from scheduler_svc.dispatch.cluster_port import ClusterPort
 from scheduler_svc.dispatch.decisions import Decisions
 from scheduler_svc.dispatch.drain_estimate import DrainEstimate
 from scheduler_svc.dispatch.failover import FailoverRule
+from scheduler_svc.dispatch.gate_history import GateHistory
 from scheduler_svc.dispatch.handover import Handover
 from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth, StallWatch
 from scheduler_svc.dispatch.introspection import ModelSnapshot, backend_status, model_snapshot
@@ -80,7 +82,9 @@ class ModelDispatcher:
         health: LoopHealth | None = None,
         on_done: Callable[[Ticket], None] | None = None,
         counter_scope: CounterScope | None = None,
+        trace_gates: bool = False,
     ) -> None:
+        """`trace_gates`: keep the gates' recent changes for traced requests (`gate_history`)."""
         self.model = model
         self.clock = clock
         handles = tuple(backends)
@@ -114,12 +118,19 @@ class ModelDispatcher:
         metrics.queued_demand.watch(model.name, self._book.bands, clock)
         self._ledger = RunLedger(handles, self._activity, series)
         backend_policy: BackendPolicy = BACKEND_POLICIES.create(model.backend_policy, model.locality)
-        self._handover = Handover(self._book, self._ledger, self._fairness, backend_policy, self._counters)
+        history = GateHistory(scheduling.classes) if trace_gates else None
+        self._gate_logs: dict[str, GateLog] | None = (
+            None if history is None else {c.name: history.log(c.name) for c in scheduling.classes}
+        )
+        self._handover = Handover(
+            self._book, self._ledger, self._fairness, backend_policy, self._counters, gate_logs=self._gate_logs
+        )
         self._gates = BackendGates(
             handles,
             self._activity,
             EnginePriorities(classes, scheduling.engine_priority_per_inflight),
             series,
+            history,
         )
         self._capacity = Capacity(model, self._book)
         self._drain = DrainEstimate(clock, self._ledger, self._gates, classes, self._handover.drain_rate)
@@ -148,6 +159,7 @@ class ModelDispatcher:
             wake=self.wake,
             settled=settled,
             model=model.name,
+            gate_logs=self._gate_logs,
         )
         self._decisions = Decisions(
             self._book,
@@ -187,6 +199,8 @@ class ModelDispatcher:
             by_class=by_class,
             series=series,
             wake=self.wake,
+            history=history,
+            gate_logs=self._gate_logs,
         )
         self._cluster = ClusterPort(
             clock,
@@ -228,9 +242,10 @@ class ModelDispatcher:
         """The dispatch loop (the scheduler runs it; a driver on virtual time steps it)."""
         return self._loop
 
-    def enqueue(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
+    def enqueue(self, request: QueuedRequest, *, force: bool = False, trace: RequestTrace | None = None) -> Ticket:
         """Queue an admitted request and return its ticket; QueueFull when a cap is reached (unless `force`:
-        a request admitted before, registered again with a new cluster leader)."""
+        a request admitted before, registered again with a new cluster leader). `trace`: the call's trace,
+        with tracing on; its queue wait starts now."""
         request_id = request.request_id
         if not self._book.has_band(request.priority_class):  # a mirror from a replica whose classes differ
             raise InvalidField("priority_class", f"class {client_text(request.priority_class)} is not served here")
@@ -240,6 +255,10 @@ class ModelDispatcher:
         if not force:
             self._capacity.check(request, self.busy, self._drain.eta)
         ticket = Ticket(request, self._events)
+        if trace is not None:
+            ticket.trace = trace
+            logs = self._gate_logs
+            trace.queued(self.clock.now(), None if logs is None else logs[request.priority_class])
         _, newly_backlogged = self._book.put(ticket)
         if newly_backlogged:
             band = self._book.band(request.priority_class)

@@ -31,10 +31,12 @@ from collections.abc import Callable, MutableMapping, MutableSequence, Sequence
 from scheduler_svc.config import ModelConfig, PriorityClassConfig, SchedulingConfig
 from scheduler_svc.config.live import restart_changes
 from scheduler_svc.core.clock import Clock
+from scheduler_svc.core.tracing import GateLog
 from scheduler_svc.dispatch.activity import ClassActivity
 from scheduler_svc.dispatch.backend_handle import BackendHandle, Drain
 from scheduler_svc.dispatch.capacity import Capacity
 from scheduler_svc.dispatch.failover import FailoverRule
+from scheduler_svc.dispatch.gate_history import GateHistory
 from scheduler_svc.dispatch.metrics import (
     BackendSeries,
     ClassSeries,
@@ -83,7 +85,11 @@ class LiveConfig:
         by_class: MutableMapping[str, ClassSeries],
         series: MutableMapping[str, BackendSeries],
         wake: Callable[[], None],
+        history: GateHistory | None = None,
+        gate_logs: MutableMapping[str, GateLog] | None = None,
     ) -> None:
+        """`history` and `gate_logs` (with tracing on): the gates' recent changes, and each class's view of them
+        that traced requests read, kept in step with the classes."""
         self._model = model
         self._scheduling = scheduling
         self._clock = clock
@@ -105,6 +111,8 @@ class LiveConfig:
         self._by_class = by_class
         self._series = series
         self._wake = wake
+        self._history = history
+        self._gate_logs = gate_logs
         self.retiring_classes: set[str] = set()  # left the configuration, still holding queued or running work
         self.on_backend_gone: Callable[[BackendHandle], None] = lambda handle: None
         self._gate = model.gate  # what the backends' gates were built from
@@ -164,6 +172,14 @@ class LiveConfig:
         self._class_by_name.update({c.name: c for c in self._classes})
         self._book.use_classes(self._classes)
         self._activity.use(self._classes)
+        self._use_gate_logs()
+
+    def _use_gate_logs(self) -> None:
+        if self._history is None or self._gate_logs is None:
+            return
+        self._history.use_classes(self._classes)
+        self._gate_logs.clear()
+        self._gate_logs.update({c.name: self._history.log(c.name) for c in self._classes})
 
     def _add_class(self, cls: PriorityClassConfig) -> None:
         scheduling, name = self._scheduling, cls.name
@@ -266,4 +282,5 @@ class LiveConfig:
             series.gate_causes.pop(name, None)
         self._activity.use(self._classes)
         self._activity.forget(name)
+        self._use_gate_logs()
         self._metrics.forget_class(self._model.name, name, list(self._series))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.dispatch.activity import ClassActivity
 from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.gate_history import GateHistory
 from scheduler_svc.dispatch.metrics import BackendSeries
 from scheduler_svc.dispatch.steering import LOCAL, DispatchAuthority
 from scheduler_svc.policies import GateCause, GateDecision, GateInputs
@@ -78,11 +79,13 @@ class BackendGates:
         activity: ClassActivity,
         priorities: EnginePriorities,
         series: Mapping[str, BackendSeries],
+        history: GateHistory | None = None,
     ) -> None:
         self.backends = list(backends)
         self._activity = activity
         self.priorities = priorities
         self._series = series
+        self._history = history  # with tracing on: each band-level change, for traced queue waits
         self._authority: DispatchAuthority = LOCAL  # its in-flight cap closes a backend like a gate would
 
     @property
@@ -121,6 +124,8 @@ class BackendGates:
                     series.gate_open.set(0)
                     if causes := series.gate_causes.get(gate_class.name):
                         causes.show(left_out)
+                    if self._history is not None:
+                        self._history.saw(gate_class.name, handle.name, left_out, now)
                 continue
             priority = self.priorities.of(request_class.name, user, handle)
             inputs = handle.estimator.gate_inputs(
@@ -131,8 +136,11 @@ class BackendGates:
                 series.gate_open.set(1 if decision.open else 0)
                 series.metrics_fresh.set(1 if decision.fresh else 0)
                 series.estimated_waiting.set(inputs.estimated_waiting())
+                cause = GateCause.OPEN if decision.open else decision.cause
                 if causes := series.gate_causes.get(gate_class.name):
-                    causes.show(GateCause.OPEN if decision.open else decision.cause)
+                    causes.show(cause)
+                if self._history is not None:
+                    self._history.saw(gate_class.name, handle.name, cause, now)
             if decision.open:
                 openings.append(Opening(handle, inputs))
         return openings

@@ -33,6 +33,7 @@ from scheduler_svc.core.request_run import GenerationSource, RequestRun
 from scheduler_svc.core.stream_pacing import NO_PACING, StreamPacing
 from scheduler_svc.core.text import client_text
 from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.core.tracing import RequestTrace, RequestTracer
 from scheduler_svc.dispatch.backend_handle import BackendHandle, Drain
 from scheduler_svc.dispatch.dispatcher import ModelDispatcher, Outlook
 from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth
@@ -82,9 +83,12 @@ class Scheduler:
         clock: Clock | None = None,
         metrics: SchedulerMetrics | None = None,
         spread_scrapes: bool = True,
+        tracer: RequestTracer | None = None,
     ) -> None:
-        """`spread_scrapes=False` reads every engine on the same beat (the bench's baseline)."""
+        """`spread_scrapes=False` reads every engine on the same beat (the bench's baseline). `tracer`: each
+        admitted call's trace (`core.tracing`; None: tracing is off)."""
         self.config = config
+        self.tracer = tracer
         self._spread_scrapes = spread_scrapes
         self.clock = clock or MonotonicClock()
         # how often every face's runs read a long answer from its engine
@@ -137,15 +141,17 @@ class Scheduler:
                 max_stall_seconds=server.unhealthy_after_stalled_seconds,
             ),
             on_done=self._forget_id,
+            trace_gates=self.tracer is not None,
         )
         dispatcher.on_backend_gone = lambda handle: self._backend_gone(model.name, handle)
         return dispatcher
 
-    def admit(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
+    def admit(self, request: QueuedRequest, *, force: bool = False, trace: RequestTrace | None = None) -> Ticket:
         """Queue a validated request; raises ModelNotFound, AlreadyExists, QueueFull or ShuttingDown.
 
         `force` skips the caps and the duplicate-id rule: the request was admitted before and is registered
-        again with a new cluster leader (it keeps its id when no live request holds it)."""
+        again with a new cluster leader (it keeps its id when no live request holds it). `trace`: the call's
+        trace (tracing on), kept on the ticket."""
         dispatcher = self.dispatchers.get(request.model)
         if dispatcher is None or request.model in self._retiring:
             served = sorted(self.dispatchers.keys() - self._retiring)
@@ -158,7 +164,7 @@ class Scheduler:
                 f"request_id {request.client_request_id} is in use by another live request of user "
                 f"{request.user}; use a new id, or wait for that request to end"
             )
-        ticket = dispatcher.enqueue(request, force=force)
+        ticket = dispatcher.enqueue(request, force=force, trace=trace)
         if request.client_request_id:
             self._live_ids.setdefault(key, ticket)
         return ticket

@@ -38,6 +38,8 @@ from scheduler_svc.grpc.status import to_grpc_status
 log = structlog.get_logger(__name__)
 
 _FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+_SERVICE = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+_SUBMIT, _STREAM = f"{_SERVICE}/Submit", f"{_SERVICE}/Stream"  # a traced call's name (OpenTelemetry's rpc form)
 
 Reload = Callable[[bool, str], list[str]]
 """(dry run, who asks) -> what changed (or would); raises ConfigInvalid or ConfigNeedsRestart, the running
@@ -63,12 +65,14 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     ) -> Ticket:
         """Identify the caller, validate and queue the request (a bug on the way: INTERNAL with its
         ErrorInfo, not a bare UNKNOWN)."""
+        metadata = context.invocation_metadata()
         return await admit_call(
             self._scheduler,
-            client_request(params),
-            identify=lambda: self._auth.identify(context.invocation_metadata(), context.auth_context),
+            client_request(params, metadata),
+            identify=lambda: self._auth.identify(metadata, context.auth_context),
             timeout=context.time_remaining(),
             watch_positions=watch_positions,
+            operation=_STREAM if watch_positions else _SUBMIT,
         )
 
     async def _reject(

@@ -282,6 +282,13 @@ class Scenario:
                 "report_interval_seconds": 0.05,
                 "degraded_in_flight_cap": 0,
             },
+            "tracing": {  # spans only: no decision reads it
+                "endpoint": "",
+                "protocol": "grpc",
+                "service_name": "llm-scheduler",
+                "sampling_ratio": 1.0,
+                "headers": {},
+            },
         }
 
 

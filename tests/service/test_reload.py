@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from backends.sim import SimConfig, running_simulator
 from backends.sim.journal import read_journal
@@ -132,8 +134,8 @@ async def test_a_reload_under_a_flood_loses_reorders_and_duplicates_nothing(
         sent.append((ticket.request.public_id, backend.name))
         assign(ticket, backend, now, priority)
 
-    def recording_enqueue(dispatcher: ModelDispatcher, request: QueuedRequest, *, force: bool = False) -> Ticket:
-        ticket = enqueue(dispatcher, request, force=force)
+    def recording_enqueue(dispatcher: ModelDispatcher, request: QueuedRequest, **kwargs: Any) -> Ticket:
+        ticket = enqueue(dispatcher, request, **kwargs)
         queued.append(request.public_id)
         return ticket
 
@@ -372,6 +374,43 @@ async def test_sighup_reloads_a_served_file_and_the_cli_drains_and_reloads(tmp_p
         finally:
             process.terminate()
             await asyncio.wait_for(process.wait(), 30)
+
+
+async def test_traced_requests_of_a_class_a_reload_adds_or_removes(tmp_path: Path) -> None:
+    """With tracing on, each class has its view of the gates' history for traced queue waits: a reload keeps
+    them in step (a class it adds is traced at once, one it removes until its last request has gone)."""
+    path = tmp_path / "llmsched.toml"
+    exporter = InMemorySpanExporter()
+    async with running_simulator(SimConfig(max_num_seqs=2, **FAST)) as sim:
+        raw = {**_config({"b0": sim.url}), "tracing": {"endpoint": "http://127.0.0.1:4317"}}
+        _write(path, raw)
+        server = SchedulerServer(load_config(path), config_path=path, span_processor=SimpleSpanProcessor(exporter))
+        await server.start()
+        try:
+            async with _client(server, "alice") as alice, _client(server, "bob") as bob:
+                busy = [
+                    asyncio.create_task(alice.submit("m", f"w{i}", max_tokens=60, ignore_eos=True)) for i in range(6)
+                ]
+                # no event says what is queued: look at the scheduler
+                await eventually(lambda: _queued(server, "interactive") >= 1, what="a busy engine and a queue")
+                batch = asyncio.create_task(bob.submit("m", "batch work", max_tokens=4, priority_class="batch"))
+                await eventually(lambda: _queued(server, "batch") == 1, what="the batch request queued")
+                classes = [{"name": "interactive", "rank": 0}, {"name": "bulk", "rank": 2}]
+                _write(path, {**raw, "scheduling": {**raw["scheduling"], "classes": classes}})
+                server.reload()
+                assert _queued(server, "batch") == 1, "the removed class still holds its request"
+                answer = await alice.submit("m", "bulk work", max_tokens=4, priority_class="bulk")
+                assert answer.completion_tokens == 4 and (await batch).completion_tokens == 4
+                assert all(r.completion_tokens == 60 for r in await asyncio.gather(*busy))
+        finally:
+            await server.stop(grace=0.5)
+    waits = [s for s in exporter.get_finished_spans() if s.name == "queue_wait"]
+    assert len(waits) == 8, "every call's queue wait was traced, the removed class's and the new one's too"
+
+
+def _queued(server: SchedulerServer, priority_class: str) -> int:
+    classes = server.scheduler.snapshot("m", "", 0).classes
+    return sum(c.queued for c in classes if c.priority_class == priority_class)
 
 
 async def _cli(env: dict[str, str], *args: str) -> tuple[int, str]:

@@ -154,6 +154,7 @@ def test_every_live_name_is_a_field_and_what_is_not_live_changes_at_restart() ->
         "server.listen",
         "server.tls_cert_file",
         "cluster.store",
+        "tracing.endpoint",
         "auth.identity_from_client_cert",
         "scheduling.fairness",
         "scheduling.ordering",
