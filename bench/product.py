@@ -29,7 +29,9 @@ from backends.sim import SimConfig, running_simulator
 from backends.sim.journal import read_journal
 from scheduler_svc.app.event_loop import EVENT_LOOPS, run_on
 from scheduler_svc.app.logs import configure_logging
+from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.app.settings import load_config as load_config_file
 from scheduler_svc.cluster.messages import (
     Admit,
     Fail,
@@ -69,6 +71,7 @@ __all__ = [
     "Report",
     "SampleParser",
     "Scheduler",
+    "SchedulerServer",
     "ServerConfig",
     "SimConfig",
     "TgiBackend",
@@ -81,6 +84,7 @@ __all__ = [
     "engine_pool",
     "inbox_key",
     "load_config",
+    "load_config_file",
     "read_journal",
     "run_on",
     "running_simulator",

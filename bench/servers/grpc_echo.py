@@ -44,6 +44,24 @@ class EchoServicer(pb_grpc.SchedulerServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the echo answers Stream only")
         raise AssertionError("unreachable: abort raises")
 
+    async def ReloadConfig(
+        self, request: pb.ReloadConfigRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ReloadConfigResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the echo answers Stream only")
+        raise AssertionError("unreachable: abort raises")
+
+    async def DrainBackend(
+        self, request: pb.DrainBackendRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.DrainBackendResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the echo answers Stream only")
+        raise AssertionError("unreachable: abort raises")
+
+    async def UndrainBackend(
+        self, request: pb.UndrainBackendRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.UndrainBackendResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the echo answers Stream only")
+        raise AssertionError("unreachable: abort raises")
+
 
 async def serve(port: int) -> None:
     server = grpc.aio.server()
