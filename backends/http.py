@@ -91,7 +91,7 @@ class HttpEngine:
         With `select_metrics_on_server`, the samples are asked for by Prometheus' own `name[]` selection
         at `<metrics path>/` (prometheus-client's exposition app, which vLLM mounts there; its bare
         `/metrics` route ignores the selection): vLLM's front end then writes 2 KB instead of 50 KB, 1.3-1.9
-        ms of its CPU a scrape instead of 11-12 ms (CPU vLLM 0.32, bench/scrape_cost.py), several times a
+        ms of its CPU a scrape instead of 11-12 ms (CPU vLLM 0.32, bench/tools/scrape_cost.py), several times a
         second, on the process that also streams every token. An engine that answers the selection with
         404/405, or without the samples `parse` needs, is read in full from then on."""
         read_at = time.monotonic()

@@ -340,6 +340,12 @@ class BackendConfig:
         "keep-alive (vLLM and uvicorn: 5 s), or a request can go out on a connection the engine is closing.",
         bounds="> 0",
     )
+    drained: bool = _field(
+        False,
+        "Maintenance: no new request goes to this backend, the ones it runs finish, and the queue goes to the "
+        "model's other backends. Changes live with a reload (SIGHUP); `llmsched backend drain NAME` does the "
+        "same without editing the file.",
+    )
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A backend as the dispatch core holds it: the adapter, its gate, its load estimator, and its cooldown.
+"""A backend as the dispatch core holds it: the adapter, its gate, its load estimator, its cooldown, and
+whether it is draining.
 
 It lives apart from the dispatcher so that a ticket can name the backend it was assigned without
 importing the dispatcher (the ticket calls back through its own `TicketHost` Protocol).
@@ -6,6 +7,7 @@ importing the dispatcher (the ticket calls back through its own `TicketHost` Pro
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import structlog
@@ -16,6 +18,14 @@ from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.policies.gate import Gate
 
 log = structlog.get_logger(__name__)
+
+
+class Drain(enum.StrEnum):
+    """Why a backend takes no new request (a fixed set: a metric label). Its running requests finish."""
+
+    ADMIN = "admin"  # an admin drained it (DrainBackend, `llmsched backend drain`) until it is undrained
+    CONFIG = "config"  # its configuration says `drained = true`
+    REMOVED = "removed"  # it left the configuration: it goes once its running requests have ended
 
 
 @dataclass(eq=False)
@@ -29,10 +39,16 @@ class BackendHandle:
 
     def __post_init__(self) -> None:
         self.cool_until = 0.0  # no request goes to it before this time: it failed one before its first token
+        self.drains: set[Drain] = {Drain.CONFIG} if self.config.drained else set()  # none: it takes new work
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def draining(self) -> bool:
+        """Whether it takes no new request (for any reason in `drains`)."""
+        return bool(self.drains)
 
     def cooling_for(self, now: float) -> float:
         """Seconds until it may take requests again after a failover (0: it may now)."""

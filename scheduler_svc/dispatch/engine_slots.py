@@ -34,12 +34,18 @@ class EngineSlots:
         self._most_running = 0  # the most requests a good reading showed running
         self._saturated = False  # a reading showed work waiting while the KV cache had room
 
+    def reconfigure(self, configured: int, learn: bool) -> None:
+        """A reloaded config's slots: what readings showed is still true of the engine, so a count learned
+        before stays learned while the config still leaves it to the engine."""
+        self._configured = configured
+        self._learn = learn and not configured
+
     @property
     def count(self) -> int:
         """The slots the gate may assume: configured, learned, or 0 (unknown)."""
         if self._configured:
             return self._configured
-        return self._most_running if self._saturated else 0
+        return self._most_running if self._learn and self._saturated else 0
 
     def observe(self, reading: BackendLoad) -> bool:
         """Learn from one reading; True when the count changed."""

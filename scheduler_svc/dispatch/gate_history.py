@@ -27,6 +27,12 @@ class GateHistory:
         self._changes: deque[GateChange] = deque(maxlen=kept)
         self._count = 0  # changes ever recorded: a mark is this count at the moment it was taken
         self._current: dict[tuple[str, str], GateChange] = {}  # (class, backend) -> the change it is at
+        self._logs: dict[str, ClassGateLog] = {}
+        self.use_classes(classes)
+
+    def use_classes(self, classes: Sequence[PriorityClassConfig]) -> None:
+        """The classes a reload left (ranks may have moved): each class's log reads its own and the better
+        classes' changes from now on (a request already waiting keeps the log it took)."""
         self._logs = {
             c.name: ClassGateLog(self, frozenset(b.name for b in classes if b.rank <= c.rank)) for c in classes
         }

@@ -134,6 +134,11 @@ class LoadEstimator:
         if _seen_by(accepted_at, self.reading) and _after_reading(at, self.reading):
             self._finished_since_reading += 1
 
+    def configure_slots(self, configured: int, *, learn: bool) -> None:
+        """The engine's slots as a reloaded config states them (0: learned when `learn`, else unknown)."""
+        self.slots.reconfigure(configured, learn)
+        self.engine_slots = self.slots.count
+
     def record_reading(self, reading: BackendLoad) -> None:
         """Take in a scrape. A good one replaces the last; a failed one is kept apart, so one lost scrape
         changes nothing while the last good reading simply ages until the gate calls it stale.

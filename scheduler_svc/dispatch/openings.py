@@ -1,9 +1,9 @@
-"""Which backends' gates admit one more request now: engine priorities, cooldowns, gate decisions.
+"""Which backends' gates admit one more request now: engine priorities, drains, cooldowns, gate decisions.
 
 For one model, `BackendGates` asks every backend's gate about a candidate (its class, the class whose gate
-it goes under, its user) with inputs from the backend's load estimator; a backend cooling down after a
-failover is left out. The backend policy then picks among the open ones. The same evaluation, for every
-class and a user with nothing at the engines, is what introspection shows (`states`).
+it goes under, its user) with inputs from the backend's load estimator; a backend that is draining, or
+cooling down after a failover, is left out. The backend policy then picks among the open ones. The same
+evaluation, for every class and a user with nothing at the engines, is what introspection shows (`states`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class EnginePriorities:
 
     def __init__(self, classes: Mapping[str, PriorityClassConfig], per_inflight: int) -> None:
         self._classes = classes
-        self._per_inflight = per_inflight
+        self.per_inflight = per_inflight
 
     def of(self, priority_class: str, user: str | None, handle: BackendHandle) -> int | None:
         """For a request of this class and user (None: a user with nothing there); None when the backend
@@ -58,7 +58,16 @@ class EnginePriorities:
             return None
         base = self._classes[priority_class].engine_priority
         in_flight = handle.estimator.user_in_flight.get(user, 0) if user is not None else 0
-        return base + self._per_inflight * in_flight
+        return base + self.per_inflight * in_flight
+
+
+def _left_out(handle: BackendHandle, now: float) -> GateCause | None:
+    """Why the backend is not asked at all (it drains, or cools down after a failover); None: its gate decides."""
+    if handle.draining:
+        return GateCause.DRAINING
+    if handle.cooling_for(now):
+        return GateCause.COOLING_DOWN
+    return None
 
 
 class BackendGates:
@@ -109,13 +118,14 @@ class BackendGates:
         better_tpot = self._activity.better_tpot_limit(gate_class, now)
         for handle in self.backends:
             series = self._series[handle.name] if user is None else None  # the gauges show the band-level view
-            if handle.cooling_for(now):
+            left_out = _left_out(handle, now)
+            if left_out is not None:
                 if series is not None:
                     series.gate_open.set(0)
                     if causes := series.gate_causes.get(gate_class.name):
-                        causes.show(GateCause.COOLING_DOWN)
+                        causes.show(left_out)
                     if self._history is not None:
-                        self._history.saw(gate_class.name, handle.name, GateCause.COOLING_DOWN, now)
+                        self._history.saw(gate_class.name, handle.name, left_out, now)
                 continue
             priority = self.priorities.of(request_class.name, user, handle)
             inputs = handle.estimator.gate_inputs(
@@ -148,7 +158,11 @@ class BackendGates:
                     candidate_priority=self.priorities.of(cls.name, None, handle),
                 )
                 decision = self._capped(handle) or handle.gate.decide(inputs, cls)
-                if cooling := handle.cooling_for(now):
+                if handle.draining:
+                    why = ", ".join(sorted(handle.drains))
+                    reason = f"draining ({why}): no new requests, running ones finish ({decision.reason})"
+                    decision = GateDecision(False, reason, decision.fresh, GateCause.DRAINING)
+                elif cooling := handle.cooling_for(now):
                     reason = f"cooling down {cooling:.1f}s after failing a request ({decision.reason})"
                     decision = GateDecision(False, reason, decision.fresh, GateCause.COOLING_DOWN)
                 states.append(BackendState(handle.name, cls.name, decision, inputs))

@@ -70,6 +70,10 @@ class RequestEvents:
         self._gate_logs = gate_logs
         self._observer: DispatchObserver | None = None
 
+    def use_prices(self, prices: Prices) -> None:
+        """The model's prices from a reloaded configuration, for the cost counted from now on."""
+        self._prices = prices
+
     @property
     def observer(self) -> DispatchObserver | None:
         """Who hears of each request's events besides this model (a cluster follower), if anyone."""

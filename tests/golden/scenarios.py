@@ -91,6 +91,7 @@ def _backend(name: str, kind: str, priority: bool, max_num_seqs: int, scrape_sec
         "connect_timeout_seconds": 5.0,
         "max_connections": 64,
         "idle_connection_seconds": 2.0,
+        "drained": False,
     }
 
 

@@ -78,3 +78,20 @@ def test_the_estimator_takes_learned_slots_into_its_waiting_estimate() -> None:
     for i in range(3):
         unknown.dispatched(f"r{i}")
     assert unknown.engine_slots == 0 and unknown.gate_inputs(2.1).estimated_waiting() == 3
+
+
+def test_a_reload_keeps_what_the_readings_taught_and_applies_configured_slots() -> None:
+    """A reload that still leaves the slots to the engine keeps the count learned before it; configured slots
+    win while set; set back to 0, the count the readings showed is back without a new saturation."""
+    estimator = LoadEstimator(learn_slots=True)
+    estimator.record_reading(reading(running=4, waiting=2, at=1.0))
+    estimator.configure_slots(0, learn=True)
+    assert estimator.engine_slots == 4
+    estimator.configure_slots(6, learn=True)
+    assert estimator.engine_slots == 6
+    estimator.record_reading(reading(running=7, waiting=2, at=2.0))
+    assert estimator.engine_slots == 6, "configured slots are not learned over"
+    estimator.configure_slots(0, learn=True)
+    assert estimator.engine_slots == 4
+    estimator.configure_slots(0, learn=False)
+    assert estimator.engine_slots == 0
