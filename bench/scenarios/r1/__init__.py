@@ -61,6 +61,7 @@ from bench.scenarios.r1.setups import (
     Workload,
     latecomers_until,
     make_plan,
+    result_suffix,
     setups_for,
 )
 from bench.scenarios.r1.summary import summarise
@@ -134,7 +135,9 @@ async def run_layout(
                 }
                 result.notes.append(f"host: {meta['host']}; engine CPU seconds by role: {meta['engine_cpu']}")
                 result.raw["meta"] = jsonable(meta)
-                name = f"r1-{engine_kind}-{lay.name}-{workload.name}"
+                name = f"r1-{engine_kind}-{lay.name}-{workload.name}" + (
+                    "-first_configs" if result_suffix(setups) else ""
+                )
                 (out_dir / f"{name}.md").write_text(layout_markdown(result, meta))
                 (out_dir / f"{name}.json").write_text(
                     json.dumps({"raw": result.raw, "series": jsonable(result.series)}, default=str)
@@ -190,6 +193,8 @@ DEFINITION = Definition(
         "GPU host, priorities off: latecomer median <= 2 x idle TTFT + one request's decode time",
         "front end starved: latecomer median <= 1.5x the oracle's; span <= 1.05x FIFO's",
         "all shared: latecomer median >= 10x better than FIFO's; span <= 1.15x FIFO's",
+        "a user's first configs (on request, a result of its own): the minimal config's latecomer median <= "
+        "1.1x configs/example.toml's in the same rounds",
     ),
     command="python -m bench --engine vllm --scenarios R1",
     duration="about 10 minutes a layout and workload at 3 rounds; make bench ENGINE=vllm or ENGINE=llamacpp installs "

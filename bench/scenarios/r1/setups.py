@@ -123,6 +123,12 @@ ON_REQUEST = (
 )
 
 
+def result_suffix(setups: list[Setup]) -> str:
+    """What a run's result id adds after the workload: a run of a user's first configs is a result of its own
+    (`R1 vllm, gpu_host, flood, first configs`), so its record never stands in for the standard setups'."""
+    return ", first configs" if any(s.first_config for s in setups) else ""
+
+
 def setups_for(engine: str, baseline: bool) -> list[Setup]:
     if engine == "llamacpp":
         return [SCHED_OFF, FIFO]
