@@ -17,17 +17,16 @@ from typing import Any
 from aiohttp import web
 
 from backends.sim.config import SimConfig
-from backends.sim.engine import Aborted, FinishReason, GenerateParams, RequestHandle, SimEngine
+from backends.sim.engine import FinishReason, GenerateParams, RequestHandle, SimEngine
 from backends.sim.faults import Faults
 from backends.sim.metrics import TgiMetrics
 from backends.sim.streaming import (
     ClientGone,
-    cut_connection,
+    StreamFault,
     dumps,
     healthy,
-    injected_fault,
     open_event_stream,
-    watch_events,
+    token_events,
 )
 from backends.sim.tokens import Token, count_tokens
 
@@ -244,14 +243,10 @@ class TgiApi:
         handle = self._start(request, parsed)
         tokens: list[Token] = []
         try:
-            async for event in watch_events(request, handle):
-                if isinstance(event, Aborted):
-                    cut_connection(request)
+            async for event in token_events(request, handle, self._faults):
+                if event is StreamFault.CUT:
                     return web.Response(status=500)
-                fault = injected_fault(self._faults, len(tokens), handle, request)
-                if fault == "cut":
-                    return web.Response(status=500)
-                if fault == "error":
+                if event is StreamFault.ERROR:
                     self._metrics.request_failed("generation")
                     return _json({"error": _INJECTED_ERROR, "error_type": "generation"}, 424)
                 tokens.append(event.token)
@@ -291,16 +286,11 @@ class TgiApi:
             return response
         self._in_flight += 1
         handle = self._start(request, parsed)
-        tokens_sent = 0
         try:
-            async for event in watch_events(request, handle):
-                if isinstance(event, Aborted):
-                    cut_connection(request)
+            async for event in token_events(request, handle, self._faults):
+                if event is StreamFault.CUT:
                     return response
-                fault = injected_fault(self._faults, tokens_sent, handle, request)
-                if fault == "cut":
-                    return response
-                if fault == "error":
+                if event is StreamFault.ERROR:
                     self._metrics.request_failed("generation")
                     await send({"error": _INJECTED_ERROR, "error_type": "generation"})
                     return response
@@ -321,7 +311,6 @@ class TgiApi:
                             "input_length": fin.prompt_tokens,
                         }
                 await send(chunk)
-                tokens_sent += 1
         except (ClientGone, ConnectionResetError):
             handle.abort("client disconnected")
         finally:
