@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from backends.sim.body_fields import BodyFields
 from backends.sim.config import SimConfig
 from backends.sim.engine import FinishReason, GenerateParams, RequestHandle, SimEngine
 from backends.sim.faults import Faults
@@ -62,6 +63,9 @@ def _invalid(message: str) -> TgiError:
     return TgiError(422, "validation", f"Input validation error: {message}")
 
 
+_FIELDS = BodyFields(lambda name, what: _invalid(f"`{name}` must be {what}"))
+
+
 @dataclass(frozen=True, slots=True)
 class _TgiRequest:
     params: GenerateParams
@@ -82,13 +86,13 @@ def _parse(body: Any, config: SimConfig) -> _TgiRequest:
     if not isinstance(params, Mapping):
         raise _invalid("`parameters` must be an object")
 
-    max_new_tokens = _opt_int(params, "max_new_tokens")
+    max_new_tokens = _FIELDS.integer(params, "max_new_tokens")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise _invalid("`max_new_tokens` must be strictly positive")
-    temperature = _opt_number(params, "temperature")
+    temperature = _FIELDS.number(params, "temperature")
     if temperature is not None and temperature <= 0:
         raise _invalid("`temperature` must be strictly positive")
-    top_p = _opt_number(params, "top_p")
+    top_p = _FIELDS.number(params, "top_p")
     if top_p is not None and not 0 < top_p < 1:
         raise _invalid("`top_p` must be > 0.0 and < 1.0")
     stop = params.get("stop") or []
@@ -96,7 +100,7 @@ def _parse(body: Any, config: SimConfig) -> _TgiRequest:
         raise _invalid("`stop` must be a list of strings")
     if len(stop) > _MAX_STOP_SEQUENCES:
         raise _invalid(f"`stop` supports up to {_MAX_STOP_SEQUENCES} stop sequences. Given: {len(stop)}")
-    seed = _opt_int(params, "seed")
+    seed = _FIELDS.integer(params, "seed")
     if seed is not None and seed < 0:
         raise _invalid("`seed` must be a non-negative integer")
 
@@ -122,24 +126,6 @@ def _parse(body: Any, config: SimConfig) -> _TgiRequest:
         details=params.get("details") is True,
         prefix=inputs if params.get("return_full_text") is True else "",
     )
-
-
-def _opt_int(params: Mapping[str, Any], name: str) -> int | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid(f"`{name}` must be an integer")
-    return value
-
-
-def _opt_number(params: Mapping[str, Any], name: str) -> float | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _invalid(f"`{name}` must be a number")
-    return float(value)
 
 
 def _token_json(token: Token) -> dict[str, Any]:
