@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from backends.sim.engine import Aborted, EngineEvent, RequestHandle, TokenEvent
+from backends.sim.engine import Aborted, EngineEvent, RequestHandle, SimEngine, TokenEvent
 from backends.sim.faults import Faults
 
 _POLL_SECONDS = 0.2
@@ -76,6 +76,20 @@ def cut_connection(request: web.Request) -> None:
     transport = request.transport
     if transport is not None:
         transport.close()
+
+
+async def injected_refusal(faults: Faults, engine: SimEngine, request_id: str | None) -> tuple[int, str] | None:
+    """Apply the injected intake delay, then the injected refusal of every request, if one is set: its status
+    and message, already noted and journaled as the engine's refusal (each API words the answer itself)."""
+    if faults.intake_delay_ms:
+        await asyncio.sleep(faults.intake_delay_ms / 1000)  # the injected delay itself
+    status = faults.reject_all_with_status
+    if status is None:
+        return None
+    message = f"Simulated HTTP {status} (fault injection)"
+    engine.note_rejected()
+    engine.journal_refused(request_id, None, status, message)
+    return status, message
 
 
 class StreamFault(Enum):

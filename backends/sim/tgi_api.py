@@ -8,7 +8,6 @@ inside the stream; `/generate` answers 429 / 422 / 424 instead. The last stream 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from backends.sim.streaming import (
     StreamFault,
     dumps,
     healthy,
+    injected_refusal,
     open_event_stream,
     token_events,
 )
@@ -178,14 +178,10 @@ class TgiApi:
     async def _read(self, request: web.Request) -> tuple[Any, web.Response | None]:
         """Count the request, apply injected rejection, parse JSON; a response means 'answer this'."""
         self._metrics.request_received()
-        if self._faults.intake_delay_ms:
-            await asyncio.sleep(self._faults.intake_delay_ms / 1000)  # the injected delay itself
-        status = self._faults.reject_all_with_status
-        if status is not None:
-            self._engine.note_rejected()
+        refusal = await injected_refusal(self._faults, self._engine, request.headers.get("X-Request-Id"))
+        if refusal is not None:
+            status, message = refusal
             error_type = {429: "overloaded", 422: "validation"}.get(status, "generation")
-            message = f"Simulated HTTP {status} (fault injection)"
-            self._engine.journal_refused(request.headers.get("X-Request-Id"), None, status, message)
             return None, _json({"error": message, "error_type": error_type}, status)
         try:
             body = await request.json()

@@ -20,6 +20,7 @@ from backends.sim.streaming import (
     StreamFault,
     dumps,
     healthy,
+    injected_refusal,
     open_event_stream,
     token_events,
 )
@@ -89,13 +90,9 @@ class VllmApi:
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         header_id = request.headers.get("X-Request-Id")
-        if self._faults.intake_delay_ms:
-            await asyncio.sleep(self._faults.intake_delay_ms / 1000)  # the injected delay itself
-        status = self._faults.reject_all_with_status
-        if status is not None:
-            self._engine.note_rejected()
-            message = f"Simulated HTTP {status} (fault injection)"
-            self._engine.journal_refused(header_id, None, status, message)
+        refusal = await injected_refusal(self._faults, self._engine, header_id)
+        if refusal is not None:
+            status, message = refusal
             return _json(error_body(status, message), status)
         try:
             body = await request.json()
