@@ -32,7 +32,7 @@ from scheduler_svc.policies.cost import Prices
 log = structlog.get_logger(__name__)
 
 
-@define(eq=False)
+@define(eq=False, slots=False)  # not slotted: tests wrap a handler on an instance
 class RequestEvents:
     """One model's handler of its tickets' and runs' events."""
 
