@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from attrs import define, field
 
 from backends.sim.body_fields import BodyFields
 from backends.sim.config import SimConfig
@@ -136,15 +137,15 @@ def _json(payload: object, status: int = 200) -> web.Response:
     return web.Response(text=dumps(payload), status=status, content_type="application/json")
 
 
+@define(eq=False)
 class TgiApi:
     """Handlers bound to one engine, its faults and TGI's metrics."""
 
-    def __init__(self, config: SimConfig, engine: SimEngine, faults: Faults, metrics: TgiMetrics) -> None:
-        self._config = config
-        self._engine = engine
-        self._faults = faults
-        self._metrics = metrics
-        self._in_flight = 0
+    _config: SimConfig
+    _engine: SimEngine
+    _faults: Faults
+    _metrics: TgiMetrics
+    _in_flight: int = field(init=False, default=0)
 
     def add_routes(self, app: web.Application) -> None:
         """Register TGI's endpoints on `app`."""
