@@ -4,31 +4,39 @@ For one model, `BackendGates` asks every backend's gate about a candidate (its c
 it goes under, its user) with inputs from the backend's load estimator; a backend cooling down after a
 failover is left out. The backend policy then picks among the open ones. The same evaluation, for every
 class and a user with nothing at the engines, is what introspection shows (`states`).
+
+Answers are kept between passes (`open_sets`): a gate is asked again only when something happened at its
+backend or its answer's time is up. At a priority engine the answer depends on the user only through the
+engine priority its request would carry there, that is through how many requests it has in flight there:
+a user with none anywhere gets the kept answer, and one with some gets it patched at those backends only
+(`users_in_flight` knows where each user has requests, so telling them apart costs nothing per backend).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.dispatch.activity import ClassActivity
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.metrics import BackendSeries
+from scheduler_svc.dispatch.open_sets import EARLY, Opening, OpenSet
 from scheduler_svc.dispatch.steering import LOCAL, DispatchAuthority
 from scheduler_svc.policies import GateCause, GateDecision, GateInputs
 
+__all__ = ["BackendChoice", "BackendGates", "BackendState", "EnginePriorities", "Opening"]
 
-@dataclass(frozen=True, slots=True)
-class Opening:
-    """A backend whose gate admits the candidate now, with the inputs its gate saw."""
+UserKey = tuple[tuple[int, int], ...]
+"""Where a user has requests in flight at a priority engine: (backend index, how many), by index; () for
+a user with none, whose request carries its class's own engine priority everywhere."""
 
-    handle: BackendHandle
-    inputs: GateInputs
+_QuestionKey = tuple[str, str, bool, float]  # (gate class, request class, better class active, its TPOT limit)
 
-    @property
-    def name(self) -> str:
-        return self.handle.name
+
+def _ignore(user: str, count: int) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,7 @@ class EnginePriorities:
 
     def __init__(self, classes: Mapping[str, PriorityClassConfig], per_inflight: int) -> None:
         self._classes = classes
-        self._per_inflight = per_inflight
+        self.per_inflight = per_inflight
 
     def of(self, priority_class: str, user: str | None, handle: BackendHandle) -> int | None:
         """For a request of this class and user (None: a user with nothing there); None when the backend
@@ -57,11 +65,11 @@ class EnginePriorities:
             return None
         base = self._classes[priority_class].engine_priority
         in_flight = handle.estimator.user_in_flight.get(user, 0) if user is not None else 0
-        return base + self._per_inflight * in_flight
+        return base + self.per_inflight * in_flight
 
 
 class BackendGates:
-    """Every backend's gate for one model."""
+    """Every backend's gate for one model, with their answers kept between passes."""
 
     def __init__(
         self,
@@ -75,6 +83,18 @@ class BackendGates:
         self.priorities = priorities
         self._series = series
         self._authority: DispatchAuthority = LOCAL  # its in-flight cap closes a backend like a gate would
+        self._index = {h.name: i for i, h in enumerate(self.backends)}
+        self._revision = [0] * len(self.backends)  # bumped by every event at the backend
+        self._volatile = frozenset(i for i, h in enumerate(self.backends) if not hasattr(h.gate, "revision"))
+        self._sets: dict[_QuestionKey, OpenSet] = {}
+        # (question, backend, engine priority) -> (revision, time up, opening): answers for users with
+        # requests in flight there
+        self._patches: dict[tuple[_QuestionKey, int, int | None], tuple[int, float | None, Opening | None]] = {}
+        self.users_in_flight: dict[str, dict[int, int]] = {}  # user -> {priority backend: its requests there}
+        for i, handle in enumerate(self.backends):
+            priced = handle.sends_priority and priorities.per_inflight != 0
+            handle.estimator.watch(partial(self._touch, i), partial(self._user_count, i) if priced else _ignore)
+            handle.watch_cooling(partial(self._touch, i))
 
     @property
     def authority(self) -> DispatchAuthority:
@@ -83,6 +103,29 @@ class BackendGates:
 
     def steer(self, authority: DispatchAuthority) -> None:
         self._authority = authority
+        for i in range(len(self.backends)):
+            self._touch(i)
+
+    def _touch(self, index: int) -> None:
+        self._revision[index] += 1
+        for kept in self._sets.values():
+            kept.touch(index)
+
+    def _user_count(self, index: int, user: str, count: int) -> None:
+        where = self.users_in_flight.get(user)
+        if count:
+            if where is None:
+                where = self.users_in_flight[user] = {}
+            where[index] = count
+        elif where is not None:
+            where.pop(index, None)
+            if not where:
+                del self.users_in_flight[user]
+
+    def user_key(self, user: str | None) -> UserKey:
+        """What the answer for `user` depends on beyond the question (see `UserKey`)."""
+        where = self.users_in_flight.get(user) if user is not None else None
+        return tuple(sorted(where.items())) if where else ()
 
     def _capped(self, handle: BackendHandle) -> GateDecision | None:
         """A closed decision when the authority's in-flight cap is reached at `handle` (a replica gating
@@ -98,34 +141,132 @@ class BackendGates:
         self, gate_class: PriorityClassConfig, request_class: PriorityClassConfig, user: str | None, now: float
     ) -> list[Opening]:
         """The backends whose gate (for `gate_class`) admits one more request of `request_class` from `user`
-        (None: a user with nothing at the engines, whose answer the gauges show), in config order. At a
-        priority engine the answer depends on the user: its request queues behind only what the engine
-        would serve first (see `check_waiting`)."""
-        openings = []
-        better_active = self._activity.better_active(gate_class, now)
-        better_tpot = self._activity.better_tpot_limit(gate_class, now)
-        for handle in self.backends:
-            series = self._series[handle.name] if user is None else None  # the gauges show the band-level view
-            if handle.cooling_for(now):
-                if series is not None:
-                    series.gate_open.set(0)
-                    if causes := series.gate_causes.get(gate_class.name):
-                        causes.show(GateCause.COOLING_DOWN)
-                continue
-            priority = self.priorities.of(request_class.name, user, handle)
-            inputs = handle.estimator.gate_inputs(
-                now, better_active, better_tpot_limit=better_tpot, candidate_priority=priority, holding_work=True
-            )
-            decision = self._capped(handle) or handle.gate.decide(inputs, gate_class)
+        (None or one with nothing in flight: the class's own engine priority, the answer the gauges show),
+        in config order. At a priority engine the answer depends on the user: its request queues behind only
+        what the engine would serve first (see `check_waiting`)."""
+        question = self._question(gate_class, request_class, now)
+        kept = self._kept(question, gate_class, request_class, now)
+        where = self.users_in_flight.get(user) if user is not None else None
+        if not where:
+            return list(kept)
+        patched = {i: self._patched(question, gate_class, request_class, user, i, now) for i in sorted(where)}
+        merged: list[Opening] = []
+        pending = iter(sorted(patched))  # the user's backends, in config order, merged into the kept answers
+        next_patched = next(pending, None)
+        for opening in kept:
+            index = self._index[opening.name]
+            while next_patched is not None and next_patched < index:
+                if (extra := patched[next_patched]) is not None:
+                    merged.append(extra)
+                next_patched = next(pending, None)
+            if next_patched == index:
+                if (replaced := patched[index]) is not None:
+                    merged.append(replaced)
+                next_patched = next(pending, None)
+            else:
+                merged.append(opening)
+        while next_patched is not None:
+            if (extra := patched[next_patched]) is not None:
+                merged.append(extra)
+            next_patched = next(pending, None)
+        return merged
+
+    def any_open(
+        self, gate_class: PriorityClassConfig, request_class: PriorityClassConfig, user: str | None, now: float
+    ) -> bool:
+        """Whether `open` would name any backend (without building its list)."""
+        question = self._question(gate_class, request_class, now)
+        kept = self._kept(question, gate_class, request_class, now)
+        where = self.users_in_flight.get(user) if user is not None else None
+        if not where:
+            return bool(kept)
+        if any(self._index[opening.name] not in where for opening in kept):
+            return True
+        return any(self._patched(question, gate_class, request_class, user, i, now) for i in sorted(where))
+
+    def _question(
+        self, gate_class: PriorityClassConfig, request_class: PriorityClassConfig, now: float
+    ) -> _QuestionKey:
+        activity = self._activity
+        return (
+            gate_class.name,
+            request_class.name,
+            activity.better_active(gate_class, now),
+            activity.better_tpot_limit(gate_class, now),
+        )
+
+    def _kept(
+        self, question: _QuestionKey, gate_class: PriorityClassConfig, request_class: PriorityClassConfig, now: float
+    ) -> list[Opening]:
+        """The kept answers to `question` for a user with nothing in flight, brought up to date."""
+        kept = self._sets.get(question)
+        if kept is None:
+            kept = self._sets[question] = OpenSet(self.backends, self._volatile)
+        return kept.look(now, partial(self._ask, gate_class, request_class, question, now))
+
+    def _ask(
+        self,
+        gate_class: PriorityClassConfig,
+        request_class: PriorityClassConfig,
+        question: _QuestionKey,
+        now: float,
+        index: int,
+        user: str | None = None,
+    ) -> tuple[Opening | None, float | None]:
+        """Ask backend `index`'s gate now (the gauges show the answer for a user with nothing in flight); the
+        opening (None: closed) and when the answer's time is up (None: at the next event there)."""
+        handle = self.backends[index]
+        series = self._series[handle.name] if user is None else None
+        if cooling := handle.cooling_for(now):
             if series is not None:
-                series.gate_open.set(1 if decision.open else 0)
-                series.metrics_fresh.set(1 if decision.fresh else 0)
-                series.estimated_waiting.set(inputs.estimated_waiting())
+                series.gate_open.set(0)
                 if causes := series.gate_causes.get(gate_class.name):
-                    causes.show(GateCause.OPEN if decision.open else decision.cause)
-            if decision.open:
-                openings.append(Opening(handle, inputs))
-        return openings
+                    causes.show(GateCause.COOLING_DOWN)
+            return None, now + cooling
+        priority = self.priorities.of(request_class.name, user, handle)
+        _, _, better_active, better_tpot = question
+        inputs = handle.estimator.gate_inputs(
+            now, better_active, better_tpot_limit=better_tpot, candidate_priority=priority, holding_work=True
+        )
+        gate = handle.gate
+        learned = getattr(gate, "revision", None)
+        decision = self._capped(handle) or gate.decide(inputs, gate_class)
+        if series is not None:
+            series.gate_open.set(1 if decision.open else 0)
+            series.metrics_fresh.set(1 if decision.fresh else 0)
+            series.estimated_waiting.set(inputs.estimated_waiting())
+            if causes := series.gate_causes.get(gate_class.name):
+                causes.show(GateCause.OPEN if decision.open else decision.cause)
+        until = gate.expires(inputs, decision) if learned is not None else None  # type: ignore[attr-defined]
+        if learned is not None and getattr(gate, "revision", None) != learned:
+            self._touch(index)  # it learned: its later answers may differ, this one stands
+        return (Opening(handle, inputs) if decision.open else None), until
+
+    def _patched(
+        self,
+        question: _QuestionKey,
+        gate_class: PriorityClassConfig,
+        request_class: PriorityClassConfig,
+        user: str | None,
+        index: int,
+        now: float,
+    ) -> Opening | None:
+        """Backend `index`'s answer for `user`, who has requests in flight there (kept per engine priority)."""
+        handle = self.backends[index]
+        priority = self.priorities.of(request_class.name, user, handle)
+        key = (question, index, priority)
+        kept = self._patches.get(key)
+        if (
+            kept is not None
+            and kept[0] == self._revision[index]
+            and index not in self._volatile
+            and (kept[1] is None or now < kept[1] - EARLY)
+        ):
+            return kept[2]
+        revision = self._revision[index]
+        opening, until = self._ask(gate_class, request_class, question, now, index, user)
+        self._patches[key] = (revision, until, opening)
+        return opening
 
     def states(self, classes: Sequence[PriorityClassConfig], now: float) -> list[BackendState]:
         """Every backend's gate decision for every class, with its inputs, for a request from a user with
@@ -152,7 +293,8 @@ class BackendChoice:
 
     At a priority engine whether a request may go depends on its engine priority (`EnginePriorities`), and
     only on that: users whose requests would carry the same priorities get the same answer, so each
-    distinct answer is worked out once per dispatch, however many users the band holds.
+    distinct answer is worked out once per dispatch, however many users the band holds, and telling which
+    answer a user gets costs nothing per backend (`BackendGates.user_key`).
     """
 
     def __init__(
@@ -162,16 +304,24 @@ class BackendChoice:
         self._gate_class = gate_class
         self._request_class = request_class
         self._now = now
-        self._answers: dict[tuple[int | None, ...], list[Opening]] = {}
+        self._answers: dict[UserKey, list[Opening]] = {}
+        self._eligible: dict[UserKey, bool] = {}
 
     def for_user(self, user: str) -> list[Opening]:
         """The backends `user`'s next request may go to now (empty: no gate admits it)."""
-        priorities = self._gates.priorities
-        key = tuple(priorities.of(self._request_class.name, user, h) for h in self._gates.backends)
+        key = self._gates.user_key(user)
         if key not in self._answers:
             self._answers[key] = self._gates.open(self._gate_class, self._request_class, user, self._now)
         return self._answers[key]
 
     def eligible(self, user: str) -> bool:
         """Whether some backend can take `user`'s next request now (the fairness policy's filter)."""
-        return bool(self.for_user(user))
+        key = self._gates.user_key(user)
+        answer = self._eligible.get(key)
+        if answer is None:
+            if key in self._answers:
+                answer = bool(self._answers[key])
+            else:
+                answer = self._gates.any_open(self._gate_class, self._request_class, user, self._now)
+            self._eligible[key] = answer
+        return answer

@@ -152,6 +152,21 @@ class Gate(Protocol):
         ...
 
 
+class ReusableGate(Gate, Protocol):
+    """A gate whose decisions dispatch may reuse while nothing they rest on changed, so a decision pass
+    asks again only the gates of backends something happened to (`dispatch.openings`). It promises that
+    `decide` answers the same for the same inputs (the clock aside) as long as `revision` is unchanged
+    (`observe` changes it, and so does a `decide` that learned something that changes later answers), and
+    that the clock changes the answer only at the time `expires` gives."""
+
+    revision: int
+
+    def expires(self, inputs: GateInputs, decision: GateDecision) -> float | None:
+        """The clock time after which the same inputs may be decided otherwise (None: not before they
+        change)."""
+        ...
+
+
 def _fallback(inputs: GateInputs, config: GateConfig, cls: PriorityClassConfig) -> GateDecision | None:
     """Without a fresh reading the gate cannot see the engine: allow a small number in flight only, and no
     more than the class's running limit (what we have in flight is then all we know the engine runs: a
@@ -339,18 +354,30 @@ class SignalGate:
             (GateCause.TPOT, self.tpot.check),
             (GateCause.KV_CACHE, check_kv_cache),
         )
+        self.revision = 0  # `ReusableGate`: what the checks learned (the step line, the waiting depth)
 
     def observe(self, reading: BackendLoad) -> None:
         self.tpot.observe(reading)
         self.waiting.depth.scraped(reading)
+        self.revision += 1
 
     def decide(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
         fallback = _fallback(inputs, self._config, priority_class)
         if fallback is not None:
             return fallback
         decision = self._decide_fresh(inputs, priority_class)
+        depth = self.waiting.depth.target
         self.waiting.learn(inputs, priority_class, decision)
+        if self.waiting.depth.target != depth:
+            self.revision += 1
         return decision
+
+    def expires(self, inputs: GateInputs, decision: GateDecision) -> float | None:
+        """A decision on a fresh reading holds until the reading goes stale; one without holds until the
+        inputs change (a new reading, a request sent or ended)."""
+        if not decision.fresh or inputs.reading is None:
+            return None
+        return inputs.reading.read_at + self._config.stale_after_seconds
 
     def _decide_fresh(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
         for cause, check in self.checks:

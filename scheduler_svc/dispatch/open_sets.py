@@ -1,0 +1,83 @@
+"""Gate answers kept between decision passes, so a pass asks again only the gates something happened to.
+
+A gate's answer for a backend rests on the backend's load estimate, on what the gate learned, on its
+cooldown, and on the clock only through a reading going stale (`ReusableGate`). Each of those changes
+through an event at that backend: a request sent, accepted, started or ended there, a reading, a
+cooldown. So an `OpenSet` keeps, for one question (the gate's class, the request's class, the better
+classes' activity), each backend's last answer to a request carrying the class's own engine priority
+(a user with nothing in flight there), and asks a backend's gate again only when it was told of an event
+there (`touch`), when a kept answer's time is up (a reading going stale, a cooldown ending), or always for
+a gate that does not declare itself reusable. A pass then costs O(backends something happened to), not
+O(backends), and the answers are exactly those asking every gate would give: a gate asked twice about the
+same inputs and revision answers the same.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.policies import GateInputs
+from scheduler_svc.policies.backend_choice import load_of
+
+# A kept answer is asked again this long before its time is up, so that rounding in the time it gives can
+# never keep an answer past the moment the gate would decide otherwise (asking early answers the same).
+EARLY = 1e-6
+
+Evaluate = Callable[[int], "tuple[Opening | None, float | None]"]
+"""Asks backend i's gate now: its opening (None: closed) and until when the answer holds (None: until an
+event at the backend)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """A backend whose gate admits the candidate now, with the inputs its gate saw and the load order the
+    backend policies sort by (`backend_choice.load_order`), worked out once with the answer."""
+
+    handle: BackendHandle
+    inputs: GateInputs
+    load: tuple[int, int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "load", load_of(self.inputs))
+
+    @property
+    def name(self) -> str:
+        return self.handle.name
+
+
+class OpenSet:
+    """Every backend's kept answer to one question, and the open ones in configuration order."""
+
+    def __init__(self, backends: Sequence[BackendHandle], volatile: frozenset[int]) -> None:
+        self._count = len(backends)
+        self._volatile = volatile  # backends whose gate is not reusable: asked at every look
+        self._answers: list[Opening | None] = [None] * self._count
+        self._dirty: set[int] = set(range(self._count))
+        self._timers: list[tuple[float, int]] = []  # (when a kept answer's time is up, backend)
+        self._open: list[Opening] = []
+
+    def touch(self, index: int) -> None:
+        """Something happened at backend `index`: ask its gate again at the next look."""
+        self._dirty.add(index)
+
+    def look(self, now: float, evaluate: Evaluate) -> list[Opening]:
+        """The open backends now, in configuration order (the list is shared: do not change it)."""
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            self._dirty.add(heapq.heappop(timers)[1])
+        if self._volatile:
+            self._dirty |= self._volatile
+        if not self._dirty:
+            return self._open
+        todo = sorted(self._dirty)
+        self._dirty = set()
+        for index in todo:
+            opening, until = evaluate(index)
+            self._answers[index] = opening
+            if until is not None:
+                heapq.heappush(timers, (until - EARLY, index))
+        self._open = [opening for opening in self._answers if opening is not None]
+        return self._open
