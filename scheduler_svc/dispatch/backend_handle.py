@@ -27,6 +27,7 @@ class BackendHandle:
     def __post_init__(self) -> None:
         self._cool_until = 0.0  # no request goes to it before this time: it failed one before its first token
         self._cooling_changed: list[Callable[[], None]] = []
+        self._sends_priority = self.config.priority_scheduling and self.backend.capabilities.supports_priority
 
     @property
     def cool_until(self) -> float:
@@ -57,5 +58,5 @@ class BackendHandle:
 
     @property
     def sends_priority(self) -> bool:
-        """Whether requests to this backend carry a numeric engine priority."""
-        return self.config.priority_scheduling and self.backend.capabilities.supports_priority
+        """Whether requests to this backend carry a numeric engine priority (fixed by its config and kind)."""
+        return self._sends_priority
