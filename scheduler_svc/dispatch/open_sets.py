@@ -15,6 +15,7 @@ same inputs and revision answers the same.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,26 +27,37 @@ from scheduler_svc.policies.backend_choice import load_of
 # never keep an answer past the moment the gate would decide otherwise (asking early answers the same).
 EARLY = 1e-6
 
-Evaluate = Callable[[int], "tuple[Opening | None, float | None]"]
-"""Asks backend i's gate now: its opening (None: closed) and until when the answer holds (None: until an
-event at the backend)."""
+Evaluate = Callable[[int], "Answer"]
+"""Asks backend i's gate now."""
 
 
 @dataclass(frozen=True, slots=True)
 class Opening:
     """A backend whose gate admits the candidate now, with the inputs its gate saw and the load order the
-    backend policies sort by (`backend_choice.load_order`), worked out once with the answer."""
+    backend policies sort by (`backend_choice.load_order`), worked out once, when first asked."""
 
     handle: BackendHandle
     inputs: GateInputs
-    load: tuple[int, int, int] = field(init=False)
+    _load: list[tuple[int, int, int]] = field(default_factory=list, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "load", load_of(self.inputs))
+    @property
+    def load(self) -> tuple[int, int, int]:
+        if not self._load:
+            self._load.append(load_of(self.inputs))
+        return self._load[0]
 
     @property
     def name(self) -> str:
         return self.handle.name
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A gate's answer for a candidate with the class's own engine priority."""
+
+    opening: Opening | None  # None: closed
+    until: float | None  # when it may change by itself (None: not before an event at the backend)
+    admits_below: float | None  # at a priority engine, the worse priorities it holds for (`PriorityBoundGate`)
 
 
 class OpenSet:
@@ -54,10 +66,15 @@ class OpenSet:
     def __init__(self, backends: Sequence[BackendHandle], volatile: frozenset[int]) -> None:
         self._count = len(backends)
         self._volatile = volatile  # backends whose gate is not reusable: asked at every look
-        self._answers: list[Opening | None] = [None] * self._count
+        self.answers: list[Answer | None] = [None] * self._count  # read-only for callers
         self._dirty: set[int] = set(range(self._count))
         self._timers: list[tuple[float, int]] = []  # (when a kept answer's time is up, backend)
         self._open: list[Opening] = []
+        self.open_indexes: frozenset[int] = frozenset()
+        # per backend, the worse priorities its answer holds for (`Answer.admits_below`); the backends without
+        # such a bound apart
+        self.bounds: list[float] = [-math.inf] * self._count
+        self.unbounded: frozenset[int] = frozenset(range(self._count))
 
     def touch(self, index: int) -> None:
         """Something happened at backend `index`: ask its gate again at the next look."""
@@ -74,10 +91,19 @@ class OpenSet:
             return self._open
         todo = sorted(self._dirty)
         self._dirty = set()
+        unbounded = set(self.unbounded)
         for index in todo:
-            opening, until = evaluate(index)
-            self._answers[index] = opening
-            if until is not None:
-                heapq.heappush(timers, (until - EARLY, index))
-        self._open = [opening for opening in self._answers if opening is not None]
+            answer = evaluate(index)
+            self.answers[index] = answer
+            if answer.until is not None:
+                heapq.heappush(timers, (answer.until - EARLY, index))
+            if answer.admits_below is None:
+                unbounded.add(index)
+                self.bounds[index] = -math.inf
+            else:
+                unbounded.discard(index)
+                self.bounds[index] = answer.admits_below
+        self.unbounded = frozenset(unbounded)
+        self._open = [a.opening for a in self.answers if a is not None and a.opening is not None]
+        self.open_indexes = frozenset(i for i, a in enumerate(self.answers) if a is not None and a.opening is not None)
         return self._open

@@ -14,7 +14,8 @@ a user with none anywhere gets the kept answer, and one with some gets it patche
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -22,7 +23,7 @@ from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.dispatch.activity import ClassActivity
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.metrics import BackendSeries
-from scheduler_svc.dispatch.open_sets import EARLY, Opening, OpenSet
+from scheduler_svc.dispatch.open_sets import EARLY, Answer, Opening, OpenSet
 from scheduler_svc.dispatch.steering import LOCAL, DispatchAuthority
 from scheduler_svc.policies import GateCause, GateDecision, GateInputs
 
@@ -58,6 +59,10 @@ class EnginePriorities:
         self._classes = classes
         self.per_inflight = per_inflight
 
+    def base(self, priority_class: str) -> int:
+        """The class's own engine priority (a request of a user with nothing at the engine)."""
+        return self._classes[priority_class].engine_priority
+
     def of(self, priority_class: str, user: str | None, handle: BackendHandle) -> int | None:
         """For a request of this class and user (None: a user with nothing there); None when the backend
         takes no priorities."""
@@ -87,9 +92,9 @@ class BackendGates:
         self._revision = [0] * len(self.backends)  # bumped by every event at the backend
         self._volatile = frozenset(i for i, h in enumerate(self.backends) if not hasattr(h.gate, "revision"))
         self._sets: dict[_QuestionKey, OpenSet] = {}
-        # (question, backend, engine priority) -> (revision, time up, opening): answers for users with
+        # question -> (backend, engine priority) -> (revision, time up, opening): the answers for users with
         # requests in flight there
-        self._patches: dict[tuple[_QuestionKey, int, int | None], tuple[int, float | None, Opening | None]] = {}
+        self._patches: dict[_QuestionKey, dict[tuple[int, int], tuple[int, float | None, Opening | None]]] = {}
         self.users_in_flight: dict[str, dict[int, int]] = {}  # user -> {priority backend: its requests there}
         for i, handle in enumerate(self.backends):
             priced = handle.sends_priority and priorities.per_inflight != 0
@@ -149,7 +154,7 @@ class BackendGates:
         where = self.users_in_flight.get(user) if user is not None else None
         if not where:
             return list(kept)
-        patched = {i: self._patched(question, gate_class, request_class, user, i, now) for i in sorted(where)}
+        patched = dict(self._answers_for(question, gate_class, request_class, user, where, now))
         merged: list[Opening] = []
         pending = iter(sorted(patched))  # the user's backends, in config order, merged into the kept answers
         next_patched = next(pending, None)
@@ -174,15 +179,66 @@ class BackendGates:
     def any_open(
         self, gate_class: PriorityClassConfig, request_class: PriorityClassConfig, user: str | None, now: float
     ) -> bool:
-        """Whether `open` would name any backend (without building its list)."""
+        """Whether `open` would name any backend (without building its list): at once when a kept open
+        backend holds nothing of the user's, else from the user's own answers, stopping at the first open."""
         question = self._question(gate_class, request_class, now)
         kept = self._kept(question, gate_class, request_class, now)
         where = self.users_in_flight.get(user) if user is not None else None
         if not where:
             return bool(kept)
-        if any(self._index[opening.name] not in where for opening in kept):
-            return True
-        return any(self._patched(question, gate_class, request_class, user, i, now) for i in sorted(where))
+        kept_set = self._sets[question]
+        if len(kept) > len(where) or not kept_set.open_indexes.issubset(where):
+            return True  # a backend open to a user with nothing there holds nothing of this one's
+        if self.priorities.per_inflight >= 0:  # where each bound is known, the user's priority alone decides
+            base, per, bounds = self.priorities.base(request_class.name), self.priorities.per_inflight, kept_set.bounds
+            if any(base + per * count < bounds[i] for i, count in where.items()):
+                return True
+            where = {i: count for i, count in where.items() if i in kept_set.unbounded}
+        return any(
+            opening is not None
+            for _, opening in self._answers_for(question, gate_class, request_class, user, where, now)
+        )
+
+    def _answers_for(
+        self,
+        question: _QuestionKey,
+        gate_class: PriorityClassConfig,
+        request_class: PriorityClassConfig,
+        user: str | None,
+        where: Mapping[int, int],
+        now: float,
+    ) -> Iterator[tuple[int, Opening | None]]:
+        """The answers at the backends where `user` has requests in flight (at priority engines): each kept
+        per (question, backend, engine priority) until an event there or its time is up. Where the kept
+        answer for the class's own priority says up to which priority it holds (`PriorityBoundGate`), a
+        worse priority at or past that bound is closed without asking."""
+        patches = self._patches.get(question)
+        if patches is None:
+            patches = self._patches[question] = {}
+        base = self.priorities.base(request_class.name)
+        per = self.priorities.per_inflight
+        answers = self._sets[question].answers
+        revisions = self._revision
+        for index, count in where.items():
+            priority = base + per * count
+            answer = answers[index]
+            if answer is not None and answer.admits_below is not None and per >= 0 and priority >= answer.admits_below:
+                yield index, None
+                continue
+            key = (index, priority)
+            kept = patches.get(key)
+            if (
+                kept is not None
+                and kept[0] == revisions[index]
+                and (kept[1] is None or now < kept[1] - EARLY)
+                and index not in self._volatile
+            ):
+                yield index, kept[2]
+                continue
+            revision = revisions[index]
+            asked = self._ask(gate_class, request_class, question, now, index, user)
+            patches[key] = (revision, asked.until, asked.opening)
+            yield index, asked.opening
 
     def _question(
         self, gate_class: PriorityClassConfig, request_class: PriorityClassConfig, now: float
@@ -212,17 +268,16 @@ class BackendGates:
         now: float,
         index: int,
         user: str | None = None,
-    ) -> tuple[Opening | None, float | None]:
-        """Ask backend `index`'s gate now (the gauges show the answer for a user with nothing in flight); the
-        opening (None: closed) and when the answer's time is up (None: at the next event there)."""
+    ) -> Answer:
+        """Ask backend `index`'s gate now (the gauges show the answer for a user with nothing in flight)."""
         handle = self.backends[index]
         series = self._series[handle.name] if user is None else None
         if cooling := handle.cooling_for(now):
             if series is not None:
-                series.gate_open.set(0)
+                series.show_gate(False, False, 0)
                 if causes := series.gate_causes.get(gate_class.name):
                     causes.show(GateCause.COOLING_DOWN)
-            return None, now + cooling
+            return Answer(None, now + cooling, -math.inf)
         priority = self.priorities.of(request_class.name, user, handle)
         _, _, better_active, better_tpot = question
         inputs = handle.estimator.gate_inputs(
@@ -230,43 +285,21 @@ class BackendGates:
         )
         gate = handle.gate
         learned = getattr(gate, "revision", None)
-        decision = self._capped(handle) or gate.decide(inputs, gate_class)
+        capped = self._capped(handle)
+        decision = capped or gate.decide(inputs, gate_class)
         if series is not None:
-            series.gate_open.set(1 if decision.open else 0)
-            series.metrics_fresh.set(1 if decision.fresh else 0)
-            series.estimated_waiting.set(inputs.estimated_waiting())
+            series.show_gate(decision.open, decision.fresh, inputs.estimated_waiting())
             if causes := series.gate_causes.get(gate_class.name):
                 causes.show(GateCause.OPEN if decision.open else decision.cause)
         until = gate.expires(inputs, decision) if learned is not None else None  # type: ignore[attr-defined]
         if learned is not None and getattr(gate, "revision", None) != learned:
             self._touch(index)  # it learned: its later answers may differ, this one stands
-        return (Opening(handle, inputs) if decision.open else None), until
-
-    def _patched(
-        self,
-        question: _QuestionKey,
-        gate_class: PriorityClassConfig,
-        request_class: PriorityClassConfig,
-        user: str | None,
-        index: int,
-        now: float,
-    ) -> Opening | None:
-        """Backend `index`'s answer for `user`, who has requests in flight there (kept per engine priority)."""
-        handle = self.backends[index]
-        priority = self.priorities.of(request_class.name, user, handle)
-        key = (question, index, priority)
-        kept = self._patches.get(key)
-        if (
-            kept is not None
-            and kept[0] == self._revision[index]
-            and index not in self._volatile
-            and (kept[1] is None or now < kept[1] - EARLY)
-        ):
-            return kept[2]
-        revision = self._revision[index]
-        opening, until = self._ask(gate_class, request_class, question, now, index, user)
-        self._patches[key] = (revision, until, opening)
-        return opening
+        admits_below: float | None = None
+        if capped is not None:
+            admits_below = -math.inf  # the authority's cap holds whatever the priority
+        elif priority is not None and learned is not None and hasattr(gate, "admits_below"):
+            admits_below = gate.admits_below(inputs, decision, gate_class)
+        return Answer(Opening(handle, inputs) if decision.open else None, until, admits_below)
 
     def states(self, classes: Sequence[PriorityClassConfig], now: float) -> list[BackendState]:
         """Every backend's gate decision for every class, with its inputs, for a request from a user with
