@@ -216,6 +216,11 @@ class ModelDispatcher:
         self.wake()
         return ticket
 
+    def observe_sends(self, listener: Callable[[Ticket], None]) -> None:
+        """Tell `listener` of every request handed to a backend, as it is (for a driver that runs the requests
+        itself on a virtual clock: `app.stepped`)."""
+        self._handover.observe(listener)
+
     def wake(self) -> None:
         """Something happened that may let a request go (a backend's new reading, say): pass again."""
         self._loop.wake()

@@ -38,6 +38,12 @@ class Handover:
         self._backend_policy = backend_policy
         self._counters = counters
         self._drain = RateMeter()
+        self._listeners: list[Callable[[Ticket], None]] = []
+
+    def observe(self, listener: Callable[[Ticket], None]) -> None:
+        """Tell `listener` of every ticket handed over, once it is assigned and entered in the ledger (a
+        driver that runs requests itself, on a virtual clock, instead of the ticket's own run)."""
+        self._listeners.append(listener)
 
     def drain_rate(self, now: float) -> float:
         """Requests leaving the queue for the first time, per second lately (0: unknown)."""
@@ -63,3 +69,5 @@ class Handover:
         if first:
             self._drain.record(now)
         self._counters.dispatched(request, handle.name, now - request.admitted_at if first else None)
+        for listener in self._listeners:
+            listener(ticket)
