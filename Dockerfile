@@ -1,9 +1,10 @@
 # llm-scheduler's container image: the service alone (no engine), running as an unprivileged user.
 #
 #   docker build -t llm-scheduler .
-#   docker run -v "$PWD/my-config.toml:/etc/llmsched/config.toml:ro" -p 50051:50051 -p 8080:8080 -p 9464:9464 llm-scheduler
+#   docker run -v "$PWD/config:/etc/llmsched/config:ro" -p 50051:50051 -p 8080:8080 -p 9464:9464 llm-scheduler
 #
-# The config is mounted at /etc/llmsched/config.toml (in Kubernetes: the ConfigMap of deploy/kubernetes/). It must
+# The config is /etc/llmsched/config/config.toml, in a mounted folder (in Kubernetes: the ConfigMap of
+# deploy/kubernetes/), so a changed file is what a reload (SIGHUP, `llmsched reload`) reads. It must
 # listen on 0.0.0.0 at the ports declared below: gRPC 50051, the OpenAI-compatible HTTP door 8080, /metrics 9464
 # (the HEALTHCHECK asks 127.0.0.1:50051). The entrypoint is the `llmsched` command, so `docker run IMAGE sim
 # --port 8000` runs the engine simulator and `docker run IMAGE health --target HOST:PORT` probes a scheduler.
@@ -36,4 +37,4 @@ EXPOSE 50051 8080 9464
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
     CMD ["llmsched", "health", "--target", "127.0.0.1:50051", "--timeout", "3"]
 ENTRYPOINT ["llmsched"]
-CMD ["serve", "--config", "/etc/llmsched/config.toml"]
+CMD ["serve", "--config", "/etc/llmsched/config/config.toml"]

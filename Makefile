@@ -131,7 +131,7 @@ run-cluster: $(STAMP) redis
 	bash scripts/run_cluster.sh
 
 demo: $(STAMP)
-	$(BIN)/python -m bench.s1_demo
+	$(BIN)/python -m bench.tools.demo
 
 # S1-S8 and the cluster scenarios side by side on the simulator; ENGINE=vllm: R1 (S1/S2 on the real CPU vLLM
 # laid out like a GPU host, plus the "front end starved" and "all shared" layouts), S6 and S8; ENGINE=llamacpp:

@@ -19,6 +19,7 @@ from backends.base import (
     HttpSettings,
     SamplingParams,
     TextDelta,
+    TraceContext,
 )
 from backends.errors import (
     BackendError,
@@ -47,6 +48,7 @@ __all__ = [
     "HttpSettings",
     "SamplingParams",
     "TextDelta",
+    "TraceContext",
     "adapter_class",
     "capabilities",
     "create_backend",

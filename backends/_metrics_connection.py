@@ -3,7 +3,7 @@ per-request machinery.
 
 Why: a hundred engines read every 0.2 s are 500 GETs a second. aiohttp's client spends about 100 us of
 Python on each (request and response objects, headers, cookies, timers, the pool): a third of a scrape's
-CPU in the running scheduler (bench/scrape_scale.py), the rest being the event loop, the parse and the
+CPU in the running scheduler (bench/tools/scrape_scale/), the rest being the event loop, the parse and the
 gate's bookkeeping. A scrape needs little of that: one GET at a time, on a connection that stays open, its
 answer read by httptools' parser (llhttp, in C: Content-Length or chunked, as vLLM's /metrics/ writes).
 llama-server keeps its /metrics connections alive, though not its streams, which aiohttp reads on

@@ -6,7 +6,7 @@ each sample label by label, character by character: about 0.2 ms for the few sam
 of it its 40-label `vllm:cache_config_info`), 0.3 ms for the adapter's lines of its whole 55 KB /metrics.
 An adapter reads four to eight series. Here one regular-expression pass finds the lines those names start,
 only those are parsed, and the label sets (the same at every scrape) are read once: 15-25x less CPU
-(bench/scrape_scale.py).
+(bench/tools/scrape_scale/).
 
 The numbers are prometheus-client's on every text it accepts: a line in the usual form
 `name{label="value",...} value [timestamp]` is read here under the same rules (escapes, NaN/Inf, integers

@@ -35,6 +35,16 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceContext:
+    """A W3C Trace Context, validated and in its version-00 form, sent with the engine request as the
+    `traceparent` (and `tracestate`, when not empty) headers, so the engine's own spans (vLLM exports them)
+    continue the caller's trace. It says nothing else: no adapter reads it for anything but those headers."""
+
+    traceparent: str
+    tracestate: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """What the scheduler asks an engine to generate.
 
@@ -52,6 +62,7 @@ class GenerationRequest:
     # its streamed tokens in groups (vLLM's `stream_interval`) is asked to, within this: fewer chunks to
     # write for its front end and to read for the scheduler. The first token always goes at once.
     max_token_delay: float = 0.0
+    trace: TraceContext | None = None  # the trace the engine request continues (None: none)
 
 
 @dataclass(frozen=True, slots=True)

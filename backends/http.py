@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from backends.base import BackendLoad, HttpSettings
+from backends.base import BackendLoad, HttpSettings, TraceContext
 from backends.errors import (
     BackendError,
     BackendOverloaded,
@@ -91,7 +91,7 @@ class HttpEngine:
         With `select_metrics_on_server`, the samples are asked for by Prometheus' own `name[]` selection
         at `<metrics path>/` (prometheus-client's exposition app, which vLLM mounts there; its bare
         `/metrics` route ignores the selection): vLLM's front end then writes 2 KB instead of 50 KB, 1.3-1.9
-        ms of its CPU a scrape instead of 11-12 ms (CPU vLLM 0.32, bench/scrape_cost.py), several times a
+        ms of its CPU a scrape instead of 11-12 ms (CPU vLLM 0.32, bench/tools/scrape_cost.py), several times a
         second, on the process that also streams every token. An engine that answers the selection with
         404/405, or without the samples `parse` needs, is read in full from then on."""
         read_at = time.monotonic()
@@ -108,14 +108,14 @@ class HttpEngine:
 
     @contextlib.asynccontextmanager
     async def streaming(
-        self, path: str, body: dict[str, Any], request_id: str
+        self, path: str, body: dict[str, Any], request_id: str, trace: TraceContext | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST (as `post_stream`) and hold the engine's response for the block. The connection goes back to
         the pool only when the block ends normally; any other end closes it, which aborts the request in
         the engine: an error, a cancel, and the close of an adapter's generator at any of its yields (its
         caller left) alike. Cancelled while the request is being sent or its answer awaited, aiohttp
         closes the connection itself, so the engine drops it or never starts it."""
-        response = await self.post_stream(path, body, request_id)
+        response = await self.post_stream(path, body, request_id, trace)
         try:
             yield response
         except BaseException:
@@ -123,16 +123,23 @@ class HttpEngine:
             raise
         response.release()
 
-    async def post_stream(self, path: str, body: dict[str, Any], request_id: str) -> aiohttp.ClientResponse:
+    async def post_stream(
+        self, path: str, body: dict[str, Any], request_id: str, trace: TraceContext | None = None
+    ) -> aiohttp.ClientResponse:
         """POST and return the response once its headers say success; map failures to BackendErrors.
 
-        `X-Request-Id` carries our id so engine logs and aborts (vLLM uses it as its own id) match ours.
+        `X-Request-Id` carries our id so engine logs and aborts (vLLM uses it as its own id) match ours;
+        `traceparent` and `tracestate` carry `trace`, so the engine's spans join the request's trace.
         The caller owns the response and must close it (closing early aborts the request in the engine).
         A connection that breaks before any answer is tried once more on another connection: that is how
         a pooled connection the engine closed for idleness fails, and the engine has not started the
         request (had it, the broken connection aborts it there). Refused connections are not retried.
         """
         url, headers = self.base_url + path, {"X-Request-Id": request_id}
+        if trace is not None:
+            headers["traceparent"] = trace.traceparent
+            if trace.tracestate:
+                headers["tracestate"] = trace.tracestate
         try:
             try:
                 response = await self.session.post(url, json=body, headers=headers)

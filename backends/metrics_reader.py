@@ -1,6 +1,6 @@
 """Reading an engine's Prometheus endpoint over HTTP, asking for only the samples wanted where it can.
 
-vLLM's front end writes about 50 KB for its bare `/metrics` (11-12 ms of its CPU, bench/scrape_cost.py);
+vLLM's front end writes about 50 KB for its bare `/metrics` (11-12 ms of its CPU, bench/tools/scrape_cost.py);
 asked for a few series by Prometheus' `name[]` selection at `<metrics path>/` it writes 2 KB. An engine
 that answers the selection with 404/405, or without the samples wanted, is read in full from then on. The
 adapters' scrapes and the bench's engine probe share this one reader, so they cannot drift apart.
@@ -8,7 +8,7 @@ adapters' scrapes and the bench's engine probe share this one reader, so they ca
 A hundred engines are read hundreds of times a second, so a read does little in Python: the adapters'
 readers GET over a kept-alive connection of their own (`backends._metrics_connection`, aiohttp's client for
 any answer it does not read), the selecting URL is built once, and the text is read for the named samples
-only (`backends._prom_scan`); bench/scrape_scale.py measures each part.
+only (`backends._prom_scan`); bench/tools/scrape_scale/ measures each part.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class MetricsReader:
         self.metrics_url = metrics_url
         # None: not known yet; False: read in full (not asked to select, or the engine did not understand)
         self.selected_on_server: bool | None = None if select_on_server else False
-        self.parse = parse  # text -> samples (bench/scrape_scale.py sets prometheus-client's beside it)
+        self.parse = parse  # text -> samples (bench/tools/scrape_scale/ sets prometheus-client's beside it)
         self._whole_url = yarl.URL(metrics_url)
         self._selection: tuple[tuple[str, ...], yarl.URL] | None = None  # the names and the URL asking for them
         self._connection: MetricsConnection | None = None

@@ -26,9 +26,9 @@ import grpc
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from backends.metrics import MetricSamples
 from bench import harness
 from bench.configs import NotAvailable, Toml, validated_toml
+from bench.product import MetricSamples
 from clients import pb, pb_grpc
 
 STORES = ("memory", "redis")
@@ -80,6 +80,29 @@ class Layout:
         if self.store == "redis" and _refused:
             raise NotAvailable(f"not started: an earlier redis layout of this run was refused ({_refused[0]})")
         validated_toml(self.replica_config(config, 0, "redis://127.0.0.1:6379/0", "llmsched-bench"))
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """`python -m bench` knobs for the cluster scenarios."""
+
+    replicas: int = 3
+    stores: tuple[str, ...] = STORES  # "memory": independent processes; "redis": one cluster
+    scale: float = 1.0  # stretches every measuring window (and the floods that must outlast them)
+    heartbeat_interval: float = 0.5
+    heartbeat_timeout: float = 2.0
+
+    def layout(self, replicas: int, store: str) -> Layout:
+        return Layout(replicas, store, self.heartbeat_interval, self.heartbeat_timeout)
+
+    def layouts(self, *, single_redis: bool = False) -> list[Layout]:
+        """One process (the reference), then N in memory mode and N on Redis, as `stores`
+        asks; `single_redis` adds one replica on Redis (S6's cost of the store alone)."""
+        out = [self.layout(1, "memory")]
+        if single_redis and "redis" in self.stores:
+            out.append(self.layout(1, "redis"))
+        out += [self.layout(self.replicas, store) for store in STORES if store in self.stores]
+        return out
 
 
 @dataclass

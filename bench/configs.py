@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from scheduler_svc.app.settings import config_from_dict
-from scheduler_svc.config import ConfigError
+from bench.engines import Engine
+from bench.product import ConfigRefused, validate_config
 
 Toml = dict[str, Any]
+SCHEDULED_MODEL = "bench-model"  # the model name the scenarios' clients ask the scheduler for
+STANDARD_CLASS = [{"name": "standard", "rank": 0}]  # one band, no TPOT/KV limits: fairness alone decides
 
 
 class NotAvailable(Exception):
@@ -77,6 +79,13 @@ def scheduler_config(
     }
 
 
+def for_engine(engine: Engine, **settings: Any) -> Toml:
+    """`scheduler_config` for the scenarios' model in front of `engine`: its URL and model filled in, and the
+    gate told its batch size unless `settings` says otherwise."""
+    settings.setdefault("max_num_seqs", engine.max_num_seqs)
+    return scheduler_config(engine_url=engine.url, model=SCHEDULED_MODEL, engine_model=engine.model, **settings)
+
+
 def with_http_door(config: Toml) -> Toml:
     """The same config with the OpenAI-compatible HTTP door open on a port the harness picks."""
     return {**config, "server": {**config["server"], "http_listen": "127.0.0.1:{HTTP_PORT}"}}
@@ -87,10 +96,9 @@ def validated_toml(config: Toml) -> str:
     text = json.dumps(config)
     for placeholder in ("{GRPC_PORT}", "{HTTP_PORT}", "{METRICS_PORT}"):
         text = text.replace(placeholder, "0")
-    probe = json.loads(text)
     try:
-        config_from_dict(probe)
-    except (ConfigError, TypeError) as exc:
+        validate_config(json.loads(text))
+    except ConfigRefused as exc:
         raise NotAvailable(f"the scheduler refuses this config: {exc}") from exc
     return to_toml(config)
 

@@ -36,10 +36,10 @@ class Engine:
 class SimProfile:
     """The simulator's timing: a step costs base + per-seq * batch (+ prefill), like a GPU's decode."""
 
-    max_num_seqs: int = 64
-    decode_base_ms: float = 20.0
-    decode_per_seq_ms: float = 0.3
-    prefill_per_token_ms: float = 0.05
+    max_num_seqs: int = 64  # slots: requests decoded together
+    decode_base_ms: float = 20.0  # a decode step's fixed cost ...
+    decode_per_seq_ms: float = 0.3  # ... and its cost per running request
+    prefill_per_token_ms: float = 0.05  # per prompt token, in the step that takes the request in
 
     def step_seconds(self, batch: int) -> float:
         return (self.decode_base_ms + self.decode_per_seq_ms * batch) / 1000.0

@@ -1,10 +1,10 @@
-"""Processes and probes the benchmarks share: engines and the scheduler run as real subprocesses."""
+"""The processes the benchmarks start: the simulator, the scheduler, the instant fake engine and the gRPC echo,
+each a real subprocess of this checkout's code, ready once it answers and stopped afterwards."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -12,17 +12,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import aiohttp
 import grpc
 
-from backends.metrics import MetricSamples
-from clients import pb, pb_grpc
+from bench.product import SERVICE_COMMAND
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,15 +48,16 @@ class Proc:
                 self.popen.wait()
 
 
-def spawn(args: Sequence[str], name: str) -> Proc:
+def spawn(args: Sequence[str], name: str, root: Path = ROOT) -> Proc:
+    """Run `args` on the code under `root` (this checkout's; a bench comparing with an earlier version gives
+    that version's tree), whatever the installed package points at."""
     log_dir = Path(tempfile.gettempdir()) / "llmsched-bench"
     log_dir.mkdir(exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log = log_path.open("wb")
-    # This checkout's code, whatever the installed package points at.
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path}
-    popen = subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    popen = subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, cwd=root, env=env)
     return Proc(popen, log_path)
 
 
@@ -77,6 +76,16 @@ async def wait_http(url: str, proc: Proc, timeout: float = 60.0) -> None:
     raise TimeoutError(f"{url} not ready after {timeout}s; see {proc.log_path}")
 
 
+async def wait_until(check: Callable[[], Awaitable[bool]], what: str, timeout: float, interval: float = 0.1) -> float:
+    """Poll `check` until it holds; returns the seconds it took. Polling is how one watches another process."""
+    start = time.monotonic()
+    while not await check():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"{what}: not reached after {timeout:.0f}s")
+        await asyncio.sleep(interval)
+    return time.monotonic() - start
+
+
 async def wait_grpc(target: str, proc: Proc, timeout: float = 30.0) -> None:
     async with grpc.aio.insecure_channel(target) as channel:
         try:
@@ -89,7 +98,14 @@ async def wait_grpc(target: str, proc: Proc, timeout: float = 30.0) -> None:
 async def simulator(*flags: str) -> AsyncIterator[str]:
     """A `llmsched sim` subprocess; yields its base URL."""
     port = free_port()
-    proc = spawn([sys.executable, "-m", "scheduler_svc.app.cli", "sim", "--port", str(port), *flags], f"sim-{port}")
+    async with _http_process([*SERVICE_COMMAND, "sim", "--port", str(port), *flags], port, f"sim-{port}") as url:
+        yield url
+
+
+@asynccontextmanager
+async def _http_process(argv: Sequence[str], port: int, name: str) -> AsyncIterator[str]:
+    """Run an HTTP server process listening on `port`, ready once its /health answers; stopped on exit."""
+    proc = spawn(argv, name)
     try:
         url = f"http://127.0.0.1:{port}"
         await wait_http(url + "/health", proc)
@@ -113,10 +129,13 @@ class SchedulerProc:
 
 
 @asynccontextmanager
-async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> AsyncIterator[SchedulerProc]:
+async def scheduler_process(
+    config_toml: str, wrapper: Sequence[str] = (), root: Path = ROOT
+) -> AsyncIterator[SchedulerProc]:
     """A `llmsched serve` subprocess for the config (`{GRPC_PORT}`, `{HTTP_PORT}` and `{METRICS_PORT}` are filled
-    in), optionally run under `wrapper` (a profiler's command line ending where the module arguments start).
-    Ready once gRPC answers and, with the HTTP door open, once the door's /readyz does too."""
+    in), optionally run under `wrapper` (a profiler's command line ending where the module arguments start), on
+    the code under `root`. Ready once gRPC answers and, with the HTTP door open, once the door's /readyz does
+    too."""
     port = free_port()
     text = config_toml.replace("{GRPC_PORT}", str(port))
     http_port = free_port() if "{HTTP_PORT}" in text else None
@@ -126,8 +145,9 @@ async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> As
     path = Path(tempfile.gettempdir()) / "llmsched-bench" / f"scheduler-{port}.toml"
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
-    command = [*wrapper] if wrapper else [sys.executable]
-    async with _grpc_process([*command, "-m", "scheduler_svc.app.cli", "serve", "--config", str(path)], port) as proc:
+    command = [*wrapper, *SERVICE_COMMAND[1:]] if wrapper else [*SERVICE_COMMAND]
+    argv = [*command, "serve", "--config", str(path)]
+    async with _grpc_process(argv, port, root=root) as proc:
         if http_port is not None:
             proc.http_url = f"http://127.0.0.1:{http_port}"
             await wait_http(proc.http_url + "/readyz", proc.proc)
@@ -138,16 +158,19 @@ async def scheduler_process(config_toml: str, wrapper: Sequence[str] = ()) -> As
 
 @asynccontextmanager
 async def grpc_echo() -> AsyncIterator[SchedulerProc]:
-    """`bench.grpc_echo`: a bare gRPC streaming echo laid out like the scheduler (its own process)."""
+    """`bench.servers.grpc_echo`: a bare gRPC streaming echo laid out like the scheduler (its own process)."""
     port = free_port()
-    async with _grpc_process([sys.executable, "-m", "bench.grpc_echo", "--port", str(port)], port, "echo") as proc:
+    argv = [sys.executable, "-m", "bench.servers.grpc_echo", "--port", str(port)]
+    async with _grpc_process(argv, port, "echo") as proc:
         yield proc
 
 
 @asynccontextmanager
-async def _grpc_process(argv: Sequence[str], port: int, name: str = "scheduler") -> AsyncIterator[SchedulerProc]:
+async def _grpc_process(
+    argv: Sequence[str], port: int, name: str = "scheduler", root: Path = ROOT
+) -> AsyncIterator[SchedulerProc]:
     """Run a gRPC server process listening on `port`, ready once it answers; stopped on exit."""
-    proc = spawn(argv, f"{name}-{port}")
+    proc = spawn(argv, f"{name}-{port}", root)
     try:
         target = f"127.0.0.1:{port}"
         await wait_grpc(target, proc)
@@ -157,87 +180,15 @@ async def _grpc_process(argv: Sequence[str], port: int, name: str = "scheduler")
 
 
 @asynccontextmanager
-async def scheduler(config_toml: str) -> AsyncIterator[str]:
-    """A `llmsched serve` subprocess for the given config (its listen address is replaced); yields target."""
-    async with scheduler_process(config_toml) as handle:
-        yield handle.target
-
-
-@asynccontextmanager
 async def fake_engine(tokens: int) -> AsyncIterator[str]:
-    """`bench.fake_engine`: answers every completion at once with `tokens` tokens; yields its base URL."""
+    """`bench.servers.fake_engine`: answers every completion at once with `tokens` tokens; yields its base URL."""
     port = free_port()
-    proc = spawn(
-        [sys.executable, "-m", "bench.fake_engine", "--port", str(port), "--tokens", str(tokens)], f"fake-{port}"
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        await wait_http(url + "/health", proc)
+    argv = [sys.executable, "-m", "bench.servers.fake_engine", "--port", str(port), "--tokens", str(tokens)]
+    async with _http_process(argv, port, f"fake-{port}") as url:
         yield url
-    finally:
-        proc.stop()
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc), children excluded."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def engine_counter(url: str, name: str) -> float:
-    """A counter summed over the engine's series (e.g. vllm:generation_tokens_total)."""
-    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
-        samples = MetricSamples.parse(await response.text())
-    return samples.total(name) or 0.0
-
-
-async def direct_ttft(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int) -> float:
-    """Seconds to the first streamed token, straight to a vLLM-style engine."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
-    start = time.monotonic()
-    async with session.post(url + "/v1/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.content:
-            if not line.startswith(b"data: {"):
-                continue
-            choices = json.loads(line[6:]).get("choices") or []
-            if choices and choices[0].get("text"):
-                return time.monotonic() - start
-    raise RuntimeError("stream ended without a token")
-
-
-async def direct_complete(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int) -> None:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
-    async with session.post(url + "/v1/completions", json=body) as response:
-        await response.read()
-
-
-async def scheduled_ttft(
-    stub: pb_grpc.SchedulerServiceStub, user: str, model: str, prompt: str, max_tokens: int
-) -> float:
-    """Seconds to the first delta through the scheduler."""
-    start = time.monotonic()
-    params = pb.GenerationParams(model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
-    request = pb.StreamRequest(params=params)
-    call = cast(
-        "grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]",
-        stub.Stream(request, metadata=(("x-user-id", user),)),
-    )
-    try:
-        async for event in call:
-            if event.HasField("delta"):
-                return time.monotonic() - start
-    finally:
-        call.cancel()
-    raise RuntimeError("stream ended without a token")
-
-
-async def scheduled_complete(
-    stub: pb_grpc.SchedulerServiceStub, user: str, model: str, prompt: str, max_tokens: int
-) -> None:
-    params = pb.GenerationParams(model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
-    request = pb.SubmitRequest(params=params)
-    await cast(
-        "grpc.aio.UnaryUnaryCall[pb.SubmitRequest, pb.SubmitResponse]",
-        stub.Submit(request, metadata=(("x-user-id", user),)),
-    )

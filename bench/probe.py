@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from backends.metrics import MetricSamples
-from backends.metrics_reader import MetricsReader, MetricsStatus
 from bench.clients import RunClock
+from bench.product import MetricSamples, MetricsReader, MetricsStatus
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"

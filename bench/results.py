@@ -27,6 +27,20 @@ class Target:
     higher_is_better: bool = True
     unit: str = ""
 
+    @classmethod
+    def at_most(
+        cls, figure: str, target: str, run: str, value: float | None, threshold: float, fail_at: float, unit: str = ""
+    ) -> Target:
+        """A figure that must stay at or under `threshold`; the check fails past `fail_at`."""
+        return cls(figure, target, run, value, threshold, fail_at, False, unit)
+
+    @classmethod
+    def at_least(
+        cls, figure: str, target: str, run: str, value: float | None, threshold: float, fail_at: float, unit: str = ""
+    ) -> Target:
+        """A figure that must reach `threshold`; the check fails under `fail_at`."""
+        return cls(figure, target, run, value, threshold, fail_at, True, unit)
+
     @property
     def status(self) -> str:
         """ "met", "missed", or "n/a" when nothing was measured."""

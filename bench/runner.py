@@ -1,35 +1,36 @@
-"""One run of a scenario: an engine, optionally a scheduler in front of it, a client, a probe, a workload.
+"""One run of a scenario, and a scenario's runs in turn: an engine, optionally a scheduler in front of it, a
+client, a probe, a workload.
 
 A scenario is a handful of runs of the same workload that differ only in their `Mode` (straight to the
 engine's FIFO or priority queue, or through llm-scheduler with some config, by its gRPC door or its
 OpenAI-compatible HTTP door), so the modes' figures come from the same machine minutes apart and their
-ratios cancel its speed.
+ratios cancel its speed. `run_modes` runs a workload once per mode, each in its own `open_run`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import grpc
 
-from backends.base import HttpSettings
-from backends.http import engine_connector
 from bench import harness
 from bench.clients import Client, DirectClient, HttpSchedulerClient, RoundRobinClient, RunClock, ScheduledClient
 from bench.cluster import Cluster, Layout, cluster
-from bench.configs import Toml, validated_toml, with_http_door
+from bench.configs import SCHEDULED_MODEL, NotAvailable, Toml, validated_toml, with_http_door
 from bench.engines import Engine, EngineProvider
 from bench.probe import EngineProbe
+from bench.product import engine_pool
 from bench.records import RequestRecord
 from clients import pb_grpc
 
-SCHEDULED_MODEL = "bench-model"
-
+T = TypeVar("T")
 ConfigBuilder = Callable[[Engine], Toml]
 
 
@@ -160,11 +161,10 @@ async def open_run(
     """Start what `mode` needs, yield the run's context, and stop everything (requests first) afterwards."""
     # Idle connections closed before the engine's keep-alive (5 s) does, as the scheduler's adapters do:
     # the direct runs must not lose requests to that race either.
-    connector = engine_connector(0, force_close=False, idle_seconds=HttpSettings().idle_connection_seconds)
     timeout = aiohttp.ClientTimeout(total=None)
     async with (
         provider.engine(mode.engine_policy) as engine,
-        aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+        aiohttp.ClientSession(connector=engine_pool(), timeout=timeout) as session,
     ):
         clock = RunClock()
         probe = EngineProbe(session, engine.url, clock)
@@ -222,3 +222,40 @@ def _client(
     if mode.http:
         return HttpSchedulerClient(session, scheduler.http_url, SCHEDULED_MODEL, clock, mode.label)
     return ScheduledClient(pb_grpc.SchedulerServiceStub(channel), SCHEDULED_MODEL, clock, mode.label)
+
+
+async def run_modes(
+    provider: EngineProvider,
+    modes: Sequence[Mode],
+    body: Callable[[RunContext], Awaitable[T]],
+    *,
+    timeout: float,
+    scheduler_wrapper: Sequence[str] = (),
+) -> tuple[dict[str, T], dict[str, str]]:
+    """Run `body` once per mode; returns (label -> result, label -> why it could not run)."""
+    done: dict[str, T] = {}
+    skipped: dict[str, str] = {}
+    for mode in modes:
+        try:
+            mode.check_available()
+        except NotAvailable as exc:
+            skipped[mode.label] = str(exc)
+            print(f"  {mode.label}: not available: {exc}", file=sys.stderr)
+            continue
+        started = time.monotonic()
+        print(f"  {mode.label} ...", flush=True)
+        try:
+            async with open_run(provider, mode, scheduler_wrapper=scheduler_wrapper) as run:
+                done[mode.label] = await _bounded(body(run), timeout)
+        except TimeoutError:
+            skipped[mode.label] = f"did not finish within {timeout:.0f}s"
+        except (RuntimeError, OSError, NotAvailable) as exc:  # one failed run must not lose the others
+            skipped[mode.label] = f"failed: {exc}"
+            print(f"  {mode.label}: failed: {exc!r}", file=sys.stderr)
+        print(f"  {mode.label}: {time.monotonic() - started:.1f}s", flush=True)
+    return done, skipped
+
+
+async def _bounded(awaitable: Awaitable[T], timeout: float) -> T:
+    async with asyncio.timeout(timeout):
+        return await awaitable

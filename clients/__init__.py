@@ -4,7 +4,8 @@
 `stream` an iterator of typed events (`Queued`, `Dispatched`, `Delta`, `Finished`, in the order of the
 Stream contract), failures raise a typed `SchedulerError`, retries honour RetryInfo (never after a token)
 within the call's deadline. `SchedulerClient` is the raw layer under them: protobuf messages and gRPC
-errors, no retries (tests and benchmarks that look at the wire use it).
+errors, no retries (tests and benchmarks that look at the wire use it). Admins also reload the service's
+configuration (`reload_config`) and drain backends (`drain_backend`, `undrain_backend`).
 """
 
 from clients._connection import channel_credentials
@@ -14,6 +15,7 @@ from clients.errors import (
     AlreadyExistsError,
     AuthenticationError,
     DeadlineExceededError,
+    FailedPreconditionError,
     InternalError,
     InvalidRequestError,
     NotFoundError,
@@ -42,6 +44,7 @@ __all__ = [
     "Dispatched",
     "Event",
     "EventStream",
+    "FailedPreconditionError",
     "Finished",
     "InternalError",
     "InvalidRequestError",

@@ -103,6 +103,49 @@ class AsyncClient(Connection):
             raise from_rpc_error(exc) from exc
         return response
 
+    async def reload_config(self, dry_run: bool = False, *, timeout: float | None = None) -> pb.ReloadConfigResponse:
+        """Admins only: the service reads its configuration file again and applies what changed, as on SIGHUP
+        (`dry_run`: it only says what would change). A file it refuses raises FailedPreconditionError
+        (CONFIG_INVALID, CONFIG_NEEDS_RESTART); the running configuration then stays."""
+        try:
+            response: pb.ReloadConfigResponse = await self._stub.ReloadConfig(
+                pb.ReloadConfigRequest(dry_run=dry_run),
+                metadata=self._metadata,
+                timeout=timeout if timeout is not None else self._calls.timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return response
+
+    async def drain_backend(
+        self, backend: str, model: str = "", *, timeout: float | None = None
+    ) -> pb.DrainBackendResponse:
+        """Admins only: no new request goes to `backend` (of `model`; empty: of every model that has one), the
+        ones it runs finish, the queue goes to the other backends, until `undrain_backend`."""
+        try:
+            response: pb.DrainBackendResponse = await self._stub.DrainBackend(
+                pb.DrainBackendRequest(model=model, backend=backend),
+                metadata=self._metadata,
+                timeout=timeout if timeout is not None else self._calls.timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return response
+
+    async def undrain_backend(
+        self, backend: str, model: str = "", *, timeout: float | None = None
+    ) -> pb.UndrainBackendResponse:
+        """Admins only: `backend` takes requests again (unless its configuration drains it)."""
+        try:
+            response: pb.UndrainBackendResponse = await self._stub.UndrainBackend(
+                pb.UndrainBackendRequest(model=model, backend=backend),
+                metadata=self._metadata,
+                timeout=timeout if timeout is not None else self._calls.timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return response
+
 
 class AsyncEventStream:
     """The events of one streamed generation, across retries; iterate once.

@@ -45,6 +45,28 @@ class SchedulerClient(Connection):
         )
         return response
 
+    async def reload_config(self, dry_run: bool = False) -> pb.ReloadConfigResponse:
+        """Admins: have the service read its configuration file again and apply it (`dry_run`: only say what
+        would change)."""
+        response: pb.ReloadConfigResponse = await self._stub.ReloadConfig(
+            pb.ReloadConfigRequest(dry_run=dry_run), metadata=self._metadata
+        )
+        return response
+
+    async def drain_backend(self, backend: str, model: str = "") -> pb.DrainBackendResponse:
+        """Admins: no new requests to `backend` (of `model`, or of every model that has one) until undrained."""
+        response: pb.DrainBackendResponse = await self._stub.DrainBackend(
+            pb.DrainBackendRequest(model=model, backend=backend), metadata=self._metadata
+        )
+        return response
+
+    async def undrain_backend(self, backend: str, model: str = "") -> pb.UndrainBackendResponse:
+        """Admins: let a drained backend take requests again."""
+        response: pb.UndrainBackendResponse = await self._stub.UndrainBackend(
+            pb.UndrainBackendRequest(model=model, backend=backend), metadata=self._metadata
+        )
+        return response
+
     async def stream_text(self, model: str, prompt: str = "", **kwargs: Any) -> AsyncIterator[str]:
         """Just the generated text chunks of a streamed generation."""
         async for event in self.stream(model, prompt, **kwargs):

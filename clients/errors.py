@@ -3,9 +3,10 @@ retry hint (google.rpc.ErrorInfo and RetryInfo), read the same way from sync and
 
     SchedulerError                  any failed call (code, reason, message, metadata, retry_delay)
     ├── InvalidRequestError         INVALID_ARGUMENT (INVALID_REQUEST, PROMPT_TOO_LARGE, ...)
-    ├── NotFoundError               NOT_FOUND (MODEL_NOT_FOUND)
+    ├── NotFoundError               NOT_FOUND (MODEL_NOT_FOUND, BACKEND_NOT_FOUND)
     ├── AuthenticationError         UNAUTHENTICATED
     ├── PermissionDeniedError       PERMISSION_DENIED
+    ├── FailedPreconditionError     FAILED_PRECONDITION (a refused reload: CONFIG_INVALID, CONFIG_NEEDS_RESTART)
     ├── AlreadyExistsError          ALREADY_EXISTS (REQUEST_ID_IN_USE)
     ├── ResourceExhaustedError      RESOURCE_EXHAUSTED (QUEUE_FULL, QUEUE_BYTES_FULL, BACKEND_OVERLOADED)
     ├── DeadlineExceededError       DEADLINE_EXCEEDED (QUEUE_TIMEOUT, or the call's own deadline)
@@ -62,7 +63,7 @@ class InvalidRequestError(SchedulerError):
 
 
 class NotFoundError(SchedulerError):
-    """The model is not configured."""
+    """The model (or, for an admin call, the backend) is not configured."""
 
 
 class AuthenticationError(SchedulerError):
@@ -71,6 +72,10 @@ class AuthenticationError(SchedulerError):
 
 class PermissionDeniedError(SchedulerError):
     """The caller may not do this."""
+
+
+class FailedPreconditionError(SchedulerError):
+    """The service refused a reload of its configuration file, which it keeps running: the message says why."""
 
 
 class AlreadyExistsError(SchedulerError):
@@ -99,6 +104,7 @@ _CLASSES: dict[grpc.StatusCode, type[SchedulerError]] = {
     _C.NOT_FOUND: NotFoundError,
     _C.UNAUTHENTICATED: AuthenticationError,
     _C.PERMISSION_DENIED: PermissionDeniedError,
+    _C.FAILED_PRECONDITION: FailedPreconditionError,
     _C.ALREADY_EXISTS: AlreadyExistsError,
     _C.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     _C.DEADLINE_EXCEEDED: DeadlineExceededError,

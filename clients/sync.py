@@ -85,6 +85,20 @@ class Client:
         """Queue depths, gate states and fair-share counters (see `AsyncClient.queue_state`)."""
         return self._loop.run(self._async.queue_state(model, user, max_users, timeout=timeout))
 
+    def reload_config(self, dry_run: bool = False, *, timeout: float | None = None) -> pb.ReloadConfigResponse:
+        """Admins: reload the service's configuration file (see `AsyncClient.reload_config`)."""
+        return self._loop.run(self._async.reload_config(dry_run, timeout=timeout))
+
+    def drain_backend(self, backend: str, model: str = "", *, timeout: float | None = None) -> pb.DrainBackendResponse:
+        """Admins: drain a backend (see `AsyncClient.drain_backend`)."""
+        return self._loop.run(self._async.drain_backend(backend, model, timeout=timeout))
+
+    def undrain_backend(
+        self, backend: str, model: str = "", *, timeout: float | None = None
+    ) -> pb.UndrainBackendResponse:
+        """Admins: undrain a backend (see `AsyncClient.undrain_backend`)."""
+        return self._loop.run(self._async.undrain_backend(backend, model, timeout=timeout))
+
 
 class EventStream:
     """The events of one streamed generation, across retries; iterate once (see `AsyncEventStream`).

@@ -7,7 +7,7 @@ Each generated part sits in a Markdown file between two markers, `<!-- NAME: gen
 - `docs/configuration.md`, `config-reference`: every section and field of the configuration with its type,
   default, accepted values and doc, from the schema itself (`scheduler_svc.config.schema`) and the registries
   the loader checks names against.
-- `docs/benchmarks.md`, `scenarios`: every scenario the bench runs (`bench.scenarios.DEFINITIONS`) with the
+- `docs/benchmarks.md`, `scenarios`: every scenario the bench runs (`bench.registry.DEFINITIONS`) with the
   latest record of each (`bench/results/records/`).
 - `README.md`, `results`: the headline figures of those records.
 
@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT))  # this checkout's packages, whatever is installed
 
 from backends.registry import BACKEND_KINDS  # noqa: E402
 from bench import run_records  # noqa: E402
+from bench.registry import DEFINITIONS  # noqa: E402
 from bench.report import table_markdown  # noqa: E402
 from bench.results import Table, Target  # noqa: E402
-from bench.scenarios import DEFINITIONS  # noqa: E402
-from bench.scenarios.definition import Definition  # noqa: E402
+from bench.scenario import Definition  # noqa: E402
 from llmsched.v1.errors import markdown_table  # noqa: E402
 from scheduler_svc.app.event_loop import EVENT_LOOPS  # noqa: E402
 from scheduler_svc.app.settings import load_config  # noqa: E402

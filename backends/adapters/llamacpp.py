@@ -31,7 +31,7 @@ class LlamaCppBackend(HttpAdapter):
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         path, body = openai_body(request, self._engine_model)
-        return stream_openai(self._engine, path, body, request.request_id)
+        return stream_openai(self._engine, path, body, request.request_id, request.trace)
 
     def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:
         waiting, running = queue_counts(samples, WAITING, RUNNING, "was llama-server started with --metrics?")

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 
 from backends.adapters._sse import iter_sse_batches
-from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta
+from backends.base import Accepted, Finished, GenerationEvent, GenerationRequest, TextDelta, TraceContext
 from backends.errors import BackendProtocolError, BackendUnavailable
 from backends.http import HttpEngine, error_message, stream_failure
 
@@ -49,7 +49,7 @@ def openai_body(request: GenerationRequest, engine_model: str) -> tuple[str, dic
 
 
 async def stream_openai(
-    engine: HttpEngine, path: str, body: dict[str, Any], request_id: str
+    engine: HttpEngine, path: str, body: dict[str, Any], request_id: str, trace: TraceContext | None = None
 ) -> AsyncGenerator[GenerationEvent, None]:
     """POST a streaming request and turn its SSE chunks into Accepted, TextDelta ... Finished.
 
@@ -60,7 +60,7 @@ async def stream_openai(
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     counted = 0  # tokens reported in TextDeltas so far
-    async with engine.streaming(path, body, request_id) as response:
+    async with engine.streaming(path, body, request_id, trace) as response:
         yield Accepted()
         try:
             done = False

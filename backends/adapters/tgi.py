@@ -79,7 +79,7 @@ class TgiBackend(HttpAdapter):
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if request.messages is not None:
             path, body = openai_body(request, self._engine_model)
-            return stream_openai(self._engine, path, body, request.request_id)
+            return stream_openai(self._engine, path, body, request.request_id, request.trace)
         return self._generate_stream(request)
 
     async def _generate_stream(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
@@ -87,7 +87,9 @@ class TgiBackend(HttpAdapter):
         details: dict[str, Any] | None = None
         tokens = 0
         # Closed on any early end, the yield of Accepted included: that aborts the request in the engine.
-        async with self._engine.streaming("/generate_stream", tgi_body(request), request.request_id) as response:
+        async with self._engine.streaming(
+            "/generate_stream", tgi_body(request), request.request_id, request.trace
+        ) as response:
             yield Accepted()
             try:
                 async for batch in iter_sse_batches(response):

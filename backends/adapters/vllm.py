@@ -53,7 +53,7 @@ class VllmBackend(HttpAdapter):
         if group > 1:
             body["stream_interval"] = group
             body["stream_options"]["continuous_usage_stats"] = True
-        return stream_openai(self._engine, path, body, request.request_id)
+        return stream_openai(self._engine, path, body, request.request_id, request.trace)
 
     def _parse(self, samples: MetricSamples, read_at: float) -> BackendLoad:
         labels = {"model_name": self._engine_model}

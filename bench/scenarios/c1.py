@@ -13,20 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import random
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from bench.configs import scheduler_config
+from bench.configs import STANDARD_CLASS, Toml, for_engine
 from bench.engines import Engine, EngineProvider
 from bench.records import RequestRecord
-from bench.results import ScenarioResult, Table, Target
-from bench.runner import SCHEDULED_MODEL, Mode, RunContext
-from bench.scenarios import _cluster
-from bench.scenarios._cluster import ClusterOptions
-from bench.scenarios._common import STANDARD_CLASS, divide, jsonable, not_run, ratio, run_modes, seconds
-from bench.scenarios.definition import Definition
+from bench.results import ScenarioResult, Table
+from bench.runner import Mode, RunContext, run_modes
+from bench.scenario import Definition, Options, Plot, Scenario
+from bench.scenarios import cluster_layouts
+from bench.scenarios.common import divide, errors, not_run, ratio, seconds, ttft_series, with_requests
+from bench.scenarios.s1 import latecomer_targets
+from bench.scenarios.workloads import decode_median, flood, idle_probe
 
 ID, TITLE = "C1", "flood + latecomers across replicas"
 GATE_TARGET = 3
@@ -35,15 +35,15 @@ DIRECT = "engine alone (FIFO)"
 
 @dataclass(frozen=True)
 class C1Params:
-    flood: int = 200
-    tokens_min: int = 100
+    flood: int = 200  # requests user A sends at once, spread over the replicas
+    tokens_min: int = 100  # each flood answer's length is drawn from tokens_min-tokens_max (seeded)
     tokens_max: int = 300
     latecomer_tokens: int = 32  # only their first token is measured
     latecomer_offsets: tuple[float, ...] = (5.0, 8.0, 11.0, 14.0)  # once the first wave starts to finish
-    latecomers_per_offset: int = 2
-    probe_tokens: int = 16
-    timeout: float = 90.0
-    seed: int = 1
+    latecomers_per_offset: int = 2  # each its own user
+    probe_tokens: int = 16  # the idle engine's probe request
+    timeout: float = 90.0  # for the latecomers' first tokens
+    seed: int = 1  # of the flood's answer lengths
 
     def scaled(self, scale: float) -> C1Params:
         """A longer (or shorter) flood, latecomers spread over it in proportion."""
@@ -54,28 +54,13 @@ class C1Params:
         )
 
 
-def config(engine: Engine) -> Any:
-    return scheduler_config(
-        engine_url=engine.url,
-        model=SCHEDULED_MODEL,
-        engine_model=engine.model,
-        max_num_seqs=engine.max_num_seqs,
-        fairness="round_robin",
-        classes=STANDARD_CLASS,
-        waiting_target=GATE_TARGET,
-    )
+def config(engine: Engine) -> Toml:
+    return for_engine(engine, fairness="round_robin", classes=STANDARD_CLASS, waiting_target=GATE_TARGET)
 
 
 async def _body(run: RunContext, p: C1Params) -> dict[str, Any]:
-    idle = run.send("idle-probe", "idle", p.probe_tokens, "How fast is an idle engine?")
-    await run.wait_all(60)
-    run.records.clear()
-    run.clock.reset()
-    run.probe.start()
-    rng = random.Random(p.seed)
-    for i in range(p.flood):
-        tokens = rng.randint(p.tokens_min, p.tokens_max)
-        run.send("A", "flood", tokens, f"User A, batch item {i}: summarise this paragraph for me please.")
+    idle = await idle_probe(run, p.probe_tokens)
+    flood(run, p.flood, p.tokens_min, p.tokens_max, p.seed)
     late: list[RequestRecord] = []
     for offset in p.latecomer_offsets:
         await asyncio.sleep(max(0.0, offset - run.clock.now()))  # latecomers arrive at fixed times
@@ -83,18 +68,13 @@ async def _body(run: RunContext, p: C1Params) -> dict[str, Any]:
             user = f"L{len(late) + 1}"
             late.append(run.send(user, "latecomer", p.latecomer_tokens, f"User {user} asks a question."))
     await run.until(lambda: all(r.first_token is not None or r.error for r in late), p.timeout)
-    decode = [
-        r.finished - r.first_token
-        for r in run.records
-        if r.tag == "flood" and r.finished is not None and r.first_token is not None and r.error is None
-    ]
     return {
         "idle_ttft": idle.ttft,
         "latecomer_ttft": [r.ttft for r in late],
         "latecomer_replica": [r.replica for r in late],
-        "request_decode_seconds": statistics.median(decode) if decode else None,
-        "admitted_per_replica": await _cluster.spread(run),
-        "errors": sorted({r.error for r in run.records if r.error and r.error != "cancelled"}),
+        "request_decode_seconds": decode_median(run.records),
+        "admitted_per_replica": await cluster_layouts.spread(run),
+        "errors": errors(run.records),
         "_records": list(run.records),
         "_engine": [(s.t, s.waiting, s.running) for s in run.probe.samples],
     }
@@ -111,8 +91,8 @@ def median(run: dict[str, Any]) -> float | None:
     return None if not values or any(v is None for v in values) else statistics.median(values)
 
 
-async def run(provider: EngineProvider, options: ClusterOptions, p: C1Params | None = None) -> list[ScenarioResult]:
-    p = (p or C1Params()).scaled(options.scale)
+async def run(provider: EngineProvider, options: Options, p: C1Params | None = None) -> list[ScenarioResult]:
+    p = (p or C1Params()).scaled(options.cluster.scale)
     latecomers = len(p.latecomer_offsets) * p.latecomers_per_offset
     workload = (
         f"user A floods {p.flood} requests at once ({p.tokens_min}-{p.tokens_max} output tokens each), "
@@ -120,13 +100,13 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: C1Params | N
         f"{', '.join(f'{o:g}' for o in p.latecomer_offsets)} s; every call to the next replica; gate waiting "
         f"target {GATE_TARGET}"
     )
-    modes = [Mode(DIRECT), *_cluster.modes(config, options.layouts())]
+    modes = [Mode(DIRECT), *cluster_layouts.modes(config, options.cluster.layouts())]
     runs, skipped = await run_modes(provider, modes, lambda r: _body(r, p), timeout=p.timeout + 60)
     direct = runs.get(DIRECT)
     if direct is None:
         return [ScenarioResult.unavailable(ID, TITLE, workload, skipped.get(DIRECT, "the direct run failed"))]
     result = ScenarioResult(ID, TITLE, workload, provider.describe(), notes=not_run(skipped))
-    reference = next((r for label, r in runs.items() if _cluster.is_reference(label)), None)
+    reference = cluster_layouts.reference(runs)
     result.table = Table(
         [
             "run",
@@ -147,11 +127,11 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: C1Params | N
                 seconds(worst(r)),
                 "-" if reference is None or label == DIRECT else ratio(divide(worst(r), worst(reference)), 2),
                 ratio(divide(worst(direct), worst(r))),
-                _cluster.spread_text(r["admitted_per_replica"]),
+                cluster_layouts.spread_text(r["admitted_per_replica"]),
             ]
         )
-        if _cluster.is_cluster(label):
-            result.targets += _targets(label, r, direct)
+        if cluster_layouts.is_cluster(label):
+            result.targets += latecomer_targets(label, worst(r), r, direct, worst(direct), " (worst)")
     result.notes += [
         "One request's decode time in the bound is the median first-to-last-token time of the flood's requests "
         "in the engine-alone run.",
@@ -161,53 +141,9 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: C1Params | N
         "Admitted per replica: each replica's own llmsched_requests_admitted_total (one warm-up request each "
         "included), which shows the round robin at work.",
     ]
-    result.raw = {label: _raw(r) for label, r in runs.items()}
-    result.series = {
-        "gate_target": GATE_TARGET,
-        "runs": {
-            label: {
-                "records": [
-                    [round(x.sent, 4), round(x.ttft, 4), x.user, x.tag] for x in r["_records"] if x.ttft is not None
-                ],
-                "engine": jsonable(r["_engine"]),
-            }
-            for label, r in runs.items()
-        },
-    }
+    result.raw = {label: with_requests(r) for label, r in runs.items()}
+    result.series = ttft_series(runs, GATE_TARGET)
     return [result]
-
-
-def _targets(label: str, r: dict[str, Any], direct: dict[str, Any]) -> list[Target]:
-    decode = direct["request_decode_seconds"] or r["request_decode_seconds"] or 0.0
-    bound = 2 * (r["idle_ttft"] or 0.0) + decode
-    return [
-        Target(
-            "worst latecomer TTFT",
-            f"<= 2 x idle TTFT + one request's decode time = {bound:.2f} s",
-            label,
-            worst(r),
-            threshold=bound,
-            fail_at=bound * 1.25,
-            higher_is_better=False,
-            unit=" s",
-        ),
-        Target(
-            "latecomer TTFT, engine FIFO ÷ scheduler (worst)",
-            ">= 10x better than direct FIFO",
-            label,
-            divide(worst(direct), worst(r)),
-            threshold=10.0,
-            fail_at=8.0,
-            unit="x",
-        ),
-    ]
-
-
-def _raw(r: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in r.items() if not k.startswith("_")}
-    out["requests"] = [x.summary() for x in r["_records"]]
-    rounded: dict[str, Any] = jsonable(out)
-    return rounded
 
 
 _P = C1Params()
@@ -225,11 +161,22 @@ DEFINITION = Definition(
         "replicas on Redis: worst latecomer TTFT <= 2 x idle TTFT + one request's decode time",
         "replicas on Redis: >= 10x better than the engine's FIFO",
     ),
-    command="python -m bench --scenarios C1",
     duration="about 1.5 minutes; make bench-cluster runs every cluster scenario",
     facts=(
         "Independent processes each keep the engine's queue at their own target, so a latecomer waits behind "
         "N times as many requests in the engine's FIFO; replicas on Redis keep one budget.",
     ),
     headline=("latecomer TTFT, engine FIFO ÷ scheduler (worst)",),
+)
+SCENARIO = Scenario(
+    (DEFINITION,),
+    run,
+    plots=(
+        Plot(
+            "ttft",
+            "c1_ttft.png",
+            "C1: time to first token across replicas, flood (grey) vs latecomers",
+            background="flood",
+        ),
+    ),
 )

@@ -20,12 +20,11 @@ import dataclasses
 from typing import Any
 
 from bench.engines import EngineProvider
-from bench.results import ScenarioResult, Table, Target
-from bench.runner import RunContext
-from bench.scenarios import _cluster, s3
-from bench.scenarios._cluster import ClusterOptions
-from bench.scenarios._common import jsonable, not_run, number, run_modes, share
-from bench.scenarios.definition import Definition
+from bench.results import ScenarioResult, Table
+from bench.runner import RunContext, run_modes
+from bench.scenario import Definition, Options, Plot, Scenario
+from bench.scenarios import cluster_layouts, s3
+from bench.scenarios.common import not_run, number, raw_figures, share, token_series
 
 ID, TITLE = "C3", "weighted shares across replicas"
 WINDOW = 20.0  # seconds from the first token: the whole workload
@@ -33,20 +32,20 @@ WINDOW = 20.0  # seconds from the first token: the whole workload
 
 async def _body(run: RunContext, p: s3.S3Params) -> dict[str, Any]:
     measured = await s3.body(run, p)
-    measured["admitted_per_replica"] = await _cluster.spread(run)
+    measured["admitted_per_replica"] = await cluster_layouts.spread(run)
     return measured
 
 
-async def run(provider: EngineProvider, options: ClusterOptions, p: s3.S3Params | None = None) -> list[ScenarioResult]:
+async def run(provider: EngineProvider, options: Options, p: s3.S3Params | None = None) -> list[ScenarioResult]:
     p = p or s3.S3Params()
-    p = dataclasses.replace(p, warmup=0.0, window=WINDOW * options.scale)
+    p = dataclasses.replace(p, warmup=0.0, window=WINDOW * options.cluster.scale)
     weights = ", ".join(f"{u} = {w:g}" for u, w in s3.WEIGHTS.items())
     workload = (
         f"users with weights {weights}, each keeping {p.concurrency} requests of {p.tokens} output tokens "
         f"outstanding, every call to the next replica; output tokens counted over {p.window:g} s, starting "
         f"{p.warmup:g} s after the first token"
     )
-    modes = _cluster.modes(s3.config, options.layouts())
+    modes = cluster_layouts.modes(s3.config, options.cluster.layouts())
     runs, skipped = await run_modes(provider, modes, lambda r: _body(r, p), timeout=p.warmup + p.window + p.timeout)
     if not runs:
         return [ScenarioResult.unavailable(ID, TITLE, workload, "; ".join(not_run(skipped)))]
@@ -63,42 +62,17 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: s3.S3Params 
         ]
     )
     for label, r in runs.items():
-        shares = r["shares"]
-        result.table.rows.append(
-            [
-                label,
-                *(number(r["tokens"].get(u, 0)) for u in s3.WEIGHTS),
-                " / ".join(share(shares[u]) for u in s3.WEIGHTS),
-                share(s3.deviation(shares)),
-                number(r["engine_tokens_per_s"]),
-                number(r["running_mean"], 1),
-                _cluster.spread_text(r["admitted_per_replica"]),
-            ]
-        )
-        if _cluster.is_cluster(label):
-            result.targets.append(
-                Target(
-                    "largest relative gap between a user's token share and its weight share",
-                    "within 5% of 1:2:4",
-                    label,
-                    s3.deviation(shares),
-                    threshold=0.05,
-                    fail_at=0.08,
-                    higher_is_better=False,
-                    unit="%",
-                )
-            )
+        engine = [number(r["engine_tokens_per_s"]), number(r["running_mean"], 1)]
+        spread = cluster_layouts.spread_text(r["admitted_per_replica"])
+        result.table.rows.append([label, *s3.share_cells(r), share(s3.deviation(r["shares"])), *engine, spread])
+        if cluster_layouts.is_cluster(label):
+            result.targets.append(s3.share_target(label, r["shares"]))
     result.notes.append(
         "Memory mode with several replicas (independent processes side by side) is reported, not held to the "
         "target: each replica orders only the calls it received and gates the engine alone, so the engine's "
         "queue grows to several times the target and its own FIFO decides much of the order."
     )
-    result.raw = {label: jsonable({k: v for k, v in r.items() if not k.startswith("_")}) for label, r in runs.items()}
-    result.series = {
-        "step": 0.25,
-        "windows": {label: r["window"] for label, r in runs.items()},
-        "runs": {label: r["_cumulative"] for label, r in runs.items()},
-    }
+    result.raw, result.series = raw_figures(runs), token_series(runs)
     return [result]
 
 
@@ -111,7 +85,6 @@ DEFINITION = Definition(
     layout="the simulator; one scheduler process, N independent processes and N replicas on Redis",
     measures="each user's token share over the whole workload, and the engine's tokens/s",
     targets=("replicas on Redis: every user's token share within 5% of its weight's share",),
-    command="python -m bench --scenarios C3",
     duration="about a minute",
     facts=(
         "The first user whose requests reach the leader fills the idle engine's first slots and repays them "
@@ -120,5 +93,10 @@ DEFINITION = Definition(
         "Independent processes each order only the calls they received: the engine's own FIFO decides much of "
         "the order.",
     ),
-    headline=("largest relative gap between a user's token share and its weight share",),
+    headline=(s3.TARGET_FIGURE,),
+)
+SCENARIO = Scenario(
+    (DEFINITION,),
+    run,
+    plots=(Plot("tokens", "c3_tokens.png", "C3: output tokens per user, weights 1:2:4 across replicas"),),
 )

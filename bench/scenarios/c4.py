@@ -16,12 +16,11 @@ from collections.abc import Awaitable
 from typing import Any
 
 from bench.engines import EngineProvider, SimProvider
-from bench.results import ScenarioResult, Table, Target
-from bench.runner import RunContext
-from bench.scenarios import _cluster, s4
-from bench.scenarios._cluster import ClusterOptions
-from bench.scenarios._common import jsonable, not_run, run_modes
-from bench.scenarios.definition import Definition
+from bench.results import ScenarioResult, Table
+from bench.runner import RunContext, run_modes
+from bench.scenario import Definition, Options, Plot, Scenario
+from bench.scenarios import cluster_layouts, s4
+from bench.scenarios.common import not_run, raw_figures, token_series
 
 ID, TITLE = "C4", "token fairness across replicas"
 LONG, SHORT = s4.LONG, s4.SHORT
@@ -30,60 +29,38 @@ SHORT_RUN = s4.S4Params(long_tokens=300, short_tokens=15, window=20.0, slice=10.
 
 async def _body(run: RunContext, p: s4.S4Params, warmup: float) -> dict[str, Any]:
     measured = await s4.body(run, p, p.window, warmup)
-    measured["admitted_per_replica"] = await _cluster.spread(run)
+    measured["admitted_per_replica"] = await cluster_layouts.spread(run)
     return measured
 
 
-async def run(provider: EngineProvider, options: ClusterOptions, p: s4.S4Params | None = None) -> list[ScenarioResult]:
+async def run(provider: EngineProvider, options: Options, p: s4.S4Params | None = None) -> list[ScenarioResult]:
     p = p or SHORT_RUN
-    p = dataclasses.replace(p, window=p.window * options.scale)
+    p = dataclasses.replace(p, window=p.window * options.cluster.scale)
     if not isinstance(provider, SimProvider):
         return [ScenarioResult.unavailable(ID, TITLE, "-", "runs on the simulator only")]
     provider = SimProvider(dataclasses.replace(provider.profile, max_num_seqs=p.max_num_seqs))
     warmup = p.warmup_lifetimes * p.long_tokens * provider.profile.step_seconds(p.max_num_seqs)
-    workload = (
-        f"user '{LONG}' keeps {p.long_concurrency} requests of {p.long_tokens} output tokens outstanding, user "
-        f"'{SHORT}' {p.short_concurrency} of {p.short_tokens}, on {p.max_num_seqs} engine slots, `vtc`, every "
-        f"call to the next replica; output tokens counted over {p.window:g} s after a {warmup:.0f} s warm-up "
-        f"({p.warmup_lifetimes:g} long lifetimes) from the first token, cumulatively and in every {p.slice:g} s "
-        f"window ({p.slide:g} s apart)"
-    )
+    workload = s4.workload(p, warmup, ", `vtc`, every call to the next replica")
 
     def measure(r: RunContext) -> Awaitable[dict[str, Any]]:
         return _body(r, p, warmup)
 
-    modes = _cluster.modes(s4.config("vtc"), options.layouts())
+    modes = cluster_layouts.modes(s4.config("vtc"), options.cluster.layouts())
     runs, skipped = await run_modes(provider, modes, measure, timeout=warmup + p.window + p.timeout)
     if not runs:
         return [ScenarioResult.unavailable(ID, TITLE, workload, "; ".join(not_run(skipped)))]
     result = ScenarioResult(ID, TITLE, workload, provider.describe(), notes=not_run(skipped))
     result.table = Table([*s4.table_columns(p), "admitted per replica"])
     for label, r in runs.items():
-        result.table.rows.append([*s4.table_row(label, r), _cluster.spread_text(r["admitted_per_replica"])])
-        if _cluster.is_cluster(label):
-            result.targets.append(
-                Target(
-                    f"|tokens {LONG} ÷ tokens {SHORT} - 1|, cumulative",
-                    f"within 10% of equal over {p.window:g} s",
-                    label,
-                    abs(r["long_over_short"] - 1),
-                    threshold=0.10,
-                    fail_at=0.15,
-                    higher_is_better=False,
-                    unit="%",
-                )
-            )
+        result.table.rows.append([*s4.table_row(label, r), cluster_layouts.spread_text(r["admitted_per_replica"])])
+        if cluster_layouts.is_cluster(label):
+            result.targets.append(s4.cumulative_target(label, r, p, 0.10, 0.15))
     result.notes.append(
         f"Shortened from S4 ({s4.S4Params().long_tokens}/{s4.S4Params().short_tokens} tokens, "
         f"{s4.S4Params().window:g} s): the sliding windows are shown, not held to S4's 15% (windows this short "
         "hold only a few long requests' ends). `--cluster-scale` stretches the window."
     )
-    result.raw = {label: jsonable({k: v for k, v in r.items() if not k.startswith("_")}) for label, r in runs.items()}
-    result.series = {
-        "step": 0.25,
-        "windows": {label: r["window"] for label, r in runs.items()},
-        "runs": {label: r["_cumulative"] for label, r in runs.items()},
-    }
+    result.raw, result.series = raw_figures(runs), token_series(runs)
     return [result]
 
 
@@ -96,8 +73,12 @@ DEFINITION = Definition(
     layout="the simulator (8 slots); one scheduler process, N independent processes and N replicas on Redis",
     measures="|long ÷ short - 1| of output tokens over the window",
     targets=("replicas on Redis: within 10%",),
-    command="python -m bench --scenarios C4",
     duration="about 2 minutes",
     facts=("Independent processes each count only the tokens of their own calls, so none of them is token-fair.",),
-    headline=(f"|tokens {LONG} ÷ tokens {SHORT} - 1|, cumulative",),
+    headline=(s4.CUMULATIVE,),
+)
+SCENARIO = Scenario(
+    (DEFINITION,),
+    run,
+    plots=(Plot("tokens", "c4_tokens.png", "C4: output tokens per user, long vs short answers across replicas"),),
 )

@@ -13,16 +13,16 @@ replica on Redis with one in memory mode round by round.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from typing import Any
 
 from bench.engines import EngineProvider
 from bench.results import ScenarioResult, Table, Target
-from bench.runner import Mode, RunContext
-from bench.scenarios import _cluster, s6
-from bench.scenarios._cluster import ClusterOptions
-from bench.scenarios._common import jsonable, ms, not_run, number, run_modes
-from bench.scenarios.definition import Definition
+from bench.runner import Mode, RunContext, run_modes
+from bench.scenario import Definition, Options, Scenario
+from bench.scenarios import cluster_layouts
+from bench.scenarios.common import errors, jsonable, median, minus, ms, not_run, number
+from bench.scenarios.s6 import setups as s6
+from bench.scenarios.s6 import workload as s6_workload
 
 ID, TITLE = "C6", "overhead of the cluster"
 DIRECT = s6.DIRECT
@@ -33,28 +33,17 @@ BOUND = 0.001  # one replica on Redis adds at most 1 ms p50 over one in memory m
 
 
 async def _body(run: RunContext, p: s6.S6Params) -> dict[str, Any]:
-    await s6.fixed_rate(run, p, p.low_rate, p.warmup, "warmup")
+    await s6_workload.fixed_rate(run, p, p.low_rate, p.warmup, "warmup")
     await run.wait_all(p.timeout)
-    low = await s6.phase(run, p, p.low_rate, "low")
-    target = await s6.phase(run, p, p.rate, "target")
-    errors = sorted({r.error for r in run.records if r.error and r.error != "cancelled"})
-    return {"low": low, "target": target, "errors": errors, "admitted_per_replica": await _cluster.spread(run)}
-
-
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def _minus(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a - b
+    low = await s6_workload.phase(run, p, p.low_rate, "low")
+    target = await s6_workload.phase(run, p, p.rate, "target")
+    spread = await cluster_layouts.spread(run)
+    return {"low": low, "target": target, "errors": errors(run.records), "admitted_per_replica": spread}
 
 
 def added_over(rounds: list[dict[str, dict[str, Any]]], label: str, base: str, phase: str, figure: str) -> float | None:
     """The median over the rounds that ran both of `label`'s figure minus `base`'s, same round."""
-    return _median(
-        [_minus(r[label][phase][figure], r[base][phase][figure]) for r in rounds if label in r and base in r]
-    )
+    return median([minus(r[label][phase][figure], r[base][phase][figure]) for r in rounds if label in r and base in r])
 
 
 def _in_turn(modes: list[Mode], round_index: int) -> list[Mode]:
@@ -68,22 +57,22 @@ def _in_turn(modes: list[Mode], round_index: int) -> list[Mode]:
     return [modes[0], modes[2], modes[1], *modes[3:]]
 
 
-async def run(provider: EngineProvider, options: ClusterOptions, p: s6.S6Params | None = None) -> list[ScenarioResult]:
+async def run(provider: EngineProvider, options: Options, p: s6.S6Params | None = None) -> list[ScenarioResult]:
     p = p or SHORT_RUN
-    p = dataclasses.replace(p, duration=p.duration * options.scale)
+    p = dataclasses.replace(p, duration=p.duration * options.cluster.scale)
     engines = s6.FakeProvider(p.tokens)
     layouts = [
         layout
-        for layout in options.layouts(single_redis=True)
-        if layout.replicas == 1 or layout.store == "redis" or "redis" not in options.stores
+        for layout in options.cluster.layouts(single_redis=True)
+        if layout.replicas == 1 or layout.store == "redis" or "redis" not in options.cluster.stores
     ]
-    labels = [_cluster.label(layout) for layout in layouts]
+    labels = [cluster_layouts.label(layout) for layout in layouts]
     workload = (
         f"{p.tokens}-token requests at a fixed {p.low_rate:g} and then {p.rate:g} requests/s, {p.duration:g} s each "
         f"(after {p.warmup:g} s of warm-up), every call to the next replica; {p.rounds} round(s), each running the "
         "engine alone and " + ", ".join(layout.label for layout in layouts) + " in turn"
     )
-    modes = [Mode(DIRECT), *_cluster.modes(s6.config, layouts)]
+    modes = [Mode(DIRECT), *cluster_layouts.modes(s6.config, layouts)]
     rounds: list[dict[str, dict[str, Any]]] = []
     skipped: dict[str, str] = {}
     for i in range(p.rounds):
@@ -106,15 +95,15 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: s6.S6Params 
             xs = [r[label][phase] for r in rounds if label in r]
             if not xs:
                 continue
-            sent = _median([x["sent_rate"] for x in xs])
-            cpu = _median([x["scheduler_cpu_per_request"] for x in xs])
-            figures = (ms(_median([x[f] for x in xs])) for f in FIGURES)
+            sent = median([x["sent_rate"] for x in xs])
+            cpu = median([x["scheduler_cpu_per_request"] for x in xs])
+            figures = (ms(median([x[f] for x in xs])) for f in FIGURES)
             result.table.rows.append([label, f"{number(sent)} / {offered:g} req/s", *figures, ms(cpu)])
         for label in labels:
             if any(label in r for r in rounds):
                 added = (ms(added_over(rounds, label, DIRECT, phase, f)) for f in FIGURES)
                 result.table.rows.append([f"**added by {label.removeprefix('scheduler, ')}**", "", *added, ""])
-    one_memory, one_redis = (_cluster.label(options.layout(1, store)) for store in ("memory", "redis"))
+    one_memory, one_redis = (cluster_layouts.label(options.cluster.layout(1, store)) for store in ("memory", "redis"))
     if any(one_redis in r and one_memory in r for r in rounds):
         for phase, rate in (("low", p.low_rate), ("target", p.rate)):
             result.targets.append(
@@ -154,7 +143,6 @@ DEFINITION = Definition(
     "rounds swap the two single-replica runs)",
     measures="added latency p50 and p99 per layout (minus the engine alone's of the same round)",
     targets=("one replica on Redis adds at most 1 ms p50 over one in memory mode",),
-    command="python -m bench --scenarios C6",
     duration="about 1.5 minutes",
     facts=(
         "A lone leader's requests never touch Redis; its CPU per request is the single process's.",
@@ -164,3 +152,4 @@ DEFINITION = Definition(
     ),
     headline=("latency p50, one replica on Redis - one in memory mode",),
 )
+SCENARIO = Scenario((DEFINITION,), run)

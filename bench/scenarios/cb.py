@@ -17,15 +17,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from bench.configs import scheduler_config
+from bench.configs import STANDARD_CLASS, Toml, for_engine
 from bench.engines import Engine, EngineProvider
 from bench.records import percentile
 from bench.results import ScenarioResult, Table, Target
-from bench.runner import SCHEDULED_MODEL, RunContext
-from bench.scenarios import _cluster
-from bench.scenarios._cluster import ClusterOptions
-from bench.scenarios._common import STANDARD_CLASS, divide, jsonable, not_run, number, ratio, run_modes
-from bench.scenarios.definition import Definition
+from bench.runner import RunContext, run_modes
+from bench.scenario import Definition, Options, Plot, Scenario
+from bench.scenarios import cluster_layouts
+from bench.scenarios.common import divide, errors, jsonable, not_run, number, ratio, raw_figures
+from bench.scenarios.workloads import first_token
 
 ID, TITLE = "CB", "one engine budget across replicas"
 GATE_TARGET = 3
@@ -34,25 +34,17 @@ SLACK = 2  # requests over one process's p99 (same run) the cluster's p99 may re
 
 @dataclass(frozen=True)
 class CBParams:
-    users: int = 4
+    users: int = 4  # backlogged users, every call to the next replica
     concurrency: int = 48  # per user: 192 outstanding against 64 engine slots
-    tokens: int = 64
-    sample_interval: float = 0.05
-    warmup: float = 3.0
-    window: float = 10.0
-    timeout: float = 60.0
+    tokens: int = 64  # every answer
+    sample_interval: float = 0.05  # seconds between readings of the engine's waiting gauge
+    warmup: float = 3.0  # seconds from the first token before the window
+    window: float = 10.0  # seconds sampled
+    timeout: float = 60.0  # for the first token
 
 
-def config(engine: Engine) -> Any:
-    return scheduler_config(
-        engine_url=engine.url,
-        model=SCHEDULED_MODEL,
-        engine_model=engine.model,
-        max_num_seqs=engine.max_num_seqs,
-        fairness="round_robin",
-        classes=STANDARD_CLASS,
-        waiting_target=GATE_TARGET,
-    )
+def config(engine: Engine) -> Toml:
+    return for_engine(engine, fairness="round_robin", classes=STANDARD_CLASS, waiting_target=GATE_TARGET)
 
 
 def waiting_figures(samples: list[tuple[float, float, float]], start: float, end: float) -> dict[str, Any]:
@@ -75,8 +67,7 @@ async def _body(run: RunContext, p: CBParams) -> dict[str, Any]:
     stop = asyncio.Event()
     for i in range(p.users):
         run.closed_loop(f"u{i}", "flood", p.concurrency, p.tokens, f"User u{i} floods the engine.", stop)
-    if not await run.until(lambda: any(r.first_token is not None for r in run.records), p.timeout):
-        raise TimeoutError("no token within the timeout")
+    await first_token(run, p.timeout)
     await asyncio.sleep(p.warmup)  # the engine fills and the gate settles
     start = run.clock.now()
     await asyncio.sleep(p.window)  # the sampling window itself
@@ -86,26 +77,26 @@ async def _body(run: RunContext, p: CBParams) -> dict[str, Any]:
     return {
         **waiting_figures(samples, start, end),
         "window": [start, end],
-        "admitted_per_replica": await _cluster.spread(run),
-        "errors": sorted({r.error for r in run.records if r.error and r.error != "cancelled"}),
+        "admitted_per_replica": await cluster_layouts.spread(run),
+        "errors": errors(run.records),
         "_engine": samples,
     }
 
 
-async def run(provider: EngineProvider, options: ClusterOptions, p: CBParams | None = None) -> list[ScenarioResult]:
+async def run(provider: EngineProvider, options: Options, p: CBParams | None = None) -> list[ScenarioResult]:
     p = p or CBParams()
-    p = dataclasses.replace(p, window=p.window * options.scale)
+    p = dataclasses.replace(p, window=p.window * options.cluster.scale)
     workload = (
         f"{p.users} users each keeping {p.concurrency} requests of {p.tokens} output tokens outstanding, every call "
         f"to the next replica; the engine's num_requests_waiting sampled every {p.sample_interval * 1000:.0f} ms "
         f"for {p.window:g} s after a {p.warmup:g} s warm-up; gate waiting target {GATE_TARGET}"
     )
-    modes = _cluster.modes(config, options.layouts())
+    modes = cluster_layouts.modes(config, options.cluster.layouts())
     runs, skipped = await run_modes(provider, modes, lambda r: _body(r, p), timeout=p.warmup + p.window + p.timeout)
     if not runs:
         return [ScenarioResult.unavailable(ID, TITLE, workload, "; ".join(not_run(skipped)))]
     result = ScenarioResult(ID, TITLE, workload, provider.describe(), notes=not_run(skipped))
-    reference = next((r for label, r in runs.items() if _cluster.is_reference(label)), None)
+    reference = cluster_layouts.reference(runs)
     result.table = Table(
         [
             "run",
@@ -128,11 +119,11 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: CBParams | N
                 ratio(divide(r["waiting_mean"], GATE_TARGET), 2),
                 number(r["running_mean"], 1),
                 str(r["samples"]),
-                _cluster.spread_text(r["admitted_per_replica"]),
+                cluster_layouts.spread_text(r["admitted_per_replica"]),
             ]
         )
     for label, r in runs.items():
-        if _cluster.is_cluster(label):
+        if cluster_layouts.is_cluster(label):
             result.targets += _targets(label, r, reference)
     result.notes.append(
         f"Mean: the queue the gate keeps on average, held to the target + 1. P99: held to one process's p99 in "
@@ -140,7 +131,7 @@ async def run(provider: EngineProvider, options: ClusterOptions, p: CBParams | N
         "the gate reads its last scrape, every 0.1 s here, grows with the machine's load; the cluster must not "
         "add more than the slack to it). The max is one sample, shown only."
     )
-    result.raw = {label: jsonable({k: v for k, v in r.items() if not k.startswith("_")}) for label, r in runs.items()}
+    result.raw = raw_figures(runs)
     result.series = {
         "gate_target": GATE_TARGET,
         "runs": {label: {"engine": jsonable(r["_engine"])} for label, r in runs.items()},
@@ -191,8 +182,12 @@ DEFINITION = Definition(
         f"replicas on Redis: mean waiting <= the target + 1 ({GATE_TARGET + 1})",
         "replicas on Redis: p99 within one process's p99 plus a stated slack",
     ),
-    command="python -m bench --scenarios CB",
     duration="under a minute",
     facts=("Independent processes keep about N times the target waiting at the engine: its FIFO is back.",),
     headline=("engine waiting mean (sampled every 50 ms)",),
+)
+SCENARIO = Scenario(
+    (DEFINITION,),
+    run,
+    plots=(Plot("engine", "cb_engine.png", "CB: the engine's queue and batch, flood spread over the replicas"),),
 )

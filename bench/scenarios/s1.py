@@ -18,28 +18,27 @@ OpenAI-compatible HTTP door, so the two doors' latecomer TTFTs compare within on
 from __future__ import annotations
 
 import asyncio
-import random
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from bench.configs import scheduler_config
-from bench.engines import EngineProvider
-from bench.records import RequestRecord
+from bench.configs import STANDARD_CLASS, for_engine
+from bench.engines import Engine, EngineProvider
 from bench.results import ScenarioResult, Table, Target
-from bench.runner import SCHEDULED_MODEL, Mode, RunContext
-from bench.scenarios._common import (
-    STANDARD_CLASS,
+from bench.runner import ConfigBuilder, Mode, RunContext, run_modes
+from bench.scenario import Definition, Options, Plot, Scenario
+from bench.scenarios.common import (
     divide,
-    jsonable,
+    errors,
     not_run,
     number,
     ratio,
-    run_modes,
     seconds,
     share,
+    ttft_series,
+    with_requests,
 )
-from bench.scenarios.definition import Definition
+from bench.scenarios.workloads import decode_median, flood, idle_probe
 
 POLICIES = ("round_robin", "weighted_round_robin", "vtc")
 GATE_TARGET = 3
@@ -48,20 +47,23 @@ DIRECT_PRIORITY = "engine alone (priority, latecomers -1)"
 HEADLINE = "scheduler, round_robin + engine priorities"
 HEADLINE_HTTP = "scheduler through HTTP, round_robin + engine priorities"
 HTTP_RATIO = 1.1  # target: the HTTP door's latecomer median at most 1.1x the gRPC door's
+FIFO_RATIO = "latecomer TTFT, engine FIFO ÷ scheduler"
+DOOR_RATIO = "latecomer median TTFT, HTTP door ÷ gRPC door"
+S2_FIGURE = "engine output tokens/s, scheduler ÷ engine FIFO"
 
 
 @dataclass(frozen=True)
 class S1Params:
-    flood: int = 200
-    tokens_min: int = 100
+    flood: int = 200  # requests user A sends at once
+    tokens_min: int = 100  # each flood answer's length is drawn from tokens_min-tokens_max (seeded)
     tokens_max: int = 300
-    latecomer_tokens: int = 200
-    latecomer_delay: float = 5.0
-    window_start: float = 2.0
-    window: float = 8.0
-    probe_tokens: int = 16
-    timeout: float = 120.0
-    seed: int = 1
+    latecomer_tokens: int = 200  # B's and C's answers
+    latecomer_delay: float = 5.0  # seconds into the flood when B and C send
+    window_start: float = 2.0  # S2's throughput window: from this many seconds into the flood ...
+    window: float = 8.0  # ... for this long
+    probe_tokens: int = 16  # the idle engine's probe request
+    timeout: float = 120.0  # for the latecomers' first tokens
+    seed: int = 1  # of the flood's answer lengths: the same in every run
 
 
 # The tiny CPU vLLM makes ~600 tokens/s with 4 slots: this flood keeps it busy for about 20 s.
@@ -77,19 +79,22 @@ VLLM_PARAMS = S1Params(
 )
 
 
-def modes(policies: tuple[str, ...] = POLICIES) -> list[Mode]:
-    def config(policy: str, priority_scheduling: bool = False) -> Any:
-        return lambda engine: scheduler_config(
-            engine_url=engine.url,
-            model=SCHEDULED_MODEL,
-            engine_model=engine.model,
-            max_num_seqs=engine.max_num_seqs,
-            fairness=policy,
-            classes=STANDARD_CLASS,
-            waiting_target=GATE_TARGET,
-            priority_scheduling=priority_scheduling,
-        )
+def config(policy: str, priority_scheduling: bool = False) -> ConfigBuilder:
+    """The scheduler with fairness `policy`, one class, the gate's waiting target; optionally sending its
+    own priorities to a priority-scheduled engine."""
 
+    def build(engine: Engine) -> dict[str, Any]:
+        settings = {
+            "classes": STANDARD_CLASS,
+            "waiting_target": GATE_TARGET,
+            "priority_scheduling": priority_scheduling,
+        }
+        return for_engine(engine, fairness=policy, **settings)
+
+    return build
+
+
+def modes(policies: tuple[str, ...] = POLICIES) -> list[Mode]:
     # The priority engine runs first, so a real engine is started once per policy and the FIFO one stays up
     # for the scheduled runs (and S6) afterwards.
     return [
@@ -103,17 +108,10 @@ def modes(policies: tuple[str, ...] = POLICIES) -> list[Mode]:
     ]
 
 
-async def _body(run: RunContext, p: S1Params) -> dict[str, Any]:
+async def body(run: RunContext, p: S1Params) -> dict[str, Any]:
     late_priority = -1 if run.mode.engine_policy == "priority" and not run.mode.scheduled else None
-    idle = run.send("idle-probe", "idle", p.probe_tokens, "How fast is an idle engine?")
-    await run.wait_all(60)
-    run.records.clear()
-    run.clock.reset()
-    run.probe.start()
-    rng = random.Random(p.seed)
-    for i in range(p.flood):
-        tokens = rng.randint(p.tokens_min, p.tokens_max)
-        run.send("A", "flood", tokens, f"User A, batch item {i}: summarise this paragraph for me please.")
+    idle = await idle_probe(run, p.probe_tokens)
+    flood(run, p.flood, p.tokens_min, p.tokens_max, p.seed)
     await asyncio.sleep(p.window_start)  # S2's window starts once the flood is in the engine
     t0, tokens0 = await run.probe.generated_tokens()
     await asyncio.sleep(max(0.0, p.latecomer_delay - run.clock.now()))  # latecomers come a little later
@@ -124,20 +122,15 @@ async def _body(run: RunContext, p: S1Params) -> dict[str, Any]:
     await asyncio.sleep(max(0.0, p.window_start + p.window - run.clock.now()))  # a fixed throughput window
     t1, tokens1 = await run.probe.generated_tokens()
     await run.until(lambda: all(r.first_token is not None or r.error for r in late), p.timeout)
-    decode = [
-        r.finished - r.first_token
-        for r in run.records
-        if r.tag == "flood" and r.finished is not None and r.first_token is not None and r.error is None
-    ]
     return {
         "idle_ttft": idle.ttft,
         "latecomer_ttft": {r.user: r.ttft for r in late},
         "tokens_per_second": (tokens1 - tokens0) / (t1 - t0),
         "mean_batch": run.probe.mean_running(t0, t1),
         "window": [t0, t1],
-        "request_decode_seconds": statistics.median(decode) if decode else None,
+        "request_decode_seconds": decode_median(run.records),
         "flood_completed": sum(1 for r in run.records if r.tag == "flood" and r.completed),
-        "errors": sorted({r.error for r in run.records if r.error and r.error != "cancelled"}),
+        "errors": errors(run.records),
         "_records": list(run.records),
         "_engine": [(s.t, s.waiting, s.running) for s in run.probe.samples],
     }
@@ -154,7 +147,9 @@ def latecomer_median(run: dict[str, Any]) -> float | None:
     return None if not values or any(v is None for v in values) else statistics.median(values)
 
 
-async def run(provider: EngineProvider, p: S1Params | None = None) -> list[ScenarioResult]:
+async def run(
+    provider: EngineProvider, options: Options | None = None, p: S1Params | None = None
+) -> list[ScenarioResult]:
     """Both S1 and S2 from the same runs."""
     p = p or (VLLM_PARAMS if provider.name == "vllm" else S1Params())
     workload = (
@@ -162,7 +157,7 @@ async def run(provider: EngineProvider, p: S1Params | None = None) -> list[Scena
         f"mean {(p.tokens_min + p.tokens_max) // 2}); users B and C send one each ({p.latecomer_tokens} tokens) "
         f"{p.latecomer_delay:g} s later"
     )
-    runs, skipped = await run_modes(provider, modes(), lambda r: _body(r, p), timeout=p.timeout + 60)
+    runs, skipped = await run_modes(provider, modes(), lambda r: body(r, p), timeout=p.timeout + 60)
     s1 = ScenarioResult("S1", "flood + latecomers", workload, provider.describe(), notes=not_run(skipped))
     s2 = ScenarioResult(
         "S2",
@@ -209,62 +204,31 @@ async def run(provider: EngineProvider, p: S1Params | None = None) -> list[Scena
         "Tokens/s is wall-clock and slows with the machine's load; the mean batch (the engine's running gauge, "
         "sampled every 0.1 s) shows whether the scheduler kept the engine full regardless of that."
     )
-    s1.raw = s2.raw = {label: _raw(result) for label, result in ordered}
-    s1.series = {
-        "gate_target": GATE_TARGET,
-        "runs": {
-            label: {
-                "records": [
-                    [round(r.sent, 4), round(r.ttft, 4), r.user, r.tag]
-                    for r in result["_records"]
-                    if r.ttft is not None
-                ],
-                "engine": jsonable(result["_engine"]),
-            }
-            for label, result in ordered
-        },
-    }
+    s1.raw = s2.raw = {label: with_requests(result) for label, result in ordered}
+    s1.series = ttft_series(dict(ordered), GATE_TARGET)
     return [s1, s2]
 
 
 def _targets(s1: ScenarioResult, s2: ScenarioResult, label: str, run: dict[str, Any], direct: dict[str, Any]) -> None:
-    worst = _worst(run)
+    s1.targets += latecomer_targets(label, _worst(run), run, direct, _worst(direct), "")
+    tps = divide(run["tokens_per_second"], direct["tokens_per_second"])
+    s2.targets.append(Target.at_least(S2_FIGURE, ">= 95% of direct", label, tps, 0.95, 0.92, "%"))
+
+
+def latecomer_targets(
+    label: str, worst: float | None, run: dict[str, Any], direct: dict[str, Any], direct_worst: float | None, how: str
+) -> list[Target]:
+    """S1's targets for a run (C1's too, `how` naming its "(worst)"): its worst latecomer within twice the
+    idle engine's time to first token plus one request's decode time, and >= 10x better than the engine's
+    FIFO. The decode time is the engine-alone run's (it serves most of the flood at a full batch)."""
     decode = direct["request_decode_seconds"] or run["request_decode_seconds"] or 0.0
     bound = 2 * (run["idle_ttft"] or 0.0) + decode
-    s1.targets.append(
-        Target(
-            "worst latecomer TTFT",
-            f"<= 2 x idle TTFT + one request's decode time = {bound:.2f} s",
-            label,
-            worst,
-            threshold=bound,
-            fail_at=bound * 1.25,
-            higher_is_better=False,
-            unit=" s",
-        )
-    )
-    s1.targets.append(
-        Target(
-            "latecomer TTFT, engine FIFO ÷ scheduler",
-            ">= 10x better than direct FIFO",
-            label,
-            divide(_worst(direct), worst),
-            threshold=10.0,
-            fail_at=8.0,
-            unit="x",
-        )
-    )
-    s2.targets.append(
-        Target(
-            "engine output tokens/s, scheduler ÷ engine FIFO",
-            ">= 95% of direct",
-            label,
-            divide(run["tokens_per_second"], direct["tokens_per_second"]),
-            threshold=0.95,
-            fail_at=0.92,
-            unit="%",
-        )
-    )
+    within = f"<= 2 x idle TTFT + one request's decode time = {bound:.2f} s"
+    better = divide(direct_worst, worst)
+    return [
+        Target.at_most("worst latecomer TTFT", within, label, worst, bound, bound * 1.25, " s"),
+        Target.at_least(f"{FIFO_RATIO}{how}", ">= 10x better than direct FIFO", label, better, 10.0, 8.0, "x"),
+    ]
 
 
 def _door_target(s1: ScenarioResult, runs: dict[str, dict[str, Any]]) -> None:
@@ -273,31 +237,15 @@ def _door_target(s1: ScenarioResult, runs: dict[str, dict[str, Any]]) -> None:
     if grpc_run is None or http_run is None:
         return  # the run that is missing is named in the notes
     grpc_median, http_median = latecomer_median(grpc_run), latecomer_median(http_run)
-    s1.targets.append(
-        Target(
-            "latecomer median TTFT, HTTP door ÷ gRPC door",
-            f"<= {HTTP_RATIO:g}x the gRPC door's (round_robin + engine priorities, same run)",
-            HEADLINE_HTTP,
-            divide(http_median, grpc_median),
-            threshold=HTTP_RATIO,
-            fail_at=1.25,
-            higher_is_better=False,
-            unit="x",
-        )
-    )
+    wanted = f"<= {HTTP_RATIO:g}x the gRPC door's (round_robin + engine priorities, same run)"
+    value = divide(http_median, grpc_median)
+    s1.targets.append(Target.at_most(DOOR_RATIO, wanted, HEADLINE_HTTP, value, HTTP_RATIO, 1.25, "x"))
     s1.notes.append(
         f"HTTP door: the latecomers' median TTFT is {seconds(http_median)} through `POST /v1/completions` "
         f"(SSE; TTFT = the first chunk with text) against {seconds(grpc_median)} through gRPC `Stream` (the first "
         "delta), the same round_robin + engine-priorities setup run back to back; both doors feed the same "
         "queues, so a difference is the door's own cost plus the run-to-run noise of when a slot frees."
     )
-
-
-def _raw(run: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in run.items() if not k.startswith("_")}
-    out["requests"] = [r.summary() for r in run["_records"] if isinstance(r, RequestRecord)]
-    rounded: dict[str, Any] = jsonable(out)
-    return rounded
 
 
 _P = S1Params()
@@ -320,7 +268,6 @@ DEFINITION = Definition(
         "latecomer TTFT >= 10x better than the engine's FIFO",
         f"HTTP door's latecomer median <= {HTTP_RATIO:g}x the gRPC door's (same setup, same run)",
     ),
-    command="python -m bench --scenarios S1",
     duration="about 1.5 minutes, S2 included",
     facts=(
         "Engines do not preempt a running request, so a latecomer who arrives while the first wave holds every "
@@ -330,7 +277,7 @@ DEFINITION = Definition(
         "at the gate's waiting target, so a latecomer waits for at most one more of the flooding user's "
         "requests (round robin) before its own goes.",
     ),
-    headline=("latecomer TTFT, engine FIFO ÷ scheduler", "latecomer median TTFT, HTTP door ÷ gRPC door"),
+    headline=(FIFO_RATIO, DOOR_RATIO),
 )
 UTILISATION = Definition(
     id="S2",
@@ -341,11 +288,18 @@ UTILISATION = Definition(
     measures=f"the engine's output tokens/s over a window of the flood ({_P.window:g} s from "
     f"{_P.window_start:g} s), through the scheduler against the engine alone",
     targets=(">= 95% of the engine alone's",),
-    command="python -m bench --scenarios S2",
     duration="S1's: S2 runs with S1",
     facts=(
         "The gate keeps a few requests waiting at the engine (the waiting target), enough that a freed slot "
         "is refilled inside the engine without waiting for the scheduler, so the batch stays full.",
     ),
-    headline=("engine output tokens/s, scheduler ÷ engine FIFO",),
+    headline=(S2_FIGURE,),
+)
+SCENARIO = Scenario(
+    (DEFINITION, UTILISATION),
+    run,
+    plots=(
+        Plot("ttft", "s1_ttft.png", "S1: time to first token, flood (grey) vs latecomers", background="flood"),
+        Plot("engine", "s1_engine.png", "S1: engine queue and batch during the flood"),
+    ),
 )

@@ -11,46 +11,32 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from bench.configs import scheduler_config
-from bench.engines import EngineProvider
+from bench.configs import STANDARD_CLASS, Toml, for_engine
+from bench.engines import Engine, EngineProvider
 from bench.records import cumulative_tokens, tokens_by_user
 from bench.results import ScenarioResult, Table, Target
-from bench.runner import SCHEDULED_MODEL, Mode, RunContext
-from bench.scenarios._common import (
-    STANDARD_CLASS,
-    jsonable,
-    measuring_window,
-    not_run,
-    number,
-    run_modes,
-    share,
-)
-from bench.scenarios.definition import Definition
+from bench.runner import Mode, RunContext, run_modes
+from bench.scenario import Definition, Options, Plot, Scenario
+from bench.scenarios.common import errors, not_run, number, raw_figures, share, token_series
+from bench.scenarios.workloads import measuring_window
 
 WEIGHTS = {"w1": 1.0, "w2": 2.0, "w4": 4.0}
 DIRECT = "engine alone (FIFO)"
 TITLE = "weighted shares"
+TARGET_FIGURE = "largest relative gap between a user's token share and its weight share"
 
 
 @dataclass(frozen=True)
 class S3Params:
-    concurrency: int = 64
-    tokens: int = 32
-    warmup: float = 3.0
-    window: float = 8.0
-    timeout: float = 60.0
+    concurrency: int = 64  # requests each user keeps outstanding
+    tokens: int = 32  # every answer's length (equal: request and token shares are the same)
+    warmup: float = 3.0  # seconds from the first token before the window
+    window: float = 8.0  # seconds of output tokens counted
+    timeout: float = 60.0  # for the first token
 
 
-def config(engine: Any) -> Any:
-    return scheduler_config(
-        engine_url=engine.url,
-        model=SCHEDULED_MODEL,
-        engine_model=engine.model,
-        max_num_seqs=engine.max_num_seqs,
-        fairness="weighted_round_robin",
-        weights=WEIGHTS,
-        classes=STANDARD_CLASS,
-    )
+def config(engine: Engine) -> Toml:
+    return for_engine(engine, fairness="weighted_round_robin", weights=WEIGHTS, classes=STANDARD_CLASS)
 
 
 def modes() -> list[Mode]:
@@ -72,7 +58,7 @@ async def body(run: RunContext, p: S3Params) -> dict[str, Any]:
         "engine_tokens_per_s": engine_rate,
         "running_mean": run.probe.mean_running(start, end),
         "window": [start, end],
-        "errors": sorted({r.error for r in run.records if r.error and r.error != "cancelled"}),
+        "errors": errors(run.records),
         "_cumulative": cumulative_tokens(run.records, 0.25, end + 1.0),
     }
 
@@ -83,7 +69,21 @@ def deviation(shares: dict[str, float]) -> float:
     return max(abs(shares[u] / (w / total_weight) - 1) for u, w in WEIGHTS.items())
 
 
-async def run(provider: EngineProvider, p: S3Params | None = None) -> list[ScenarioResult]:
+def share_cells(r: dict[str, Any]) -> list[str]:
+    """A run's tokens per user and their shares (S3's table and C3's)."""
+    shares = r["shares"]
+    return [*(number(r["tokens"].get(u, 0)) for u in WEIGHTS), " / ".join(share(shares[u]) for u in WEIGHTS)]
+
+
+def share_target(label: str, shares: dict[str, float]) -> Target:
+    """Every user's token share within 5% (relative) of its weight's share."""
+    gap = deviation(shares)
+    return Target.at_most(TARGET_FIGURE, "within 5% of 1:2:4", label, gap, 0.05, 0.08, "%")
+
+
+async def run(
+    provider: EngineProvider, options: Options | None = None, p: S3Params | None = None
+) -> list[ScenarioResult]:
     p = p or S3Params()
     weights = ", ".join(f"{u} = {w:g}" for u, w in WEIGHTS.items())
     workload = (
@@ -107,38 +107,13 @@ async def run(provider: EngineProvider, p: S3Params | None = None) -> list[Scena
         ]
     )
     for label, r in runs.items():
-        shares = r["shares"]
-        result.table.rows.append(
-            [
-                label,
-                *(number(r["tokens"].get(u, 0)) for u in WEIGHTS),
-                " / ".join(share(shares[u]) for u in WEIGHTS),
-                f"{r['tokens'].get('w4', 0) / max(1, r['tokens'].get('w1', 0)):.2f}",
-                share(deviation(shares)),
-                number(r["engine_tokens_per_s"]),
-                number(r["running_mean"], 1),
-            ]
-        )
+        w4_over_w1 = f"{r['tokens'].get('w4', 0) / max(1, r['tokens'].get('w1', 0)):.2f}"
+        engine = [number(r["engine_tokens_per_s"]), number(r["running_mean"], 1)]
+        result.table.rows.append([label, *share_cells(r), w4_over_w1, share(deviation(r["shares"])), *engine])
         if label != DIRECT:
-            result.targets.append(
-                Target(
-                    "largest relative gap between a user's token share and its weight share",
-                    "within 5% of 1:2:4",
-                    label,
-                    deviation(shares),
-                    threshold=0.05,
-                    fail_at=0.08,
-                    higher_is_better=False,
-                    unit="%",
-                )
-            )
+            result.targets.append(share_target(label, r["shares"]))
     result.notes.append("Weight shares: " + ", ".join(f"{u} {w / total_weight:.1%}" for u, w in WEIGHTS.items()) + ".")
-    result.raw = {label: jsonable({k: v for k, v in r.items() if not k.startswith("_")}) for label, r in runs.items()}
-    result.series = {
-        "step": 0.25,
-        "windows": {label: r["window"] for label, r in runs.items()},
-        "runs": {label: r["_cumulative"] for label, r in runs.items()},
-    }
+    result.raw, result.series = raw_figures(runs), token_series(runs)
     return [result]
 
 
@@ -152,11 +127,13 @@ DEFINITION = Definition(
     layout="the simulator (S1's profile); the engine alone (FIFO) and the scheduler with weighted_round_robin",
     measures=f"each user's share of the output tokens over {_P.window:g} s after a {_P.warmup:g} s warm-up",
     targets=("every user's token share within 5% (relative) of its weight's share, 1:2:4",),
-    command="python -m bench --scenarios S3",
     duration="under half a minute",
     facts=(
         "With equal lengths the engine alone serves the three users about equally; request shares and token "
         "shares are the same thing here, which weighted_round_robin divides by weight.",
     ),
-    headline=("largest relative gap between a user's token share and its weight share",),
+    headline=(TARGET_FIGURE,),
+)
+SCENARIO = Scenario(
+    (DEFINITION,), run, plots=(Plot("tokens", "s3_tokens.png", "S3: output tokens per user, weights 1:2:4"),)
 )

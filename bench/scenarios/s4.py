@@ -26,26 +26,28 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.configs import scheduler_config
-from bench.engines import EngineProvider, SimProfile, SimProvider
+from bench.configs import STANDARD_CLASS, for_engine
+from bench.engines import Engine, EngineProvider, SimProfile, SimProvider
+from bench.product import VTC_RETURN_GRACE
 from bench.records import RequestRecord, cumulative_tokens, mean_running, percentile, return_gaps, tokens_by_user
 from bench.results import ScenarioResult, Table, Target
-from bench.runner import SCHEDULED_MODEL, Mode, RunContext
-from bench.scenarios._common import STANDARD_CLASS, jsonable, measuring_window, not_run, number, run_modes
-from bench.scenarios.definition import Definition
-from scheduler_svc.policies.fairness.vtc import VtcParams
+from bench.runner import ConfigBuilder, Mode, RunContext, run_modes
+from bench.scenario import Definition, Options, Plot, Scenario
+from bench.scenarios.common import errors, not_run, number, raw_figures, token_series
+from bench.scenarios.workloads import measuring_window
 
 TITLE = "token fairness"
 LONG, SHORT = "long", "short"
+CUMULATIVE = f"|tokens {LONG} ÷ tokens {SHORT} - 1|, cumulative"
 
 
 @dataclass(frozen=True)
 class S4Params:
-    long_tokens: int = 1000
-    short_tokens: int = 50
-    long_concurrency: int = 8
+    long_tokens: int = 1000  # the long user's answers
+    short_tokens: int = 50  # the short user's answers (20:1)
+    long_concurrency: int = 8  # closed-loop streams of each user
     short_concurrency: int = 8
-    max_num_seqs: int = 8
+    max_num_seqs: int = 8  # the engine's slots
     warmup_lifetimes: float = 2.0  # warm-up, in long-request lifetimes after the first token
     window: float = 300.0  # the measured run, seconds after the warm-up
     slice: float = 60.0  # every window of this length within the run is measured ...
@@ -57,17 +59,13 @@ class S4Params:
 PRICES = {"input_token_cost": 0.5, "output_token_cost": 3.0}  # the priced run: any prices, same shares
 
 
-def config(policy: str, model_extra: dict[str, Any] | None = None) -> Any:
+def config(policy: str, model_extra: dict[str, Any] | None = None) -> ConfigBuilder:
     """A builder of the config for `policy` (and the model's extra keys, such as prices)."""
-    return lambda engine: scheduler_config(
-        engine_url=engine.url,
-        model=SCHEDULED_MODEL,
-        engine_model=engine.model,
-        max_num_seqs=engine.max_num_seqs,
-        fairness=policy,
-        classes=STANDARD_CLASS,
-        model_extra=model_extra,
-    )
+
+    def build(engine: Engine) -> dict[str, Any]:
+        return for_engine(engine, fairness=policy, classes=STANDARD_CLASS, model_extra=model_extra)
+
+    return build
 
 
 def modes() -> list[Mode]:
@@ -82,7 +80,7 @@ def _is_reference(label: str) -> bool:
     return "round_robin" in label
 
 
-RETURN_GRACE = VtcParams().vtc_return_grace_seconds  # the shipped default: a slower return forfeits the place
+RETURN_GRACE = VTC_RETURN_GRACE  # the shipped default: a slower return forfeits the place
 
 
 def window_starts(start: float, end: float, p: S4Params) -> list[float]:
@@ -156,13 +154,31 @@ async def body(run: RunContext, p: S4Params, window: float, warmup: float) -> di
         "worst_window": max((abs(r - 1) for r in ratios), default=None),
         "window": [start, end],
         "clients": turnaround(run.records, start, end, p),
-        "errors": sorted({r.error for r in run.records if r.error and r.error != "cancelled"}),
+        "errors": errors(run.records),
         "_cumulative": cumulative_tokens(run.records, 0.25, end + 1.0),
     }
 
 
-def _target(figure: str, target: str, label: str, value: float | None, threshold: float, fail_at: float) -> Target:
-    return Target(figure, target, label, value, threshold=threshold, fail_at=fail_at, higher_is_better=False, unit="%")
+def cumulative_target(label: str, r: dict[str, Any], p: S4Params, within: float, fail_at: float) -> Target:
+    """|long ÷ short - 1| over the whole window (S4's, and C4's with its own bound)."""
+    wanted = f"within {within:.0%} of equal over {p.window:g} s"
+    return Target.at_most(CUMULATIVE, wanted, label, abs(r["long_over_short"] - 1), within, fail_at, "%")
+
+
+def worst_window_target(label: str, r: dict[str, Any], p: S4Params) -> Target:
+    """|long ÷ short - 1| in the worst `p.slice`-second window."""
+    figure, wanted = f"|tokens {LONG} ÷ tokens {SHORT} - 1|, worst {p.slice:g} s window", f"every {p.slice:g} s window"
+    return Target.at_most(figure, f"within 15% of equal in {wanted}", label, r["worst_window"], 0.15, 0.25, "%")
+
+
+def workload(p: S4Params, warmup: float, how: str) -> str:
+    """The workload's description (S4's, and C4's: `how` says what it adds)."""
+    return (
+        f"user '{LONG}' keeps {p.long_concurrency} requests of {p.long_tokens} output tokens outstanding, user "
+        f"'{SHORT}' {p.short_concurrency} of {p.short_tokens}, on {p.max_num_seqs} engine slots{how}; output tokens "
+        f"counted over {p.window:g} s after a {warmup:.0f} s warm-up ({p.warmup_lifetimes:g} long lifetimes) from "
+        f"the first token, cumulatively and in every {p.slice:g} s window ({p.slide:g} s apart)"
+    )
 
 
 def table_columns(p: S4Params) -> list[str]:
@@ -191,20 +207,16 @@ def table_row(label: str, r: dict[str, Any]) -> list[str]:
     ]
 
 
-async def run(provider: EngineProvider, p: S4Params | None = None) -> list[ScenarioResult]:
+async def run(
+    provider: EngineProvider, options: Options | None = None, p: S4Params | None = None
+) -> list[ScenarioResult]:
     p = p or S4Params()
     step = SimProfile().step_seconds(p.max_num_seqs)
     if isinstance(provider, SimProvider):
         provider = SimProvider(dataclasses.replace(provider.profile, max_num_seqs=p.max_num_seqs))
         step = provider.profile.step_seconds(p.max_num_seqs)
     warmup = p.warmup_lifetimes * p.long_tokens * step  # a long request's lifetime: one token per full step
-    workload = (
-        f"user '{LONG}' keeps {p.long_concurrency} requests of {p.long_tokens} output tokens outstanding, user "
-        f"'{SHORT}' {p.short_concurrency} of {p.short_tokens}, on {p.max_num_seqs} engine slots; output tokens "
-        f"counted over {p.window:g} s after a {warmup:.0f} s warm-up ({p.warmup_lifetimes:g} long lifetimes) from "
-        f"the first token, cumulatively and in every {p.slice:g} s window ({p.slide:g} s apart); round robin, the "
-        f"reference, over {p.reference_window:g} s"
-    )
+    text = workload(p, warmup, "") + f"; round robin, the reference, over {p.reference_window:g} s"
 
     def measure(r: RunContext) -> Awaitable[dict[str, Any]]:
         window = p.reference_window if _is_reference(r.mode.label) else p.window
@@ -212,44 +224,20 @@ async def run(provider: EngineProvider, p: S4Params | None = None) -> list[Scena
 
     runs, skipped = await run_modes(provider, modes(), measure, timeout=warmup + p.window + p.timeout)
     if not runs:
-        return [ScenarioResult.unavailable("S4", TITLE, workload, "; ".join(not_run(skipped)))]
-    result = ScenarioResult("S4", TITLE, workload, provider.describe(), notes=not_run(skipped))
+        return [ScenarioResult.unavailable("S4", TITLE, text, "; ".join(not_run(skipped)))]
+    result = ScenarioResult("S4", TITLE, text, provider.describe(), notes=not_run(skipped))
     result.table = Table(table_columns(p))
     for label, r in runs.items():
         result.table.rows.append(table_row(label, r))
         if _is_reference(label):
             continue
-        result.targets.append(
-            _target(
-                f"|tokens {LONG} ÷ tokens {SHORT} - 1|, cumulative",
-                f"within 5% of equal over {p.window:g} s",
-                label,
-                abs(r["long_over_short"] - 1),
-                threshold=0.05,
-                fail_at=0.10,
-            )
-        )
-        result.targets.append(
-            _target(
-                f"|tokens {LONG} ÷ tokens {SHORT} - 1|, worst {p.slice:g} s window",
-                f"within 15% of equal in every {p.slice:g} s window",
-                label,
-                r["worst_window"],
-                threshold=0.15,
-                fail_at=0.25,
-            )
-        )
+        result.targets += [cumulative_target(label, r, p, 0.05, 0.10), worst_window_target(label, r, p)]
     result.notes.append(
         f"Request-count fairness is expected near {p.long_tokens / p.short_tokens:.0f}:1 once the batch has "
         "settled (round robin: the reference the token-cost results are measured against, not a target)."
     )
     result.notes.append(f"The priced run charges {PRICES} per token: prices must not change the shares of one model.")
-    result.raw = {label: jsonable({k: v for k, v in r.items() if not k.startswith("_")}) for label, r in runs.items()}
-    result.series = {
-        "step": 0.25,
-        "windows": {label: r["window"] for label, r in runs.items()},
-        "runs": {label: r["_cumulative"] for label, r in runs.items()},
-    }
+    result.raw, result.series = raw_figures(runs), token_series(runs)
     return [result]
 
 
@@ -266,7 +254,6 @@ DEFINITION = Definition(
     measures=f"|long ÷ short - 1| of output tokens after a warm-up of {_P.warmup_lifetimes:g} long lifetimes, "
     f"cumulatively over {_P.window:g} s and in every {_P.slice:g} s window (one starting every {_P.slide:g} s)",
     targets=("cumulative <= 0.05", "worst window <= 0.15"),
-    command="python -m bench --scenarios S4",
     duration="about 13 minutes",
     facts=(
         "Counting requests (round_robin, or the engine's FIFO) gives the long-answer user about 20 times the "
@@ -280,5 +267,10 @@ DEFINITION = Definition(
         "engine without priorities has already given.",
         "Prices move every user's cost alike, so they do not move the shares.",
     ),
-    headline=("|tokens long ÷ tokens short - 1|, cumulative",),
+    headline=(CUMULATIVE,),
+)
+SCENARIO = Scenario(
+    (DEFINITION,),
+    run,
+    plots=(Plot("tokens", "s4_tokens.png", "S4: output tokens per user, 1000-token vs 50-token answers"),),
 )

@@ -110,6 +110,21 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     The call's deadline passed while its answer was being generated; the engine request was aborted. Sent by
     the HTTP door (x-request-timeout-ms bounds the whole call); over gRPC the deadline ends the call itself.
     """
+    BACKEND_NOT_FOUND: _ErrorReason.ValueType  # 21
+    """gRPC NOT_FOUND, HTTP 404, not retryable.
+    An admin call named a backend that no model (or not the model named) has.
+    """
+    CONFIG_INVALID: _ErrorReason.ValueType  # 22
+    """gRPC FAILED_PRECONDITION, HTTP 400, not retryable.
+    ReloadConfig: the configuration file does not load (its syntax, a field, or a rule between fields); the
+    message says where. The running configuration stays.
+    """
+    CONFIG_NEEDS_RESTART: _ErrorReason.ValueType  # 23
+    """gRPC FAILED_PRECONDITION, HTTP 400, not retryable.
+    ReloadConfig: the file is valid but changes what only a restart changes (listeners, TLS, the cluster, the
+    policies, an engine's address; docs/operations.md lists them); the message names each field. The running
+    configuration stays.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call of llmsched.v1 failed: every error status carries a google.rpc.ErrorInfo (domain "llmsched.v1")
@@ -208,5 +223,20 @@ DEADLINE_EXCEEDED: ErrorReason.ValueType  # 20
 """gRPC DEADLINE_EXCEEDED, HTTP 504, not retryable.
 The call's deadline passed while its answer was being generated; the engine request was aborted. Sent by
 the HTTP door (x-request-timeout-ms bounds the whole call); over gRPC the deadline ends the call itself.
+"""
+BACKEND_NOT_FOUND: ErrorReason.ValueType  # 21
+"""gRPC NOT_FOUND, HTTP 404, not retryable.
+An admin call named a backend that no model (or not the model named) has.
+"""
+CONFIG_INVALID: ErrorReason.ValueType  # 22
+"""gRPC FAILED_PRECONDITION, HTTP 400, not retryable.
+ReloadConfig: the configuration file does not load (its syntax, a field, or a rule between fields); the
+message says where. The running configuration stays.
+"""
+CONFIG_NEEDS_RESTART: ErrorReason.ValueType  # 23
+"""gRPC FAILED_PRECONDITION, HTTP 400, not retryable.
+ReloadConfig: the file is valid but changes what only a restart changes (listeners, TLS, the cluster, the
+policies, an engine's address; docs/operations.md lists them); the message names each field. The running
+configuration stays.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

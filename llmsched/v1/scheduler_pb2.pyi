@@ -24,13 +24,15 @@ gRPC code, HTTP status and whether a retry may succeed; docs/api.md has the same
                       prompt, messages and stop strings exceed the model's max_prompt_bytes in UTF-8:
                       PROMPT_TOO_LARGE (ErrorInfo metadata `max_prompt_bytes` names the limit); the engine
                       refused the request as invalid: BACKEND_REJECTED_REQUEST
-  NOT_FOUND           unknown model: MODEL_NOT_FOUND
+  NOT_FOUND           unknown model: MODEL_NOT_FOUND; an admin call naming an unknown backend: BACKEND_NOT_FOUND
   ALREADY_EXISTS      the caller already has a live (queued or running) request with this request_id:
                       REQUEST_ID_IN_USE
   UNAUTHENTICATED     no user identity, a user id not of the form above, or an unknown API key:
                       UNAUTHENTICATED
-  PERMISSION_DENIED   the caller may not do this (GetQueueState without being an admin user):
-                      PERMISSION_DENIED
+  PERMISSION_DENIED   the caller may not do this (GetQueueState, or an admin call, without being an admin
+                      user): PERMISSION_DENIED
+  FAILED_PRECONDITION ReloadConfig refused the file, the running configuration staying: it does not load
+                      (CONFIG_INVALID), or it changes what only a restart changes (CONFIG_NEEDS_RESTART)
   RESOURCE_EXHAUSTED  a queue cap was hit (QUEUE_FULL: requests; QUEUE_BYTES_FULL: prompt bytes queued and
                       running), carries google.rpc.RetryInfo; or the engine refused for load:
                       BACKEND_OVERLOADED
@@ -84,6 +86,34 @@ FINISH_REASON_STOP: FinishReason.ValueType  # 1
 FINISH_REASON_LENGTH: FinishReason.ValueType  # 2
 """`max_tokens` reached."""
 Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
+
+class _DrainSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DrainSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DrainSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DRAIN_SOURCE_UNSPECIFIED: _DrainSource.ValueType  # 0
+    """Never sent."""
+    DRAIN_SOURCE_ADMIN: _DrainSource.ValueType  # 1
+    """An admin drained it (DrainBackend, `llmsched backend drain`); it lasts until UndrainBackend."""
+    DRAIN_SOURCE_CONFIG: _DrainSource.ValueType  # 2
+    """Its configuration says `drained = true`."""
+    DRAIN_SOURCE_REMOVED: _DrainSource.ValueType  # 3
+    """It left the configuration at a reload; it is gone once it runs nothing."""
+
+class DrainSource(_DrainSource, metaclass=_DrainSourceEnumTypeWrapper):
+    """Why a backend takes no new request. Its running requests finish either way."""
+
+DRAIN_SOURCE_UNSPECIFIED: DrainSource.ValueType  # 0
+"""Never sent."""
+DRAIN_SOURCE_ADMIN: DrainSource.ValueType  # 1
+"""An admin drained it (DrainBackend, `llmsched backend drain`); it lasts until UndrainBackend."""
+DRAIN_SOURCE_CONFIG: DrainSource.ValueType  # 2
+"""Its configuration says `drained = true`."""
+DRAIN_SOURCE_REMOVED: DrainSource.ValueType  # 3
+"""It left the configuration at a reload; it is gone once it runs nothing."""
+Global___DrainSource: _TypeAlias = DrainSource  # noqa: Y015
 
 @_typing.final
 class ChatMessage(_message.Message):
@@ -647,6 +677,8 @@ class ModelQueueState(_message.Message):
     DRAIN_RATE_PER_SECOND_FIELD_NUMBER: _builtins.int
     CLASSES_FIELD_NUMBER: _builtins.int
     GATES_FIELD_NUMBER: _builtins.int
+    BACKENDS_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The model name."""
     queued: _builtins.int
@@ -655,6 +687,10 @@ class ModelQueueState(_message.Message):
     """Requests dispatched and not finished."""
     drain_rate_per_second: _builtins.float
     """Dispatches per second over the recent window."""
+    removed: _builtins.bool
+    """The model left the configuration at a reload: it admits nothing (MODEL_NOT_FOUND), serves what it holds,
+    and is gone once nothing of it is queued or running.
+    """
     @_builtins.property
     def classes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClassQueueState]:
         """One entry per priority class, best band first."""
@@ -662,6 +698,10 @@ class ModelQueueState(_message.Message):
     @_builtins.property
     def gates(self) -> _containers.RepeatedCompositeFieldContainer[Global___GateState]:
         """One entry per backend and class."""
+
+    @_builtins.property
+    def backends(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackendQueueState]:
+        """One entry per backend: whether it takes new requests, and what it runs."""
 
     def __init__(
         self,
@@ -672,10 +712,12 @@ class ModelQueueState(_message.Message):
         drain_rate_per_second: _builtins.float = ...,
         classes: _abc.Iterable[Global___ClassQueueState] | None = ...,
         gates: _abc.Iterable[Global___GateState] | None = ...,
+        backends: _abc.Iterable[Global___BackendQueueState] | None = ...,
+        removed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "drain_rate_per_second", b"drain_rate_per_second", "gates", b"gates", "model", b"model", "queued", b"queued", "running", b"running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends", "classes", b"classes", "drain_rate_per_second", b"drain_rate_per_second", "gates", b"gates", "model", b"model", "queued", b"queued", "removed", b"removed", "running", b"running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -693,6 +735,7 @@ class ClassQueueState(_message.Message):
     USERS_FIELD_NUMBER: _builtins.int
     USERS_TOTAL_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
     priority_class: _builtins.str
     """The class name."""
     rank: _builtins.int
@@ -703,6 +746,10 @@ class ClassQueueState(_message.Message):
     """How many users matched (before the `max_users` cap)."""
     truncated: _builtins.bool
     """Whether `users` lists fewer than `users_total`."""
+    removed: _builtins.bool
+    """The class left the configuration at a reload: it admits nothing (INVALID_REQUEST), serves what it holds
+    under its last settings, and is gone once nothing of it is queued or running.
+    """
     @_builtins.property
     def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserQueueState]:
         """Per-user state within the band (users with queued requests or a fair-share counter), most queued
@@ -718,10 +765,11 @@ class ClassQueueState(_message.Message):
         users: _abc.Iterable[Global___UserQueueState] | None = ...,
         users_total: _builtins.int = ...,
         truncated: _builtins.bool = ...,
+        removed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["priority_class", b"priority_class", "queued", b"queued", "rank", b"rank", "truncated", b"truncated", "users", b"users", "users_total", b"users_total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["priority_class", b"priority_class", "queued", b"queued", "rank", b"rank", "removed", b"removed", "truncated", b"truncated", "users", b"users", "users_total", b"users_total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -845,3 +893,195 @@ class GateState(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__engine_waiting) -> _WhichOneofReturnType__engine_waiting | None: ...
 
 Global___GateState: _TypeAlias = GateState  # noqa: Y015
+
+@_typing.final
+class BackendQueueState(_message.Message):
+    """A backend of a model, as dispatch sees it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    DRAINED_BY_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The model the backend serves."""
+    backend: _builtins.str
+    """The backend's configured name."""
+    draining: _builtins.bool
+    """Whether it takes no new request (some `drained_by` holds it back)."""
+    in_flight: _builtins.int
+    """Requests sent to it and not finished."""
+    @_builtins.property
+    def drained_by(self) -> _containers.RepeatedScalarFieldContainer[Global___DrainSource.ValueType]:
+        """Why it drains; empty while it takes work."""
+
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        backend: _builtins.str = ...,
+        draining: _builtins.bool = ...,
+        drained_by: _abc.Iterable[Global___DrainSource.ValueType] | None = ...,
+        in_flight: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "drained_by", b"drained_by", "draining", b"draining", "in_flight", b"in_flight", "model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackendQueueState: _TypeAlias = BackendQueueState  # noqa: Y015
+
+@_typing.final
+class ReloadConfigRequest(_message.Message):
+    """Request for ReloadConfig."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    """Check the file and say what would change, applying nothing."""
+    def __init__(
+        self,
+        *,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReloadConfigRequest: _TypeAlias = ReloadConfigRequest  # noqa: Y015
+
+@_typing.final
+class ReloadConfigResponse(_message.Message):
+    """Response of ReloadConfig."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGES_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    applied: _builtins.bool
+    """Whether the changes were applied (false for a dry run)."""
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What changed (or would change), one line per field, table or list entry, e.g.
+        `models[m].backends[b2]: added`; empty when the file says what the service already runs.
+        """
+
+    def __init__(
+        self,
+        *,
+        changes: _abc.Iterable[_builtins.str] | None = ...,
+        applied: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "changes", b"changes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReloadConfigResponse: _TypeAlias = ReloadConfigResponse  # noqa: Y015
+
+@_typing.final
+class DrainBackendRequest(_message.Message):
+    """Request for DrainBackend."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The model whose backend drains; empty means every model that has a backend of that name."""
+    backend: _builtins.str
+    """The backend's configured name."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        backend: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainBackendRequest: _TypeAlias = DrainBackendRequest  # noqa: Y015
+
+@_typing.final
+class DrainBackendResponse(_message.Message):
+    """Response of DrainBackend."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BACKENDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def backends(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackendQueueState]:
+        """Each backend drained, as it is now."""
+
+    def __init__(
+        self,
+        *,
+        backends: _abc.Iterable[Global___BackendQueueState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainBackendResponse: _TypeAlias = DrainBackendResponse  # noqa: Y015
+
+@_typing.final
+class UndrainBackendRequest(_message.Message):
+    """Request for UndrainBackend."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The model whose backend takes work again; empty means every model that has a backend of that name."""
+    backend: _builtins.str
+    """The backend's configured name."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        backend: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndrainBackendRequest: _TypeAlias = UndrainBackendRequest  # noqa: Y015
+
+@_typing.final
+class UndrainBackendResponse(_message.Message):
+    """Response of UndrainBackend."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BACKENDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def backends(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackendQueueState]:
+        """Each backend undrained, as it is now (still draining when its configuration drains it)."""
+
+    def __init__(
+        self,
+        *,
+        backends: _abc.Iterable[Global___BackendQueueState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backends", b"backends"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndrainBackendResponse: _TypeAlias = UndrainBackendResponse  # noqa: Y015

@@ -50,6 +50,21 @@ class SchedulerServiceStub:
                 request_serializer=llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateRequest.SerializeToString,
                 response_deserializer=llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateResponse.FromString,
                 _registered_method=True)
+        self.ReloadConfig = channel.unary_unary(
+                '/llmsched.v1.SchedulerService/ReloadConfig',
+                request_serializer=llmsched_dot_v1_dot_scheduler__pb2.ReloadConfigRequest.SerializeToString,
+                response_deserializer=llmsched_dot_v1_dot_scheduler__pb2.ReloadConfigResponse.FromString,
+                _registered_method=True)
+        self.DrainBackend = channel.unary_unary(
+                '/llmsched.v1.SchedulerService/DrainBackend',
+                request_serializer=llmsched_dot_v1_dot_scheduler__pb2.DrainBackendRequest.SerializeToString,
+                response_deserializer=llmsched_dot_v1_dot_scheduler__pb2.DrainBackendResponse.FromString,
+                _registered_method=True)
+        self.UndrainBackend = channel.unary_unary(
+                '/llmsched.v1.SchedulerService/UndrainBackend',
+                request_serializer=llmsched_dot_v1_dot_scheduler__pb2.UndrainBackendRequest.SerializeToString,
+                response_deserializer=llmsched_dot_v1_dot_scheduler__pb2.UndrainBackendResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -79,7 +94,36 @@ class SchedulerServiceServicer:
 
     def GetQueueState(self, request, context):
         """Introspection: queue depths per model, class and user, each backend's gate state with its inputs,
-        and the fairness policies' per-user counters. When `auth.admin_users` is set, only they may call it.
+        whether each backend drains, and the fairness policies' per-user counters. When `auth.admin_users` is
+        set, only they may call it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReloadConfig(self, request, context):
+        """Admin: reads the service's configuration file again and applies what changed, as SIGHUP does, without
+        dropping, reordering or admitting again any queued or running request, and keeping the fairness
+        counters. A file that does not load, or that changes what only a restart changes, is refused with
+        FAILED_PRECONDITION (CONFIG_INVALID, CONFIG_NEEDS_RESTART) and the running configuration stays. Only the
+        users in `auth.admin_users` may call it (PERMISSION_DENIED for everyone while that list is empty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainBackend(self, request, context):
+        """Admin: drains a backend for maintenance: no new request goes to it, the ones it runs finish, and the
+        queue goes to the model's other backends, until UndrainBackend. It outlives reloads. Admins only, as
+        ReloadConfig; an unknown backend is NOT_FOUND (BACKEND_NOT_FOUND).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndrainBackend(self, request, context):
+        """Admin: undoes DrainBackend; the backend takes requests again unless its configuration drains it too
+        (`drained = true`). Admins only, as ReloadConfig.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -102,6 +146,21 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetQueueState,
                     request_deserializer=llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateRequest.FromString,
                     response_serializer=llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateResponse.SerializeToString,
+            ),
+            'ReloadConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReloadConfig,
+                    request_deserializer=llmsched_dot_v1_dot_scheduler__pb2.ReloadConfigRequest.FromString,
+                    response_serializer=llmsched_dot_v1_dot_scheduler__pb2.ReloadConfigResponse.SerializeToString,
+            ),
+            'DrainBackend': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainBackend,
+                    request_deserializer=llmsched_dot_v1_dot_scheduler__pb2.DrainBackendRequest.FromString,
+                    response_serializer=llmsched_dot_v1_dot_scheduler__pb2.DrainBackendResponse.SerializeToString,
+            ),
+            'UndrainBackend': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainBackend,
+                    request_deserializer=llmsched_dot_v1_dot_scheduler__pb2.UndrainBackendRequest.FromString,
+                    response_serializer=llmsched_dot_v1_dot_scheduler__pb2.UndrainBackendResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -186,6 +245,87 @@ class SchedulerService:
             '/llmsched.v1.SchedulerService/GetQueueState',
             llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateRequest.SerializeToString,
             llmsched_dot_v1_dot_scheduler__pb2.GetQueueStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReloadConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmsched.v1.SchedulerService/ReloadConfig',
+            llmsched_dot_v1_dot_scheduler__pb2.ReloadConfigRequest.SerializeToString,
+            llmsched_dot_v1_dot_scheduler__pb2.ReloadConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainBackend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmsched.v1.SchedulerService/DrainBackend',
+            llmsched_dot_v1_dot_scheduler__pb2.DrainBackendRequest.SerializeToString,
+            llmsched_dot_v1_dot_scheduler__pb2.DrainBackendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainBackend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmsched.v1.SchedulerService/UndrainBackend',
+            llmsched_dot_v1_dot_scheduler__pb2.UndrainBackendRequest.SerializeToString,
+            llmsched_dot_v1_dot_scheduler__pb2.UndrainBackendResponse.FromString,
             options,
             channel_credentials,
             insecure,

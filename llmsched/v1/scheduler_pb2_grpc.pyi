@@ -24,13 +24,15 @@ gRPC code, HTTP status and whether a retry may succeed; docs/api.md has the same
                       prompt, messages and stop strings exceed the model's max_prompt_bytes in UTF-8:
                       PROMPT_TOO_LARGE (ErrorInfo metadata `max_prompt_bytes` names the limit); the engine
                       refused the request as invalid: BACKEND_REJECTED_REQUEST
-  NOT_FOUND           unknown model: MODEL_NOT_FOUND
+  NOT_FOUND           unknown model: MODEL_NOT_FOUND; an admin call naming an unknown backend: BACKEND_NOT_FOUND
   ALREADY_EXISTS      the caller already has a live (queued or running) request with this request_id:
                       REQUEST_ID_IN_USE
   UNAUTHENTICATED     no user identity, a user id not of the form above, or an unknown API key:
                       UNAUTHENTICATED
-  PERMISSION_DENIED   the caller may not do this (GetQueueState without being an admin user):
-                      PERMISSION_DENIED
+  PERMISSION_DENIED   the caller may not do this (GetQueueState, or an admin call, without being an admin
+                      user): PERMISSION_DENIED
+  FAILED_PRECONDITION ReloadConfig refused the file, the running configuration staying: it does not load
+                      (CONFIG_INVALID), or it changes what only a restart changes (CONFIG_NEEDS_RESTART)
   RESOURCE_EXHAUSTED  a queue cap was hit (QUEUE_FULL: requests; QUEUE_BYTES_FULL: prompt bytes queued and
                       running), carries google.rpc.RetryInfo; or the engine refused for load:
                       BACKEND_OVERLOADED
@@ -87,7 +89,24 @@ class SchedulerServiceStub:
     """
     GetQueueState: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetQueueStateRequest, _scheduler_pb2.GetQueueStateResponse]
     """Introspection: queue depths per model, class and user, each backend's gate state with its inputs,
-    and the fairness policies' per-user counters. When `auth.admin_users` is set, only they may call it.
+    whether each backend drains, and the fairness policies' per-user counters. When `auth.admin_users` is
+    set, only they may call it.
+    """
+    ReloadConfig: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReloadConfigRequest, _scheduler_pb2.ReloadConfigResponse]
+    """Admin: reads the service's configuration file again and applies what changed, as SIGHUP does, without
+    dropping, reordering or admitting again any queued or running request, and keeping the fairness
+    counters. A file that does not load, or that changes what only a restart changes, is refused with
+    FAILED_PRECONDITION (CONFIG_INVALID, CONFIG_NEEDS_RESTART) and the running configuration stays. Only the
+    users in `auth.admin_users` may call it (PERMISSION_DENIED for everyone while that list is empty).
+    """
+    DrainBackend: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DrainBackendRequest, _scheduler_pb2.DrainBackendResponse]
+    """Admin: drains a backend for maintenance: no new request goes to it, the ones it runs finish, and the
+    queue goes to the model's other backends, until UndrainBackend. It outlives reloads. Admins only, as
+    ReloadConfig; an unknown backend is NOT_FOUND (BACKEND_NOT_FOUND).
+    """
+    UndrainBackend: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.UndrainBackendRequest, _scheduler_pb2.UndrainBackendResponse]
+    """Admin: undoes DrainBackend; the backend takes requests again unless its configuration drains it too
+    (`drained = true`). Admins only, as ReloadConfig.
     """
 
 @_typing.type_check_only
@@ -109,7 +128,24 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """
     GetQueueState: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetQueueStateRequest, _scheduler_pb2.GetQueueStateResponse]  # type: ignore[assignment]
     """Introspection: queue depths per model, class and user, each backend's gate state with its inputs,
-    and the fairness policies' per-user counters. When `auth.admin_users` is set, only they may call it.
+    whether each backend drains, and the fairness policies' per-user counters. When `auth.admin_users` is
+    set, only they may call it.
+    """
+    ReloadConfig: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReloadConfigRequest, _scheduler_pb2.ReloadConfigResponse]  # type: ignore[assignment]
+    """Admin: reads the service's configuration file again and applies what changed, as SIGHUP does, without
+    dropping, reordering or admitting again any queued or running request, and keeping the fairness
+    counters. A file that does not load, or that changes what only a restart changes, is refused with
+    FAILED_PRECONDITION (CONFIG_INVALID, CONFIG_NEEDS_RESTART) and the running configuration stays. Only the
+    users in `auth.admin_users` may call it (PERMISSION_DENIED for everyone while that list is empty).
+    """
+    DrainBackend: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DrainBackendRequest, _scheduler_pb2.DrainBackendResponse]  # type: ignore[assignment]
+    """Admin: drains a backend for maintenance: no new request goes to it, the ones it runs finish, and the
+    queue goes to the model's other backends, until UndrainBackend. It outlives reloads. Admins only, as
+    ReloadConfig; an unknown backend is NOT_FOUND (BACKEND_NOT_FOUND).
+    """
+    UndrainBackend: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.UndrainBackendRequest, _scheduler_pb2.UndrainBackendResponse]  # type: ignore[assignment]
+    """Admin: undoes DrainBackend; the backend takes requests again unless its configuration drains it too
+    (`drained = true`). Admins only, as ReloadConfig.
     """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -146,7 +182,42 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.GetQueueStateResponse, _abc.Awaitable[_scheduler_pb2.GetQueueStateResponse]]:
         """Introspection: queue depths per model, class and user, each backend's gate state with its inputs,
-        and the fairness policies' per-user counters. When `auth.admin_users` is set, only they may call it.
+        whether each backend drains, and the fairness policies' per-user counters. When `auth.admin_users` is
+        set, only they may call it.
+        """
+
+    @_abc_1.abstractmethod
+    def ReloadConfig(
+        self,
+        request: _scheduler_pb2.ReloadConfigRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ReloadConfigResponse, _abc.Awaitable[_scheduler_pb2.ReloadConfigResponse]]:
+        """Admin: reads the service's configuration file again and applies what changed, as SIGHUP does, without
+        dropping, reordering or admitting again any queued or running request, and keeping the fairness
+        counters. A file that does not load, or that changes what only a restart changes, is refused with
+        FAILED_PRECONDITION (CONFIG_INVALID, CONFIG_NEEDS_RESTART) and the running configuration stays. Only the
+        users in `auth.admin_users` may call it (PERMISSION_DENIED for everyone while that list is empty).
+        """
+
+    @_abc_1.abstractmethod
+    def DrainBackend(
+        self,
+        request: _scheduler_pb2.DrainBackendRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.DrainBackendResponse, _abc.Awaitable[_scheduler_pb2.DrainBackendResponse]]:
+        """Admin: drains a backend for maintenance: no new request goes to it, the ones it runs finish, and the
+        queue goes to the model's other backends, until UndrainBackend. It outlives reloads. Admins only, as
+        ReloadConfig; an unknown backend is NOT_FOUND (BACKEND_NOT_FOUND).
+        """
+
+    @_abc_1.abstractmethod
+    def UndrainBackend(
+        self,
+        request: _scheduler_pb2.UndrainBackendRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.UndrainBackendResponse, _abc.Awaitable[_scheduler_pb2.UndrainBackendResponse]]:
+        """Admin: undoes DrainBackend; the backend takes requests again unless its configuration drains it too
+        (`drained = true`). Admins only, as ReloadConfig.
         """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

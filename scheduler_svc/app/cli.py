@@ -4,6 +4,8 @@ llmsched serve --config FILE            run the scheduler
 llmsched sim --flavor vllm --port 8000  run a simulated engine (no GPU here)
 llmsched submit|stream --model M --user U "prompt"
 llmsched health [--target HOST:PORT]      exit 0 when the service's grpc.health.v1 says SERVING (probes)
+llmsched reload [--dry-run]             admins: the service reads its configuration file again (as SIGHUP)
+llmsched backend drain|undrain NAME     admins: no new requests to a backend (maintenance), or again
 llmsched config-reference               every config field with its default and meaning
 llmsched hash-key < KEYFILE             the SHA-256 digest of an API key, for auth.api_key_sha256
 llmsched policies                       the registered fairness / ordering / gate / band / backend policies
@@ -60,6 +62,24 @@ def main(argv: list[str] | None = None) -> None:
     state.add_argument("--for-user", default="", help="only this user's entries (--user is who asks)")
     state.add_argument("--max-users", type=int, default=None, help="users per class, most queued first (default 100)")
 
+    reload = commands.add_parser(
+        "reload",
+        help="admins: have a running scheduler read its configuration file again and apply what changed, as "
+        "SIGHUP does (a file it refuses changes nothing; the reason is printed)",
+    )
+    _add_connection_arguments(reload)
+    reload.add_argument("--dry-run", action="store_true", help="only print what would change")
+
+    backend = commands.add_parser(
+        "backend",
+        help="admins: drain a backend for maintenance (no new requests, running ones finish, the queue goes to "
+        "the other backends), or undrain it",
+    )
+    backend.add_argument("action", choices=("drain", "undrain"))
+    backend.add_argument("name", help="the backend's configured name")
+    _add_connection_arguments(backend)
+    backend.add_argument("--model", default="", help="only this model's backend (default: every model that has one)")
+
     health = commands.add_parser(
         "health",
         help="ask a running scheduler's grpc.health.v1 service; exit 0 only when it answers SERVING "
@@ -88,6 +108,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(asyncio.run(_call(args)))
     elif args.command == "queue-state":
         sys.exit(asyncio.run(_queue_state(args)))
+    elif args.command == "reload":
+        sys.exit(asyncio.run(_reload(args)))
+    elif args.command == "backend":
+        sys.exit(asyncio.run(_drain(args)))
     elif args.command == "health":
         sys.exit(_health(args))
     elif args.command == "config-reference":
@@ -219,7 +243,10 @@ def _serve(path: str) -> None:
     from scheduler_svc.cluster.store import DuplicateReplica
 
     async def run() -> None:
-        server = SchedulerServer(config)
+        server = SchedulerServer(config, config_path=path)
+        loop = asyncio.get_running_loop()
+        # Before serving, so a SIGHUP sent once the service says it serves never meets the default (exit).
+        loop.add_signal_handler(signal.SIGHUP, server.reload_on_signal)  # read the file again (app.reload)
         try:
             await server.start()
         except DuplicateReplica as exc:  # [cluster]: another live replica has this name
@@ -229,7 +256,6 @@ def _serve(path: str) -> None:
         gc.collect()
         gc.freeze()
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
@@ -250,6 +276,41 @@ async def _queue_state(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     print(json_format.MessageToJson(state, always_print_fields_with_no_presence=True))
+    return 0
+
+
+async def _reload(args: argparse.Namespace) -> int:
+    """Print what changed (or would), one line each; a refused file's reason on stderr, exit status 1."""
+    from clients import SchedulerError
+
+    async with _client(args) as client:
+        try:
+            reply = await client.reload_config(args.dry_run)
+        except SchedulerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    for line in reply.changes:
+        print(line)
+    verb = "would change" if args.dry_run else "changed"
+    print(f"[{len(reply.changes)} {verb}{'' if reply.applied else ', nothing applied'}]", file=sys.stderr)
+    return 0
+
+
+async def _drain(args: argparse.Namespace) -> int:
+    """Print each backend's state after the drain or undrain: model/backend, draining or taking work, why."""
+    from clients import SchedulerError, pb
+
+    async with _client(args) as client:
+        try:
+            call = client.drain_backend if args.action == "drain" else client.undrain_backend
+            reply = await call(args.name, args.model)
+        except SchedulerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    for state in reply.backends:
+        why = ", ".join(pb.DrainSource.Name(s).removeprefix("DRAIN_SOURCE_").lower() for s in state.drained_by)
+        status = f"draining ({why})" if state.draining else "taking work"
+        print(f"{state.model}/{state.backend}: {status}, {state.in_flight} in flight")
     return 0
 
 

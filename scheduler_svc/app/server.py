@@ -4,6 +4,9 @@ the scheduler loops, /metrics. Both doors share one Scheduler on one event loop.
 With `[cluster] store = "redis"` a `cluster.agent.ClusterAgent` makes this process one replica of several
 (joined before serving; on shutdown it hands the lead over first, and leaves after the drain).
 
+With a configuration file (`config_path`), SIGHUP and the admin call ReloadConfig read it again and apply
+what may change live (`app.reload`).
+
 Graceful shutdown, in this order: health flips to NOT_SERVING, admission stops (HTTP /readyz says 503),
 queued and running work drains for `shutdown_grace_seconds`, what is still queued gets UNAVAILABLE (503 over
 HTTP), then the gRPC server and the HTTP door stop.
@@ -15,6 +18,8 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -25,16 +30,23 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
+from scheduler_svc.app.reload import ConfigReloader
 from scheduler_svc.app.tls import ServerTls
 from scheduler_svc.cluster.agent import ClusterAgent
 from scheduler_svc.cluster.store import ClusterStore
 from scheduler_svc.config import ClusterConfig, Config
 from scheduler_svc.core.auth import Authenticator
-from scheduler_svc.core.clock import Clock
+from scheduler_svc.core.clock import Clock, MonotonicClock
+from scheduler_svc.core.errors import ConfigInvalid, SchedulerError
 from scheduler_svc.dispatch.scheduler import BackendFactory, Scheduler, default_backend_factory
 from scheduler_svc.grpc.decoding import DecodeGuard
 from scheduler_svc.grpc.servicer import SchedulerServicer
 from scheduler_svc.http import HttpDoor
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from scheduler_svc.app.tracing import OtelTracer
 
 log = structlog.get_logger(__name__)
 
@@ -80,9 +92,29 @@ class SchedulerServer:
         backend_factory: BackendFactory = default_backend_factory,
         clock: Clock | None = None,
         store_factory: StoreFactory = default_store_factory,
+        span_processor: SpanProcessor | None = None,
+        config_path: str | Path | None = None,
     ) -> None:
-        self.config = config
-        self.scheduler = Scheduler(config, backend_factory=backend_factory, clock=clock)
+        """`span_processor`: where spans go with `[tracing]` configured (tests: the SDK's in-memory exporter);
+        None: batched to the OTLP exporter `[tracing]` names. `config_path`: the file `config` was read from,
+        which a reload reads again (None: no reloads)."""
+        clock = clock or MonotonicClock()
+        self.tracer: OtelTracer | None = None
+        if config.tracing.enabled:  # imported only then: without [tracing] the SDK is never loaded
+            from scheduler_svc.app.tracing import OtelTracer
+
+            self.tracer = OtelTracer(config.tracing, clock, span_processor)
+        self.scheduler = Scheduler(config, backend_factory=backend_factory, clock=clock, tracer=self.tracer)
+        self.authenticator = Authenticator(config.auth)  # both doors share it: a reload swaps its keys
+        self.reloader: ConfigReloader | None = None
+        if config_path is not None:
+            self.reloader = ConfigReloader(
+                config_path,
+                self.scheduler,
+                self.authenticator,
+                self.scheduler.metrics.registry,
+                clustered=config.cluster.store == "redis",
+            )
         self._store_factory = store_factory
         self.agent: ClusterAgent | None = None  # set at start when [cluster] store = "redis"
         self._grpc = grpc.aio.server(interceptors=[DecodeGuard()], options=_server_options(config))
@@ -99,6 +131,11 @@ class SchedulerServer:
         self.http_port = 0
 
     @property
+    def config(self) -> Config:
+        """The running configuration (a reload replaces it; what it cannot change is as at start)."""
+        return self.scheduler.config
+
+    @property
     def address(self) -> str:
         return f"{_split(self.config.server.listen)[0]}:{self.port}"
 
@@ -109,8 +146,11 @@ class SchedulerServer:
 
     async def start(self) -> None:
         """Bind the ports and start serving."""
-        authenticator = Authenticator(self.config.auth)
-        pb_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(self.scheduler, authenticator), self._grpc)
+        authenticator = self.authenticator
+        reload = self.reloader.reload if self.reloader is not None else None
+        pb_grpc.add_SchedulerServiceServicer_to_server(
+            SchedulerServicer(self.scheduler, authenticator, reload), self._grpc
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
             (
@@ -149,6 +189,7 @@ class SchedulerServer:
             models=[m.name for m in self.config.models],
             tls="off" if self._tls is None else "mutual" if self._tls.mutual else "on",
             event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
+            tracing=f"{self.config.tracing.protocol} {self.config.tracing.endpoint}" if self.tracer else "off",
         )
 
     async def _start_metrics(self) -> None:
@@ -199,6 +240,22 @@ class SchedulerServer:
             health.changed.clear()
             await self._set_health(serving=health.serving)
 
+    def reload(self, dry_run: bool = False, by: str = "SIGHUP") -> list[str]:
+        """Read the configuration file again and apply it (`app.reload`); raises ConfigRefused (logged), the
+        running configuration staying, or ConfigInvalid when the service has no file."""
+        if self.reloader is None:
+            raise ConfigInvalid("this service was not started from a configuration file: there is none to read")
+        return self.reloader.reload(dry_run, by)
+
+    def reload_on_signal(self) -> None:
+        """SIGHUP: reload, with the outcome in the log only (a refusal is logged where it is decided)."""
+        try:
+            self.reload()
+        except SchedulerError:
+            pass
+        except Exception:
+            log.exception("config_reload_failed")
+
     async def wait_for_termination(self) -> None:
         await self._grpc.wait_for_termination()
 
@@ -231,6 +288,9 @@ class SchedulerServer:
             await self._metrics_runner.cleanup()
             self._metrics_runner = None
         await self.scheduler.aclose()
+        if self.tracer is not None:  # the spans still held go out, for a bounded time (the SDK blocks)
+            await asyncio.to_thread(self.tracer.close)
+            self.tracer = None
         log.info("stopped")
 
 

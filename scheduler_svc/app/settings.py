@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 from backends.registry import BACKEND_KINDS, capabilities
 from scheduler_svc.app.event_loop import EVENT_LOOPS
 from scheduler_svc.app.tls import ServerTls
-from scheduler_svc.config import ClusterConfig, Config, ConfigError, build, check_bounds
+from scheduler_svc.config import ClusterConfig, Config, ConfigError, TracingConfig, build, check_bounds
 from scheduler_svc.config.derived import check_http_bounds
 from scheduler_svc.core.identity import user_id_problem
 from scheduler_svc.core.keys import load_key_digests
@@ -65,6 +65,7 @@ def observable_limits(kind: str) -> frozenset[str]:
 def _validate(config: Config) -> None:
     _validate_identity(config)
     _validate_cluster(config.cluster)
+    _validate_tracing(config.tracing)
     if not config.models:
         raise ConfigError("models: configure at least one [[models]] entry")
     if config.server.event_loop not in EVENT_LOOPS:
@@ -138,6 +139,37 @@ def _validate_cluster(cluster: ClusterConfig) -> None:
         value = getattr(cluster, name)
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(f"cluster.{name} must be > 0, got {value}")
+
+
+TRACING_PROTOCOLS = ("grpc", "http/protobuf")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # an HTTP token
+
+
+def _validate_tracing(tracing: TracingConfig) -> None:
+    """The collector's URL (no credentials in it: a token goes in a header), the transport, the headers."""
+    if tracing.protocol not in TRACING_PROTOCOLS:
+        raise ConfigError(f"tracing.protocol {tracing.protocol!r}: one of {', '.join(TRACING_PROTOCOLS)}")
+    if not 1 <= len(tracing.service_name) <= 128:
+        raise ConfigError("tracing.service_name: 1-128 characters")
+    for name, value in tracing.headers.items():
+        if not _HEADER_NAME.fullmatch(name) or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            raise ConfigError(f"tracing.headers: {name!r} is not a valid header (name a token, value without controls)")
+    if not tracing.endpoint:
+        return
+    parts = urlsplit(tracing.endpoint)
+    if "@" in parts.netloc:
+        raise ConfigError(
+            "tracing.endpoint must not carry a user or password: send a token in tracing.headers or in "
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+        )
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"tracing.endpoint {tracing.endpoint!r}: http(s)://host:port, plus /v1/traces for http/protobuf"
+        )
+    try:
+        parts.port  # noqa: B018 (parsing the port is the check)
+    except ValueError as exc:
+        raise ConfigError(f"tracing.endpoint {tracing.endpoint!r}: {exc}") from exc
 
 
 def _validate_redis_url(url: str) -> None:

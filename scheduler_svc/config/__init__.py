@@ -16,6 +16,7 @@ from scheduler_svc.config.schema import (
     PriorityClassConfig,
     SchedulingConfig,
     ServerConfig,
+    TracingConfig,
     WeightsConfig,
     describe_fields,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "PriorityClassConfig",
     "SchedulingConfig",
     "ServerConfig",
+    "TracingConfig",
     "WeightsConfig",
     "build",
     "check_bounds",

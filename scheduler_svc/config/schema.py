@@ -328,6 +328,12 @@ class BackendConfig:
         "keep-alive (vLLM and uvicorn: 5 s), or a request can go out on a connection the engine is closing.",
         bounds="> 0",
     )
+    drained: bool = _field(
+        False,
+        "Maintenance: no new request goes to this backend, the ones it runs finish, and the queue goes to the "
+        "model's other backends. Changes live with a reload (SIGHUP); `llmsched backend drain NAME` does the "
+        "same without editing the file.",
+    )
 
 
 @dataclass(frozen=True)
@@ -585,6 +591,44 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry traces of each request (admission, queue wait, dispatch, the engine's time to first token,
+    the stream), exported over OTLP. Off unless `endpoint` is set; a caller's W3C `traceparent` reaches the
+    engine either way. Read at start."""
+
+    endpoint: str = _field(
+        "",
+        "OTLP collector to export spans to: for `grpc`, http://host:4317 (https:// for TLS); for "
+        "`http/protobuf`, the traces URL, http://host:4318/v1/traces. Empty: tracing is off (no span is made).",
+        bounds="empty, or http:// or https://",
+    )
+    protocol: str = _field(
+        "grpc",
+        "OTLP transport: `grpc` (what vLLM's own exporter uses by default) or `http/protobuf` (through HTTP/1.1 "
+        "proxies and load balancers).",
+        bounds="grpc or http/protobuf",
+    )
+    service_name: str = _field(
+        "llm-scheduler", "The `service.name` resource attribute the spans carry.", bounds="1-128 characters"
+    )
+    sampling_ratio: float = _field(
+        1.0,
+        "Share of traces recorded for calls that arrive without a trace context; a call that carries one keeps "
+        "its caller's decision (the sampled flag), so a trace is whole or absent.",
+        bounds="0 to 1",
+    )
+    headers: dict[str, str] = _field(
+        {},
+        "Headers sent with every export (a collector's tenant, say). Empty: the exporter reads "
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS / OTEL_EXPORTER_OTLP_HEADERS, the place for a secret token.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.endpoint)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole service configuration."""
 
@@ -593,6 +637,7 @@ class Config:
     scheduling: SchedulingConfig = _field(SchedulingConfig(), "Fairness, ordering and priority classes.")
     models: list[ModelConfig] = _field([], "Served models (at least one).", bounds="at least one; names unique")
     cluster: ClusterConfig = _field(ClusterConfig(), "Replicas acting as one scheduler (default: one process).")
+    tracing: TracingConfig = _field(TracingConfig(), "OpenTelemetry traces over OTLP (default: off).")
 
     def model(self, name: str) -> ModelConfig | None:
         """The model called `name`, if configured."""

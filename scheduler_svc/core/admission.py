@@ -101,6 +101,7 @@ def build_request(
         prompt_chars=prompt_chars,
         prompt_bytes=prompt_bytes,
         cache_key=message.prompt_cache_key,
+        trace_context=message.trace_context,
     )
 
 

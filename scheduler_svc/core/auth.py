@@ -59,8 +59,13 @@ class Authenticator:
     """Maps a call's metadata (and, with mTLS, its peer certificate) to a user id."""
 
     def __init__(self, config: AuthConfig) -> None:
-        self._digests = [(bytes.fromhex(digest), user) for digest, user in load_key_digests(config).items()]
         self._from_cert = config.identity_from_client_cert
+        self.use(config)
+
+    def use(self, config: AuthConfig) -> None:
+        """The keys of a (reloaded) configuration, for the calls from now on; raises ConfigError when a key
+        file or variable cannot be read. Whether identity comes from certificates is set at start."""
+        self._digests = [(bytes.fromhex(digest), user) for digest, user in load_key_digests(config).items()]
 
     def identify(
         self,

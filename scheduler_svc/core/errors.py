@@ -7,6 +7,7 @@
     │   ├── PromptTooLarge              the prompt exceeds max_prompt_bytes (the limit travels with it)
     │   └── MalformedRequest            the body does not decode
     ├── ModelNotFound                   the model is not configured
+    ├── BackendNotFound                 no backend of that name (an admin's drain)
     ├── Unauthenticated                 no usable caller identity
     ├── PermissionDenied                identified, but not allowed
     ├── AlreadyExists                   a live request of the user has that request_id
@@ -16,7 +17,10 @@
     ├── DeadlineExceeded                the call's deadline passed while it ran (HTTP door)
     ├── ReadTimeout                     the request's headers or body came too slowly (HTTP door)
     ├── ReadCapacityFull                too many request-body bytes being read at once (HTTP door)
-    └── ShuttingDown                    the service is draining
+    ├── ShuttingDown                    the service is draining
+    └── ConfigRefused                   a reload was refused; the running configuration stays
+        ├── ConfigInvalid               the file does not load (syntax, a field, a rule between fields)
+        └── ConfigNeedsRestart          it changes what only a restart changes, or cannot apply live
     backends.errors.BackendError        the engine failed (the backend port's own tree)
 
 Each class carries a machine-readable `reason` (the ErrorInfo reason clients see). Faces map the tree to
@@ -81,6 +85,12 @@ class ModelNotFound(SchedulerError):
     reason = "MODEL_NOT_FOUND"
 
 
+class BackendNotFound(SchedulerError):
+    """No configured backend has that name (an admin's drain)."""
+
+    reason = "BACKEND_NOT_FOUND"
+
+
 class Unauthenticated(SchedulerError):
     """No usable caller identity."""
 
@@ -137,3 +147,20 @@ class ReadCapacityFull(SchedulerError):
     """The HTTP door holds as many request-body bytes being read as it allows (all callers, or this one)."""
 
     reason = "READ_CAPACITY_FULL"
+
+
+class ConfigRefused(SchedulerError):
+    """A reload was refused: the running configuration stays; the message says why."""
+
+
+class ConfigInvalid(ConfigRefused):
+    """The configuration file does not load: its syntax, a field, or a rule between fields."""
+
+    reason = "CONFIG_INVALID"
+
+
+class ConfigNeedsRestart(ConfigRefused):
+    """The file is valid but changes what only a restart changes (listeners, TLS, the cluster, the policies,
+    an engine's address), or what cannot be applied live now; the message lists each."""
+
+    reason = "CONFIG_NEEDS_RESTART"

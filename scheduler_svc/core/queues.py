@@ -191,6 +191,27 @@ class ModelQueues:
     def band(self, priority_class: str) -> Band:
         return self._band_by_class[priority_class]
 
+    def has_band(self, priority_class: str) -> bool:
+        return priority_class in self._band_by_class
+
+    def use_classes(self, classes: Sequence[PriorityClassConfig]) -> None:
+        """The classes of a reloaded configuration: a kept band takes its class's new settings (its rank may
+        move it among the bands), a new class gets an empty band; a band whose class is gone stays, with its
+        last settings, until `drop_band`. No queued request moves within its flow."""
+        for cls in classes:
+            band = self._band_by_class.get(cls.name)
+            if band is None:
+                self._band_by_class[cls.name] = band = Band(cls)
+                self.bands.append(band)
+            band.priority_class = cls
+        self.bands.sort(key=lambda b: b.priority_class.rank)  # in place: views of the list see the new order
+
+    def drop_band(self, priority_class: str) -> None:
+        """Remove an empty band (its class left the configuration)."""
+        band = self._band_by_class.pop(priority_class)
+        assert not band.size, f"band {priority_class} still holds {band.size} requests"
+        self.bands.remove(band)
+
     def push(self, request: QueuedRequest, *, front: bool = False) -> tuple[Flow, bool]:
         """Queue `request` where the ordering puts it (at the head of its flow with `front`); returns its
         flow and whether that flow just became backlogged."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.base import ChatMessage, SamplingParams
+from backends.base import ChatMessage, SamplingParams, TraceContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,7 @@ class ClientRequest:
     priority_class: str = ""  # empty: the configured default class
     request_id: str = ""  # the client's own id (a label scoped to its user); empty: none
     prompt_cache_key: str = ""
+    trace_context: TraceContext | None = None  # the caller's valid W3C trace context (`core.trace_context`)
 
 
 @dataclass(slots=True, eq=False)
@@ -55,6 +56,9 @@ class QueuedRequest:
     prompt_bytes: int = field(default=0)
     client_request_id: str = ""
     cache_key: str = ""  # the client's prompt_cache_key: kept for prefix-locality scheduling
+    # The caller's trace context: the engine request continues it while tracing is off (with tracing on, the
+    # request's own spans continue it and the engine gets theirs). Only tracing reads it.
+    trace_context: TraceContext | None = None
     # Held by a cluster leader for the replica that serves the call: that replica counts the request's
     # per-request metrics (admitted, waits, TTFT, tokens, cost, outcome), so a sum over replicas counts it once.
     mirrored: bool = False

@@ -187,6 +187,7 @@ class RequestRun:
             params=req.params,
             engine_priority=ticket.engine_priority,
             max_token_delay=self._pacing.engine_allowance(req.params.max_tokens),
+            trace=req.trace_context if ticket.trace is None else ticket.trace.engine_context(),
         )
         shown = False  # whether the caller has seen any of this generation's text
         announced = False  # whether the caller has heard that the engine took it (Dispatched)
@@ -243,6 +244,8 @@ class RequestRun:
             ticket.close(Outcome.CANCELLED)
             raise
         except BackendError as exc:
+            if ticket.trace is not None:
+                ticket.trace.error(host.now(), exc)
             try:
                 requeued = not shown and host.fail_over(ticket, exc)
             except Exception:

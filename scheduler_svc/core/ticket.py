@@ -16,6 +16,7 @@ from typing import Protocol
 from backends.base import Backend
 from scheduler_svc.core.errors import ShuttingDown
 from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.tracing import RequestTrace
 
 # gRPC's deadline timer and ours start a moment apart: a queued call cancelled this close to its deadline
 # was cancelled by the deadline, not by its client.
@@ -76,6 +77,10 @@ class TicketHost(Protocol):
 
 class Ticket:
     """One admitted request's lifecycle: queued -> dispatched -> done."""
+
+    # Its trace, with `[tracing]` configured: set on the instance by admission then, and read through this
+    # class default otherwise (no per-ticket cost while tracing is off).
+    trace: RequestTrace | None = None
 
     def __init__(self, request: QueuedRequest, host: TicketHost) -> None:
         self.request = request

@@ -14,10 +14,23 @@ class ClassActivity:
     better class's TPOT limit)."""
 
     def __init__(self, classes: Sequence[PriorityClassConfig]) -> None:
-        self._classes = list(classes)
-        self._tpot_classes = [c for c in self._classes if c.max_tpot_seconds > 0]
         self._last: dict[str, float] = {}
         self._running: dict[str, int] = {}
+        self.use(classes)
+
+    def use(self, classes: Sequence[PriorityClassConfig]) -> None:
+        """The classes of a (reloaded) configuration: what each did so far still counts."""
+        self._classes = list(classes)
+        self._tpot_classes = [c for c in self._classes if c.max_tpot_seconds > 0]
+
+    def running(self, priority_class: str) -> int:
+        """How many requests of the class run now."""
+        return self._running.get(priority_class, 0)
+
+    def forget(self, priority_class: str) -> None:
+        """A class left the configuration and nothing of it runs: drop what was kept of it."""
+        self._last.pop(priority_class, None)
+        self._running.pop(priority_class, None)
 
     def touch(self, priority_class: str, now: float) -> None:
         self._last[priority_class] = now

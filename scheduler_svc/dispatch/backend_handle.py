@@ -1,4 +1,5 @@
-"""A backend as the dispatch core holds it: the adapter, its gate, its load estimator, and its cooldown.
+"""A backend as the dispatch core holds it: the adapter, its gate, its load estimator, its cooldown, and
+whether it is draining.
 
 It lives apart from the dispatcher so that a ticket can name the backend it was assigned without
 importing the dispatcher (the ticket calls back through its own `TicketHost` Protocol).
@@ -6,6 +7,7 @@ importing the dispatcher (the ticket calls back through its own `TicketHost` Pro
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,6 +15,14 @@ from backends.base import Backend, BackendLoad
 from scheduler_svc.config import BackendConfig
 from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.policies.gate import Gate
+
+
+class Drain(enum.StrEnum):
+    """Why a backend takes no new request (a fixed set: a metric label). Its running requests finish."""
+
+    ADMIN = "admin"  # an admin drained it (DrainBackend, `llmsched backend drain`) until it is undrained
+    CONFIG = "config"  # its configuration says `drained = true`
+    REMOVED = "removed"  # it left the configuration: it goes once its running requests have ended
 
 
 @dataclass(eq=False)
@@ -26,6 +36,7 @@ class BackendHandle:
 
     def __post_init__(self) -> None:
         self._cool_until = 0.0  # no request goes to it before this time: it failed one before its first token
+        self.drains: set[Drain] = {Drain.CONFIG} if self.config.drained else set()  # none: it takes new work
         self._cooling_changed: list[Callable[[], None]] = []
         self._sends_priority = self.config.priority_scheduling and self.backend.capabilities.supports_priority
 
@@ -46,6 +57,11 @@ class BackendHandle:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def draining(self) -> bool:
+        """Whether it takes no new request (for any reason in `drains`)."""
+        return bool(self.drains)
 
     def cooling_for(self, now: float) -> float:
         """Seconds until it may take requests again after a failover (0: it may now)."""

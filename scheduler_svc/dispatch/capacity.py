@@ -71,6 +71,11 @@ class Capacity:
         self.held_bytes = 0  # prompt bytes of queued and running requests
         self._user_bytes: dict[str, int] = {}
 
+    def use(self, model: ModelConfig) -> None:
+        """The model's caps from a reloaded configuration: they hold for the next admission (what is queued
+        stays queued, also above a lowered cap)."""
+        self._model = model
+
     def check(self, request: QueuedRequest, busy: int, eta: DispatchEta) -> None:
         """Raise QueueBytesFull or QueueFull (with a retry hint) when queueing `request` would pass a cap.
         `busy`: requests queued or running; `eta`: the dispatcher's estimate of when so many requests can

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from backends.errors import BackendUnavailable
 from scheduler_svc.core.clock import Clock
 from scheduler_svc.core.ticket import Outcome, Ticket
 from scheduler_svc.dispatch.decisions import Send
@@ -67,11 +68,20 @@ class ClusterPort:
 
     def grant(self, request_id: str, backend_name: str, engine_priority: int | None) -> bool:
         """Send a queued request to `backend_name` because the cluster's leader decided so, as a decision pass
-        would have; False when the request is not queued here (gone, or the service is stopping)."""
+        would have; False when the request is not queued here (gone, or the service is stopping).
+
+        A backend this replica does not know (the leader's file names one that this replica's does not, until
+        both have reloaded the same file) ends the request with BACKEND_UNAVAILABLE, which its client may
+        retry, rather than leave it queued for a grant that will not come again."""
         ticket = self._book.ticket(request_id)
         handle = self._ledger.backend(backend_name)
-        if ticket is None or handle is None or self._stopping():
+        if ticket is None or self._stopping():
             return False
+        if handle is None:
+            self._book.take(ticket)
+            reason = f"the cluster's leader sent the request to backend {backend_name}, unknown to this replica"
+            ticket.end_in_queue(Outcome.FAILED, BackendUnavailable(reason, backend=backend_name))
+            return True
         self._send(ticket, handle, self._clock.now(), lambda: engine_priority)
         self._sent(1)
         return True

@@ -9,13 +9,15 @@
                                 and failover (the one interface a ticket knows)
     cluster_port.ClusterPort    the port a cluster steers the model through
     shutdown.Shutdown           stopping, and the steps of the drain
+    live_config.LiveConfig      a reloaded configuration handed to the parts; backends drained and retired
     capacity, openings (gates and engine priorities), failover (the rule), health (the watchdog's look),
     introspection (the operator's snapshot)
 
 `ModelDispatcher` only builds and connects them, and says which of them the rest of the service may use: the
-scheduler queues a request (`enqueue`), runs the loop and drains through `shutdown`; a face runs a request
-with `events` as its host and asks `outlook` for what a waiting client is told; the cluster steers through
-`cluster`; an operator reads `snapshot`. The request itself runs in its caller's task (`core.request_run`).
+scheduler queues a request (`enqueue`), runs the loop and drains through `shutdown`, and applies a reload
+(`reconfigure`); a face runs a request with `events` as its host and asks `outlook` for what a waiting
+client is told; the cluster steers through `cluster`; an operator reads `snapshot` and drains a backend
+(`drain`). The request itself runs in its caller's task (`core.request_run`).
 """
 
 from __future__ import annotations
@@ -25,19 +27,23 @@ from dataclasses import dataclass
 
 from scheduler_svc.config import ModelConfig, SchedulingConfig
 from scheduler_svc.core.clock import Clock
-from scheduler_svc.core.errors import InternalError
+from scheduler_svc.core.errors import InternalError, InvalidField
 from scheduler_svc.core.request import QueuedRequest
+from scheduler_svc.core.text import client_text
 from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.core.tracing import GateLog, RequestTrace
 from scheduler_svc.dispatch.activity import ClassActivity
-from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.backend_handle import BackendHandle, Drain
 from scheduler_svc.dispatch.capacity import Capacity
 from scheduler_svc.dispatch.cluster_port import ClusterPort
 from scheduler_svc.dispatch.decisions import Decisions
 from scheduler_svc.dispatch.drain_estimate import DrainEstimate
 from scheduler_svc.dispatch.failover import FailoverRule
+from scheduler_svc.dispatch.gate_history import GateHistory
 from scheduler_svc.dispatch.handover import Handover
 from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth, StallWatch
-from scheduler_svc.dispatch.introspection import ModelSnapshot, model_snapshot
+from scheduler_svc.dispatch.introspection import ModelSnapshot, backend_status, model_snapshot
+from scheduler_svc.dispatch.live_config import LiveConfig
 from scheduler_svc.dispatch.loop import DispatchLoop
 from scheduler_svc.dispatch.metrics import RequestCounters, SchedulerMetrics, backend_series, class_series
 from scheduler_svc.dispatch.openings import BackendGates, EnginePriorities
@@ -76,10 +82,12 @@ class ModelDispatcher:
         health: LoopHealth | None = None,
         on_done: Callable[[Ticket], None] | None = None,
         counter_scope: CounterScope | None = None,
+        trace_gates: bool = False,
     ) -> None:
+        """`trace_gates`: keep the gates' recent changes for traced requests (`gate_history`)."""
         self.model = model
         self.clock = clock
-        self._backends = tuple(backends)
+        handles = tuple(backends)
         errors = errors or InternalErrors(lambda component: metrics.internal_errors.labels(component).inc())
         health = health or LoopHealth(
             f"dispatch:{model.name}", ServiceHealth(), max_failed_passes=3, max_stall_seconds=0.0
@@ -93,9 +101,10 @@ class ModelDispatcher:
         }
         prices = Prices.of(model)
         scope = counter_scope or CounterScope(scheduling.fairness_scope)  # one per scheduler: shared by models
+        costing = {name: (scope.counters(name, "user"), scope.counters(name, "group")) for name in self._fairness}
         for name, policy in self._fairness.items():
-            policy.account.use_costing(prices, scope.counters(name, "user"), scope.counters(name, "group"))
-        series = {h.name: backend_series(metrics, model.name, h.name, classes) for h in self._backends}
+            policy.account.use_costing(prices, *costing[name])
+        series = {h.name: backend_series(metrics, model.name, h.name, classes) for h in handles}
         by_class = {c.name: class_series(metrics, model.name, c.name) for c in scheduling.classes}
         self._counters = RequestCounters(
             metrics, model.name, series, by_class, CostAccounts(scheduling.cost_accounts).label
@@ -107,24 +116,34 @@ class ModelDispatcher:
             lambda priority_class, size: by_class[priority_class].queue_depth.set(size),
         )
         metrics.queued_demand.watch(model.name, self._book.bands, clock)
-        self._ledger = RunLedger(self._backends, self._activity, series)
+        self._ledger = RunLedger(handles, self._activity, series)
         backend_policy: BackendPolicy = BACKEND_POLICIES.create(model.backend_policy, model.locality)
-        self._handover = Handover(self._book, self._ledger, self._fairness, backend_policy, self._counters)
+        history = GateHistory(scheduling.classes) if trace_gates else None
+        self._gate_logs: dict[str, GateLog] | None = (
+            None if history is None else {c.name: history.log(c.name) for c in scheduling.classes}
+        )
+        self._handover = Handover(
+            self._book, self._ledger, self._fairness, backend_policy, self._counters, gate_logs=self._gate_logs
+        )
         self._gates = BackendGates(
-            self._backends,
+            handles,
             self._activity,
             EnginePriorities(classes, scheduling.engine_priority_per_inflight),
             series,
+            history,
         )
         self._capacity = Capacity(model, self._book)
         self._drain = DrainEstimate(clock, self._ledger, self._gates, classes, self._handover.drain_rate)
         self._shutdown = Shutdown(self._book, self._ledger)
         self._stall_watch = StallWatch(health)
+        self._failover = FailoverRule(model)
 
         def settled(ticket: Ticket) -> None:
             if on_done is not None:
                 on_done(ticket)
             self._shutdown.settled()
+            if self._live.retiring:
+                self._live.retire_idle()
 
         self._events = RequestEvents(
             clock,
@@ -134,12 +153,13 @@ class ModelDispatcher:
             prices,
             self._counters,
             self._capacity,
-            FailoverRule(model),
+            self._failover,
             authority=lambda: self._gates.authority,
             stopping=lambda: self._shutdown.stopping,
             wake=self.wake,
             settled=settled,
             model=model.name,
+            gate_logs=self._gate_logs,
         )
         self._decisions = Decisions(
             self._book,
@@ -157,6 +177,31 @@ class ModelDispatcher:
             model=model.name,
         )
         self._loop = DispatchLoop(self._decide, self._choose_again_at, clock, errors, health, model.name)
+        self._live = LiveConfig(
+            model,
+            scheduling,
+            clock,
+            metrics,
+            book=self._book,
+            ledger=self._ledger,
+            gates=self._gates,
+            activity=self._activity,
+            capacity=self._capacity,
+            failover=self._failover,
+            events=self._events,
+            counters=self._counters,
+            weights=weights,
+            scope=scope,
+            fairness=self._fairness,
+            costing=costing,
+            classes=self._classes,
+            class_by_name=classes,
+            by_class=by_class,
+            series=series,
+            wake=self.wake,
+            history=history,
+            gate_logs=self._gate_logs,
+        )
         self._cluster = ClusterPort(
             clock,
             self._book,
@@ -173,8 +218,9 @@ class ModelDispatcher:
     # -- what the rest of the service uses --------------------------------------------------------------------
     @property
     def backends(self) -> Sequence[BackendHandle]:
-        """The model's backends, in configuration order (the scheduler reads their metrics)."""
-        return self._backends
+        """The model's backends, in configuration order (the scheduler reads their metrics), then those that left
+        the configuration and still drain."""
+        return self._gates.backends
 
     @property
     def events(self) -> RequestEvents:
@@ -196,16 +242,23 @@ class ModelDispatcher:
         """The dispatch loop (the scheduler runs it; a driver on virtual time steps it)."""
         return self._loop
 
-    def enqueue(self, request: QueuedRequest, *, force: bool = False) -> Ticket:
+    def enqueue(self, request: QueuedRequest, *, force: bool = False, trace: RequestTrace | None = None) -> Ticket:
         """Queue an admitted request and return its ticket; QueueFull when a cap is reached (unless `force`:
-        a request admitted before, registered again with a new cluster leader)."""
+        a request admitted before, registered again with a new cluster leader). `trace`: the call's trace,
+        with tracing on; its queue wait starts now."""
         request_id = request.request_id
+        if not self._book.has_band(request.priority_class):  # a mirror from a replica whose classes differ
+            raise InvalidField("priority_class", f"class {client_text(request.priority_class)} is not served here")
         if self._book.ticket(request_id) is not None or self._ledger.ticket(request_id) is not None:
             # Server ids are unique: a second ticket for one would corrupt the queue (never a client's doing).
             raise InternalError(f"request {request_id} is already queued or running here")
         if not force:
             self._capacity.check(request, self.busy, self._drain.eta)
         ticket = Ticket(request, self._events)
+        if trace is not None:
+            ticket.trace = trace
+            logs = self._gate_logs
+            trace.queued(self.clock.now(), None if logs is None else logs[request.priority_class])
         _, newly_backlogged = self._book.put(ticket)
         if newly_backlogged:
             band = self._book.band(request.priority_class)
@@ -220,6 +273,43 @@ class ModelDispatcher:
         """Tell `listener` of every request handed to a backend, as it is (for a driver that runs the requests
         itself on a virtual clock: `app.stepped`)."""
         self._handover.observe(listener)
+
+    def reload_problems(self, model: ModelConfig) -> list[str]:
+        """Why `model`, the model's reloaded configuration, cannot be applied live (empty: it can); what
+        `config.live` finds between two files is checked there."""
+        return self._live.problems(model)
+
+    def reconfigure(self, model: ModelConfig, scheduling: SchedulingConfig, added: Sequence[BackendHandle]) -> None:
+        """Apply a reloaded configuration in place (`live_config`): nothing queued or running is dropped,
+        reordered or admitted again, and the fairness counters stay; `added` are the new backends."""
+        self.model = model
+        self._live.apply(model, scheduling, added)
+
+    @property
+    def priority_classes(self) -> list[str]:
+        """The classes the model serves: the configured ones, then those that left and still hold work."""
+        return [c.name for c in self._classes]
+
+    def backend(self, name: str) -> BackendHandle | None:
+        """The backend called `name`, also one that left the configuration and still drains; None if none."""
+        return self._live.backend(name)
+
+    def drain(self, handle: BackendHandle, source: Drain, *, drain: bool = True) -> None:
+        """Stop sending `handle` new requests for `source` (`drain=False`: `source` lets it take work again;
+        it does once no source holds it). Its running requests finish; the queue goes to the other backends."""
+        if drain:
+            self._live.drain(handle, source)
+        else:
+            self._live.undrain(handle, source)
+
+    @property
+    def on_backend_gone(self) -> Callable[[BackendHandle], None]:
+        """Called with a backend that left the configuration once nothing runs there any more."""
+        return self._live.on_backend_gone
+
+    @on_backend_gone.setter
+    def on_backend_gone(self, callback: Callable[[BackendHandle], None]) -> None:
+        self._live.on_backend_gone = callback
 
     def wake(self) -> None:
         """Something happened that may let a request go (a backend's new reading, say): pass again."""
@@ -270,6 +360,8 @@ class ModelDispatcher:
             self._gates.states(self._classes, now),
             user=user,
             max_users=max_users,
+            backends=[backend_status(h) for h in self._gates.backends],
+            retiring_classes=frozenset(self._live.retiring_classes),
         )
 
     def watchdog_look(self) -> None:

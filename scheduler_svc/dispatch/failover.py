@@ -20,6 +20,10 @@ class FailoverRule:
     """A model's failover settings (`failover_attempts`, `failover_cooldown_seconds`) as one decision."""
 
     def __init__(self, model: ModelConfig) -> None:
+        self.use(model)
+
+    def use(self, model: ModelConfig) -> None:
+        """The settings of a (reloaded) configuration, for the failures from now on."""
         self._attempts = model.failover_attempts
         self._cooldown = model.failover_cooldown_seconds
 

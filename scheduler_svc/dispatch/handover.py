@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 from scheduler_svc.core.errors import InternalError
 from scheduler_svc.core.ticket import Outcome, Ticket
+from scheduler_svc.core.tracing import GateLog
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.metrics import RequestCounters
 from scheduler_svc.dispatch.queue_book import QueueBook
@@ -31,12 +32,16 @@ class Handover:
         fairness: Mapping[str, Fairness],
         backend_policy: BackendPolicy,
         counters: RequestCounters,
+        *,
+        gate_logs: Mapping[str, GateLog] | None = None,
     ) -> None:
+        """`gate_logs`: per class, what held its requests (with tracing on), for a traced queue wait's end."""
         self._book = book
         self._ledger = ledger
         self._fairness = fairness
         self._backend_policy = backend_policy
         self._counters = counters
+        self._gate_logs = gate_logs
         self._drain = RateMeter()
         self._listeners: list[Callable[[Ticket], None]] = []
 
@@ -69,5 +74,9 @@ class Handover:
         if first:
             self._drain.record(now)
         self._counters.dispatched(request, handle.name, now - request.admitted_at if first else None)
+        if ticket.trace is not None:
+            logs = self._gate_logs
+            gates = None if logs is None else logs[request.priority_class]
+            ticket.trace.dispatched(now, handle.name, ticket.attempts, priority, gates)
         for listener in self._listeners:
             listener(ticket)

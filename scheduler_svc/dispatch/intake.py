@@ -26,32 +26,46 @@ async def admit_call(
     identify: Callable[[], str],
     timeout: float | None,
     watch_positions: bool = False,
+    operation: str = "",
 ) -> Ticket:
     """Identify the caller (`identify` raises Unauthenticated), validate and queue the request, and have the
     scheduler's guard (a cluster's leader) confirm it (`watch_positions`: the caller streams queue positions);
     a refusal closes the ticket as rejected and raises.
     A bug on the way (anything that is not a SchedulerError) is counted and logged once, and surfaces as
-    InternalError."""
+    InternalError. With tracing on, the call's trace (named `operation`, its door's method or route) starts
+    here, continuing the caller's trace context."""
+    tracer = scheduler.tracer
+    trace = None if tracer is None else tracer.start(message.trace_context, operation)
     try:
-        ticket = scheduler.admit(
-            build_request(message, user=identify(), config=scheduler.config, now=scheduler.clock.now(), timeout=timeout)
+        request = build_request(
+            message, user=identify(), config=scheduler.config, now=scheduler.clock.now(), timeout=timeout
         )
-    except SchedulerError:
+        ticket = scheduler.admit(request, trace=trace)
+    except SchedulerError as exc:
+        if trace is not None:
+            trace.refused(exc)
         raise
     except Exception as exc:
         scheduler.errors.report("admission", exc)
-        raise InternalError("the scheduler failed to admit the request") from exc
+        error = InternalError("the scheduler failed to admit the request")
+        if trace is not None:
+            trace.refused(error)
+        raise error from exc
     ticket.watches_position = watch_positions  # known before the guard: a cluster leader then sends positions
     guard = scheduler.guard
     if guard is not None:
         try:
             await guard.confirm(ticket)
-        except SchedulerError:
+        except SchedulerError as exc:
+            if trace is not None:
+                trace.refused(exc)
             ticket.close(Outcome.REJECTED)
             raise
         except BaseException:
             ticket.close()  # the caller left while waiting (cancelled), or a bug: the ticket must not linger
             raise
+    if trace is not None:
+        trace.admitted(ticket.request)
     return ticket
 
 

@@ -1,6 +1,6 @@
 """A snapshot of one model's dispatch for an operator: what is queued per class and user, each user's
-fair-share counter, every backend's gate state, the drain rate. Plain data: the gRPC face turns it into
-GetQueueState's answer (`grpc.introspection`).
+fair-share counter, every backend's gate state and whether it drains, the drain rate. Plain data: the gRPC
+face turns it into GetQueueState's answer (`grpc.introspection`).
 
 Bounded by construction: at most `max_users` users per class (the most queued first), whatever the number of
 users, and with `user` set only that user's entries.
@@ -12,6 +12,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler_svc.dispatch.backend_handle import BackendHandle, Drain
 from scheduler_svc.dispatch.openings import BackendState
 from scheduler_svc.dispatch.queue_book import QueueBook
 from scheduler_svc.policies import Fairness
@@ -33,6 +34,20 @@ class ClassSnapshot:
     users_total: int  # users with anything queued or counted, before `max_users` cut the list
     truncated: bool
     tracked_users: int  # users the class's fairness policy keeps any state for (idle ones are forgotten)
+    removed: bool = False  # the class left the configuration: it serves what it holds, then goes
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStatus:
+    """A backend of the model: whether it takes new requests, and what it runs."""
+
+    name: str
+    drains: tuple[Drain, ...]  # why it takes no new request (empty: it takes work), in `Drain`'s order
+    in_flight: int
+
+
+def backend_status(handle: BackendHandle) -> BackendStatus:
+    return BackendStatus(handle.name, tuple(d for d in Drain if d in handle.drains), handle.estimator.in_flight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +59,16 @@ class ModelSnapshot:
     drain_rate_per_second: float
     classes: list[ClassSnapshot]
     gates: list[BackendState]
+    backends: list[BackendStatus]
+    removed: bool = False  # the model left the configuration: it admits nothing, serves what it holds, then goes
 
 
 def class_snapshots(
-    book: QueueBook, fairness: Mapping[str, Fairness], user: str, max_users: int
+    book: QueueBook,
+    fairness: Mapping[str, Fairness],
+    user: str,
+    max_users: int,
+    retiring: frozenset[str] = frozenset(),
 ) -> list[ClassSnapshot]:
     """Each band's depth per user with its fair-share counter, at most `max_users` users per band, most queued
     first (O(n log max_users)); only `user` when it is set."""
@@ -67,6 +88,7 @@ def class_snapshots(
                 users_total=len(names),
                 truncated=len(shown) < len(names),
                 tracked_users=policy.account.tracked_users(),
+                removed=band.priority_class.name in retiring,
             )
         )
     return classes
@@ -83,6 +105,8 @@ def model_snapshot(
     *,
     user: str,
     max_users: int,
+    backends: Sequence[BackendStatus] = (),
+    retiring_classes: frozenset[str] = frozenset(),
 ) -> ModelSnapshot:
     return ModelSnapshot(
         model=model,
@@ -90,6 +114,7 @@ def model_snapshot(
         running=running,
         held_prompt_bytes=held_prompt_bytes,
         drain_rate_per_second=drain_rate,
-        classes=class_snapshots(book, fairness, user, max_users),
+        classes=class_snapshots(book, fairness, user, max_users, retiring_classes),
         gates=list(gates),
+        backends=list(backends),
     )

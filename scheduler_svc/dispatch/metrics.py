@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -169,8 +170,52 @@ class SchedulerMetrics:
             ["model", "backend"],
             registry=r,
         )
+        self.backend_draining = Gauge(
+            "llmsched_backend_draining",
+            "1 while the backend takes no new request (drained by an admin or its configuration, or removed from "
+            "the configuration and waiting for its running requests); 0 while it takes work.",
+            ["model", "backend"],
+            registry=r,
+        )
+        self.backend_drains = Counter(
+            "llmsched_backend_drains",
+            "Times a backend began to drain, by `source`: admin (DrainBackend, `llmsched backend drain`), config "
+            "(`drained = true` in a reloaded file) or removed (left the configuration).",
+            ["model", "backend", "source"],
+            registry=r,
+        )
         self.queued_demand = QueuedDemand()
         r.register(self.queued_demand)
+
+    def forget_backend(self, model: str, backend: str, classes: Iterable[str]) -> None:
+        """Drop the gauges of a backend that left the model (its counters stay: they only ever grow)."""
+        for gauge in (
+            self.gate_open,
+            self.estimated_waiting,
+            self.in_flight,
+            self.metrics_fresh,
+            self.engine_waiting,
+            self.engine_running,
+            self.engine_tpot,
+            self.engine_kv_cache_usage,
+            self.backend_draining,
+        ):
+            _remove(gauge, model, backend)
+        for cls in classes:
+            for cause in GATE_CLOSE_CAUSES:
+                _remove(self.gate_closed, model, backend, cls, cause.value)
+
+    def forget_class(self, model: str, priority_class: str, backends: Iterable[str]) -> None:
+        """Drop the gauges of a class that left the model's configuration, once nothing of it is left."""
+        _remove(self.queue_depth, model, priority_class)
+        for backend in backends:
+            for cause in GATE_CLOSE_CAUSES:
+                _remove(self.gate_closed, model, backend, priority_class, cause.value)
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    with contextlib.suppress(KeyError):
+        gauge.remove(*labels)
 
 
 class BandTotals(Protocol):
@@ -220,6 +265,10 @@ class QueuedDemand:
     def watch(self, model: str, bands: Sequence[BandTotals], clock: Clock) -> None:
         """Export `model`'s bands from now on (a later call for the same model replaces them)."""
         self._models[model] = (bands, clock)
+
+    def unwatch(self, model: str) -> None:
+        """The model left the configuration: export nothing of it any more."""
+        self._models.pop(model, None)
 
     def describe(self) -> Iterator[Metric]:
         for name, doc in _DEMAND_FAMILIES:
@@ -302,6 +351,7 @@ class BackendSeries:
     gate_open: Any
     metrics_fresh: Any
     estimated_waiting: Any
+    draining: Any
     gate_causes: dict[str, GateCauseSeries] = field(default_factory=dict)  # priority class -> its causes
     _gate_shown: list[tuple[bool, bool, int] | None] = field(default_factory=lambda: [None])
 
@@ -316,6 +366,11 @@ class BackendSeries:
         self.metrics_fresh.set(1 if fresh else 0)
         self.estimated_waiting.set(waiting)
 
+    def show_left_out(self) -> None:
+        """The backend is not asked (it drains or cools down): its gate shows closed, the rest as it was."""
+        self._gate_shown[0] = None
+        self.gate_open.set(0)
+
 
 @dataclass(frozen=True)
 class ClassSeries:
@@ -327,17 +382,21 @@ class ClassSeries:
     ttft: Any
 
 
+def gate_cause_series(metrics: SchedulerMetrics, model: str, backend: str, priority_class: str) -> GateCauseSeries:
+    """`llmsched_gate_closed` of one backend and class, every cause's series at 0 from the start."""
+    series = GateCauseSeries(
+        {cause: metrics.gate_closed.labels(model, backend, priority_class, cause.value) for cause in GATE_CLOSE_CAUSES}
+    )
+    for child in series.children.values():
+        child.set(0)
+    return series
+
+
 def backend_series(metrics: SchedulerMetrics, model: str, backend: str, classes: Iterable[str] = ()) -> BackendSeries:
     labels = (model, backend)
-    causes = {
-        cls: GateCauseSeries(
-            {cause: metrics.gate_closed.labels(model, backend, cls, cause.value) for cause in GATE_CLOSE_CAUSES}
-        )
-        for cls in classes
-    }
-    for series in causes.values():  # every series exists from the start, at 0
-        for child in series.children.values():
-            child.set(0)
+    causes = {cls: gate_cause_series(metrics, model, backend, cls) for cls in classes}
+    draining = metrics.backend_draining.labels(*labels)
+    draining.set(0)
     return BackendSeries(
         dispatched=metrics.dispatched.labels(*labels),
         failovers=metrics.failovers.labels(*labels),
@@ -349,6 +408,7 @@ def backend_series(metrics: SchedulerMetrics, model: str, backend: str, classes:
         gate_open=metrics.gate_open.labels(*labels),
         metrics_fresh=metrics.metrics_fresh.labels(*labels),
         estimated_waiting=metrics.estimated_waiting.labels(*labels),
+        draining=draining,
         gate_causes=causes,
     )
 
@@ -404,6 +464,11 @@ class RequestCounters:
         # account label -> its child series: cost is counted at every streamed chunk, and labels() validates
         # and locks each time (accounts are the configured ones plus one catch-all, so this stays small)
         self._cost_series: dict[str, Any] = {}
+
+    def use_accounts(self, account_of: Callable[[str], str]) -> None:
+        """The cost accounts of a reloaded configuration: cost counted from now on goes to their labels."""
+        self._account_of = account_of
+        self._cost_series.clear()
 
     @_served_here
     def admitted(self, request: QueuedRequest) -> None:

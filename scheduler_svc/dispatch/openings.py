@@ -1,15 +1,17 @@
-"""Which backends' gates admit one more request now: engine priorities, cooldowns, gate decisions.
+"""Which backends' gates admit one more request now: engine priorities, drains, cooldowns, gate decisions.
 
 For one model, `BackendGates` asks every backend's gate about a candidate (its class, the class whose gate
-it goes under, its user) with inputs from the backend's load estimator; a backend cooling down after a
-failover is left out. The backend policy then picks among the open ones. The same evaluation, for every
-class and a user with nothing at the engines, is what introspection shows (`states`).
+it goes under, its user) with inputs from the backend's load estimator; a backend that is draining, or
+cooling down after a failover, is left out. The backend policy then picks among the open ones. The same
+evaluation, for every class and a user with nothing at the engines, is what introspection shows (`states`).
 
 Answers are kept between passes (`open_sets`): a gate is asked again only when something happened at its
-backend or its answer's time is up. At a priority engine the answer depends on the user only through the
-engine priority its request would carry there, that is through how many requests it has in flight there:
-a user with none anywhere gets the kept answer, and one with some gets it patched at those backends only
-(`users_in_flight` knows where each user has requests, so telling them apart costs nothing per backend).
+backend (a reading, a request sent or ended, a cooldown) or its answer's time is up; a drain, or a reload
+that changes the backends or their gates, starts afresh (`backends_changed`). At a priority engine the
+answer depends on the user only through the engine priority its request would carry there, that is through
+how many requests it has in flight there: a user with none anywhere gets the kept answer, and one with some
+gets it patched at those backends only (`users_in_flight` knows where each user has requests, so telling
+them apart costs nothing per backend).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from functools import partial
 from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.dispatch.activity import ClassActivity
 from scheduler_svc.dispatch.backend_handle import BackendHandle
+from scheduler_svc.dispatch.gate_history import GateHistory
 from scheduler_svc.dispatch.metrics import BackendSeries
 from scheduler_svc.dispatch.open_sets import EARLY, Answer, Opening, OpenSet
 from scheduler_svc.dispatch.steering import LOCAL, DispatchAuthority
@@ -36,7 +39,12 @@ a user with none, whose request carries its class's own engine priority everywhe
 _QuestionKey = tuple[str, str, bool, float]  # (gate class, request class, better class active, its TPOT limit)
 
 
-def _ignore(user: str, count: int) -> None:
+def _left_out(handle: BackendHandle, now: float) -> GateCause | None:
+    """Why the backend is not asked at all (it drains, or cools down after a failover); None: its gate decides."""
+    if handle.draining:
+        return GateCause.DRAINING
+    if handle.cooling_for(now):
+        return GateCause.COOLING_DOWN
     return None
 
 
@@ -82,12 +90,20 @@ class BackendGates:
         activity: ClassActivity,
         priorities: EnginePriorities,
         series: Mapping[str, BackendSeries],
+        history: GateHistory | None = None,
     ) -> None:
-        self.backends = list(backends)
+        self.backends = list(backends)  # a reload changes it in place, then calls `backends_changed`
         self._activity = activity
         self.priorities = priorities
         self._series = series
+        self._history = history  # with tracing on: each band-level change, for traced queue waits
         self._authority: DispatchAuthority = LOCAL  # its in-flight cap closes a backend like a gate would
+        self._watched: set[int] = set()  # the handles (by id) whose events reach `_event`
+        self.backends_changed()
+
+    def backends_changed(self) -> None:
+        """The backends, their order, their gates or their drains changed: forget every kept answer and
+        index the backends afresh."""
         self._index = {h.name: i for i, h in enumerate(self.backends)}
         self._revision = [0] * len(self.backends)  # bumped by every event at the backend
         self._volatile = frozenset(i for i, h in enumerate(self.backends) if not hasattr(h.gate, "revision"))
@@ -97,9 +113,25 @@ class BackendGates:
         self._patches: dict[_QuestionKey, dict[tuple[int, int], tuple[int, float | None, Opening | None]]] = {}
         self.users_in_flight: dict[str, dict[int, int]] = {}  # user -> {priority backend: its requests there}
         for i, handle in enumerate(self.backends):
-            priced = handle.sends_priority and priorities.per_inflight != 0
-            handle.estimator.watch(partial(self._touch, i), partial(self._user_count, i) if priced else _ignore)
-            handle.watch_cooling(partial(self._touch, i))
+            if handle.sends_priority:
+                for user, count in handle.estimator.user_in_flight.items():
+                    self._user_count(i, user, count)
+            if id(handle) not in self._watched:
+                self._watched.add(id(handle))
+                handle.estimator.watch(partial(self._event, handle), partial(self._user_event, handle))
+                handle.watch_cooling(partial(self._event, handle))
+
+    def _position(self, handle: BackendHandle) -> int | None:
+        index = self._index.get(handle.name)
+        return index if index is not None and self.backends[index] is handle else None
+
+    def _event(self, handle: BackendHandle) -> None:
+        if (index := self._position(handle)) is not None:
+            self._touch(index)
+
+    def _user_event(self, handle: BackendHandle, user: str, count: int) -> None:
+        if handle.sends_priority and (index := self._position(handle)) is not None:
+            self._user_count(index, user, count)
 
     @property
     def authority(self) -> DispatchAuthority:
@@ -127,9 +159,15 @@ class BackendGates:
             if not where:
                 del self.users_in_flight[user]
 
+    def _where(self, user: str | None) -> dict[int, int] | None:
+        """Where `user`'s requests in flight worsen its engine priority (None: nowhere)."""
+        if user is None or self.priorities.per_inflight == 0:
+            return None
+        return self.users_in_flight.get(user)
+
     def user_key(self, user: str | None) -> UserKey:
         """What the answer for `user` depends on beyond the question (see `UserKey`)."""
-        where = self.users_in_flight.get(user) if user is not None else None
+        where = self._where(user)
         return tuple(sorted(where.items())) if where else ()
 
     def _capped(self, handle: BackendHandle) -> GateDecision | None:
@@ -151,7 +189,7 @@ class BackendGates:
         what the engine would serve first (see `check_waiting`)."""
         question = self._question(gate_class, request_class, now)
         kept = self._kept(question, gate_class, request_class, now)
-        where = self.users_in_flight.get(user) if user is not None else None
+        where = self._where(user)
         if not where:
             return list(kept)
         patched = dict(self._answers_for(question, gate_class, request_class, user, where, now))
@@ -183,7 +221,7 @@ class BackendGates:
         backend holds nothing of the user's, else from the user's own answers, stopping at the first open."""
         question = self._question(gate_class, request_class, now)
         kept = self._kept(question, gate_class, request_class, now)
-        where = self.users_in_flight.get(user) if user is not None else None
+        where = self._where(user)
         if not where:
             return bool(kept)
         kept_set = self._sets[question]
@@ -272,12 +310,17 @@ class BackendGates:
         """Ask backend `index`'s gate now (the gauges show the answer for a user with nothing in flight)."""
         handle = self.backends[index]
         series = self._series[handle.name] if user is None else None
-        if cooling := handle.cooling_for(now):
+        left_out = _left_out(handle, now)
+        if left_out is not None:
             if series is not None:
-                series.show_gate(False, False, 0)
+                series.show_left_out()
                 if causes := series.gate_causes.get(gate_class.name):
-                    causes.show(GateCause.COOLING_DOWN)
-            return Answer(None, now + cooling, -math.inf)
+                    causes.show(left_out)
+                if self._history is not None:
+                    self._history.saw(gate_class.name, handle.name, left_out, now)
+            # a drain ends by an event here (`backends_changed`), a cooldown by itself
+            until = now + handle.cooling_for(now) if left_out is GateCause.COOLING_DOWN else None
+            return Answer(None, until, -math.inf)
         priority = self.priorities.of(request_class.name, user, handle)
         _, _, better_active, better_tpot = question
         inputs = handle.estimator.gate_inputs(
@@ -289,8 +332,11 @@ class BackendGates:
         decision = capped or gate.decide(inputs, gate_class)
         if series is not None:
             series.show_gate(decision.open, decision.fresh, inputs.estimated_waiting())
+            cause = GateCause.OPEN if decision.open else decision.cause
             if causes := series.gate_causes.get(gate_class.name):
-                causes.show(GateCause.OPEN if decision.open else decision.cause)
+                causes.show(cause)
+            if self._history is not None:
+                self._history.saw(gate_class.name, handle.name, cause, now)
         until = gate.expires(inputs, decision) if learned is not None else None  # type: ignore[attr-defined]
         if learned is not None and getattr(gate, "revision", None) != learned:
             self._touch(index)  # it learned: its later answers may differ, this one stands
@@ -314,7 +360,11 @@ class BackendGates:
                     candidate_priority=self.priorities.of(cls.name, None, handle),
                 )
                 decision = self._capped(handle) or handle.gate.decide(inputs, cls)
-                if cooling := handle.cooling_for(now):
+                if handle.draining:
+                    why = ", ".join(sorted(handle.drains))
+                    reason = f"draining ({why}): no new requests, running ones finish ({decision.reason})"
+                    decision = GateDecision(False, reason, decision.fresh, GateCause.DRAINING)
+                elif cooling := handle.cooling_for(now):
                     reason = f"cooling down {cooling:.1f}s after failing a request ({decision.reason})"
                     decision = GateDecision(False, reason, decision.fresh, GateCause.COOLING_DOWN)
                 states.append(BackendState(handle.name, cls.name, decision, inputs))

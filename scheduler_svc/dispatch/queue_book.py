@@ -91,6 +91,17 @@ class QueueBook:
     def band(self, priority_class: str) -> Band:
         return self._queues.band(priority_class)
 
+    def has_band(self, priority_class: str) -> bool:
+        return self._queues.has_band(priority_class)
+
+    def use_classes(self, classes: Sequence[PriorityClassConfig]) -> None:
+        """A reload's classes (`ModelQueues.use_classes`): kept bands take new settings, new ones start empty."""
+        self._queues.use_classes(classes)
+
+    def drop_band(self, priority_class: str) -> None:
+        """Remove the empty band of a class that left the configuration."""
+        self._queues.drop_band(priority_class)
+
     def backlogged_bands(self) -> Iterator[Band]:
         """Non-empty bands, best rank first."""
         return self._queues.backlogged_bands()

@@ -18,6 +18,7 @@ from backends.errors import BackendError
 from scheduler_svc.core.clock import Clock
 from scheduler_svc.core.errors import QueueTimeout
 from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
+from scheduler_svc.core.tracing import GateLog
 from scheduler_svc.dispatch.capacity import Capacity
 from scheduler_svc.dispatch.failover import FailoverRule
 from scheduler_svc.dispatch.metrics import RequestCounters
@@ -49,7 +50,10 @@ class RequestEvents:
         wake: Callable[[], None],
         settled: Callable[[Ticket], None],
         model: str,
+        gate_logs: Mapping[str, GateLog] | None = None,
     ) -> None:
+        """`gate_logs`: per class, what holds its requests (with tracing on), for a traced request that
+        waits again after a failover."""
         self._clock = clock
         self._book = book
         self._ledger = ledger
@@ -63,7 +67,12 @@ class RequestEvents:
         self._wake = wake
         self._settled = settled
         self._model = model
+        self._gate_logs = gate_logs
         self._observer: DispatchObserver | None = None
+
+    def use_prices(self, prices: Prices) -> None:
+        """The model's prices from a reloaded configuration, for the cost counted from now on."""
+        self._prices = prices
 
     @property
     def observer(self) -> DispatchObserver | None:
@@ -112,6 +121,9 @@ class RequestEvents:
         if self._observer is not None:
             self._observer.on_outcome(ticket)
         self._counters.outcome(ticket.request, ticket.outcome.value if ticket.outcome else "?")
+        if ticket.trace is not None:
+            ended = ticket.finished_at if ticket.finished_at is not None else self._clock.now()
+            ticket.trace.ended(ended, ticket.outcome.value if ticket.outcome else "?", ticket.completion_tokens)
         log.debug(
             "request_done",
             model=self._model,
@@ -132,6 +144,8 @@ class RequestEvents:
             self._counters.accepted(ticket.request, handle.name, accept)
         if self._observer is not None:
             self._observer.on_accepted(ticket)
+        if ticket.trace is not None:
+            ticket.trace.accepted(now)
 
     def on_first_token(self, ticket: Ticket) -> None:
         """The engine sent the request's first token: its prompt is paid for, and a slot may have freed."""
@@ -142,6 +156,8 @@ class RequestEvents:
         self._counters.first_token(request, ticket.first_token_at - request.admitted_at)
         if self._observer is not None:
             self._observer.on_first_token(ticket)
+        if ticket.trace is not None:
+            ticket.trace.first_token(ticket.first_token_at, ticket.sent_at)
         self._wake()
 
     def on_generated(self, ticket: Ticket, tokens: int) -> None:
@@ -158,6 +174,8 @@ class RequestEvents:
         """The request's open engine request was closed before its end (its caller left, or it was cut)."""
         assert ticket.backend is not None
         self._counters.engine_aborted(ticket.request, ticket.backend.name, answered=ticket.accepted_at is not None)
+        if ticket.trace is not None:
+            ticket.trace.aborted(self._clock.now())
 
     def fail_over(self, ticket: Ticket, error: BackendError) -> bool:
         """The backend failed `ticket` before its first token: queue it again at the head of its user's queue
@@ -180,6 +198,9 @@ class RequestEvents:
         if newly_backlogged:
             fairness.account.on_backlogged(request.user, self._book.band(request.priority_class).flow_views)
         self._book.moved(flow)  # the requests behind it moved down one
+        if ticket.trace is not None:
+            ticket.trace.failed_over(now)
+            ticket.trace.queued(now, None if self._gate_logs is None else self._gate_logs[request.priority_class])
         self._counters.failed_over(request, handle.name)
         log.warning(
             "request_failed_over",

@@ -38,6 +38,18 @@ class RunLedger:
     def tickets(self) -> list[Ticket]:
         return list(self._running.values())
 
+    def add_backend(self, handle: BackendHandle) -> None:
+        """A backend joined the model (a reload added it)."""
+        self._handles[handle.name] = handle
+        self._in_flight[handle.name] = handle.estimator.in_flight
+
+    def remove_backend(self, name: str) -> None:
+        """A removed backend leaves the model: nothing of the model runs there any more."""
+        handle = self._handles[name]
+        assert handle.estimator.in_flight == 0, f"backend {name} still has requests in flight"
+        del self._handles[name]
+        del self._in_flight[name]
+
     def backend(self, name: str) -> BackendHandle | None:
         """The model's backend called `name`, None when there is none."""
         return self._handles.get(name)

@@ -1,5 +1,5 @@
-"""The GetQueueState answer, from a model's dispatch snapshot (`dispatch.introspection`), and the bounds on what
-a caller may ask of it."""
+"""The GetQueueState answer, from a model's dispatch snapshot (`dispatch.introspection`), the bounds on what
+a caller may ask of it, and a backend's drain state as the admin calls answer it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from google.protobuf import duration_pb2
 
 from llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.core.errors import InvalidRequest
-from scheduler_svc.dispatch.introspection import ModelSnapshot
+from scheduler_svc.dispatch.backend_handle import Drain
+from scheduler_svc.dispatch.introspection import BackendStatus, ModelSnapshot
 
 DEFAULT_MAX_USERS = 100
 MAX_USERS_CAP = 1000
@@ -35,6 +36,24 @@ def to_duration(seconds: float | None) -> duration_pb2.Duration | None:
     return value
 
 
+_DRAIN_SOURCES = {
+    Drain.ADMIN: pb.DRAIN_SOURCE_ADMIN,
+    Drain.CONFIG: pb.DRAIN_SOURCE_CONFIG,
+    Drain.REMOVED: pb.DRAIN_SOURCE_REMOVED,
+}
+
+
+def backend_state(model: str, status: BackendStatus) -> pb.BackendQueueState:
+    """A backend as GetQueueState and the drain calls show it."""
+    return pb.BackendQueueState(
+        model=model,
+        backend=status.name,
+        draining=bool(status.drains),
+        drained_by=[_DRAIN_SOURCES[drain] for drain in status.drains],
+        in_flight=status.in_flight,
+    )
+
+
 def queue_state(snapshot: ModelSnapshot) -> pb.ModelQueueState:
     """GetQueueState's answer for one model, from its dispatch's snapshot."""
     classes = [
@@ -48,6 +67,7 @@ def queue_state(snapshot: ModelSnapshot) -> pb.ModelQueueState:
             ],
             users_total=cls.users_total,
             truncated=cls.truncated,
+            removed=cls.removed,
         )
         for cls in snapshot.classes
     ]
@@ -79,4 +99,6 @@ def queue_state(snapshot: ModelSnapshot) -> pb.ModelQueueState:
         drain_rate_per_second=snapshot.drain_rate_per_second,
         classes=classes,
         gates=gates,
+        backends=[backend_state(snapshot.model, status) for status in snapshot.backends],
+        removed=snapshot.removed,
     )

@@ -1,16 +1,22 @@
-"""The gRPC face's edge: a `GenerationParams` message becomes the `ClientRequest` admission takes from either
-door (the HTTP door builds the same from its JSON body)."""
+"""The gRPC face's edge: a `GenerationParams` message (and the call's trace context, from its metadata) becomes
+the `ClientRequest` admission takes from either door (the HTTP door builds the same from its JSON body and
+headers)."""
 
 from __future__ import annotations
 
-from backends.base import ChatMessage
+from collections.abc import Iterable
+
+from backends.base import ChatMessage, TraceContext
 from llmsched.v1 import scheduler_pb2 as pb
 from scheduler_svc.core.request import ClientRequest
+from scheduler_svc.core.trace_context import TRACEPARENT, TRACESTATE, read_trace_context
+
+Metadata = Iterable[tuple[str, str | bytes]]
 
 
-def client_request(params: pb.GenerationParams) -> ClientRequest:
+def client_request(params: pb.GenerationParams, metadata: Metadata | None = None) -> ClientRequest:
     """The request a gRPC caller sent, as admission takes it from either door: an optional field left unset is
-    None."""
+    None; a valid W3C `traceparent` (and `tracestate`) in `metadata` is its trace context."""
     return ClientRequest(
         model=params.model,
         prompt=params.prompt,
@@ -26,4 +32,22 @@ def client_request(params: pb.GenerationParams) -> ClientRequest:
         priority_class=params.priority_class,
         request_id=params.request_id,
         prompt_cache_key=params.prompt_cache_key,
+        trace_context=trace_context(metadata) if metadata else None,
     )
+
+
+def trace_context(metadata: Metadata) -> TraceContext | None:
+    """The caller's trace context from the call's metadata (gRPC hands keys in lower case); None when it sent
+    no `traceparent` (one pass over the metadata, nothing built) or no valid one."""
+    parents: list[str] | None = None
+    states: list[str] | None = None
+    for key, value in metadata:
+        if key == TRACEPARENT:
+            parents = parents or []
+            parents.append(value if isinstance(value, str) else "")
+        elif key == TRACESTATE:
+            states = states or []
+            states.append(value if isinstance(value, str) else "")
+    if parents is None:
+        return None
+    return read_trace_context(parents, states or ())

@@ -1,16 +1,20 @@
-"""The gRPC face of the scheduler: Submit and Stream.
+"""The gRPC face of the scheduler: Submit and Stream, GetQueueState, and the admin calls.
 
 Each RPC runs in its own task: admit, then consume the request's run (`request_run.RequestRun`: queue
 positions, dispatch, text, the end) in this same task, so a cancelled call (client gone, deadline) cancels
 the engine request by ordinary asyncio cancellation. The ticket's `close()` in `finally` records the single
 outcome whatever happened (also when the run was never started).
+
+The admin calls (ReloadConfig, DrainBackend, UndrainBackend) are for the users in `auth.admin_users` only,
+and for nobody while that list is empty: they change what every user gets. The reload itself is the
+service's (`Reload`, handed in by the server that knows the file); draining is the scheduler's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -21,19 +25,25 @@ from backends.errors import BackendError
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1 import scheduler_pb2_grpc as pb_grpc
 from scheduler_svc.core.auth import Authenticator
-from scheduler_svc.core.errors import ModelNotFound, PermissionDenied, SchedulerError
+from scheduler_svc.core.errors import ConfigInvalid, ModelNotFound, PermissionDenied, SchedulerError
 from scheduler_svc.core.request_run import Chunk, Dispatched, Done, Failed, Queued, RequestRun
 from scheduler_svc.core.text import client_text
 from scheduler_svc.core.ticket import Ticket
 from scheduler_svc.dispatch.intake import admit_call, count_rejection
 from scheduler_svc.dispatch.scheduler import Scheduler
-from scheduler_svc.grpc.introspection import queue_state, to_duration, user_limits
+from scheduler_svc.grpc.introspection import backend_state, queue_state, to_duration, user_limits
 from scheduler_svc.grpc.requests import client_request
 from scheduler_svc.grpc.status import to_grpc_status
 
 log = structlog.get_logger(__name__)
 
 _FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+_SERVICE = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+_SUBMIT, _STREAM = f"{_SERVICE}/Submit", f"{_SERVICE}/Stream"  # a traced call's name (OpenTelemetry's rpc form)
+
+Reload = Callable[[bool, str], list[str]]
+"""(dry run, who asks) -> what changed (or would); raises ConfigInvalid or ConfigNeedsRestart, the running
+configuration staying."""
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
@@ -45,21 +55,24 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     """Implements llmsched.v1.SchedulerService on top of a Scheduler."""
 
-    def __init__(self, scheduler: Scheduler, authenticator: Authenticator) -> None:
+    def __init__(self, scheduler: Scheduler, authenticator: Authenticator, reload: Reload | None = None) -> None:
         self._scheduler = scheduler
         self._auth = authenticator
+        self._reload = reload  # None: the service was not started from a file
 
     async def _admit(
         self, params: pb.GenerationParams, context: grpc.aio.ServicerContext[Any, Any], *, watch_positions: bool
     ) -> Ticket:
         """Identify the caller, validate and queue the request (a bug on the way: INTERNAL with its
         ErrorInfo, not a bare UNKNOWN)."""
+        metadata = context.invocation_metadata()
         return await admit_call(
             self._scheduler,
-            client_request(params),
-            identify=lambda: self._auth.identify(context.invocation_metadata(), context.auth_context),
+            client_request(params, metadata),
+            identify=lambda: self._auth.identify(metadata, context.auth_context),
             timeout=context.time_remaining(),
             watch_positions=watch_positions,
+            operation=_STREAM if watch_positions else _SUBMIT,
         )
 
     async def _reject(
@@ -195,3 +208,49 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         return pb.GetQueueStateResponse(
             models=[queue_state(self._scheduler.snapshot(name, request.user, max_users)) for name in names]
         )
+
+    # -- admin -------------------------------------------------------------------------------------------------
+    def _admin(self, context: grpc.aio.ServicerContext[Any, Any], action: str) -> str:
+        """The calling admin's user id; PermissionDenied for anyone else, and for everyone while
+        `auth.admin_users` is empty."""
+        user = self._auth.identify(context.invocation_metadata(), context.auth_context)
+        admins = self._scheduler.config.auth.admin_users
+        if not admins:
+            raise PermissionDenied(f"{action} needs an admin, and auth.admin_users names none")
+        if user not in admins:
+            raise PermissionDenied(f"user {client_text(user)} may not {action} (auth.admin_users)")
+        return user
+
+    async def ReloadConfig(
+        self, request: pb.ReloadConfigRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ReloadConfigResponse:
+        try:
+            user = self._admin(context, "reload the configuration")
+            if self._reload is None:
+                raise ConfigInvalid("this service was not started from a configuration file: there is none to read")
+            changes = self._reload(request.dry_run, f"admin {user}")
+        except SchedulerError as exc:
+            await _abort(context, exc)
+        return pb.ReloadConfigResponse(changes=changes, applied=not request.dry_run)
+
+    async def DrainBackend(
+        self, request: pb.DrainBackendRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.DrainBackendResponse:
+        try:
+            user = self._admin(context, "drain a backend")
+            drained = self._scheduler.drain_backend(request.model, request.backend, drain=True)
+        except SchedulerError as exc:
+            await _abort(context, exc)
+        log.info("admin_drained_backend", user=user, backend=request.backend, models=[m for m, _ in drained])
+        return pb.DrainBackendResponse(backends=[backend_state(model, status) for model, status in drained])
+
+    async def UndrainBackend(
+        self, request: pb.UndrainBackendRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.UndrainBackendResponse:
+        try:
+            user = self._admin(context, "undrain a backend")
+            undrained = self._scheduler.drain_backend(request.model, request.backend, drain=False)
+        except SchedulerError as exc:
+            await _abort(context, exc)
+        log.info("admin_undrained_backend", user=user, backend=request.backend, models=[m for m, _ in undrained])
+        return pb.UndrainBackendResponse(backends=[backend_state(model, status) for model, status in undrained])

@@ -3,13 +3,14 @@
     exception (scheduler_svc.core.errors / backends.errors)   gRPC status
     SchedulerError, InternalError                         INTERNAL
     InvalidRequest, PromptTooLarge, MalformedRequest      INVALID_ARGUMENT (PromptTooLarge: the limit in metadata)
-    ModelNotFound                                         NOT_FOUND
+    ModelNotFound, BackendNotFound                        NOT_FOUND
     Unauthenticated                                       UNAUTHENTICATED
     PermissionDenied                                      PERMISSION_DENIED
     AlreadyExists                                         ALREADY_EXISTS
     QueueFull, QueueBytesFull                             RESOURCE_EXHAUSTED (+ google.rpc.RetryInfo)
     QueueTimeout, DeadlineExceeded, ReadTimeout           DEADLINE_EXCEEDED (the last two: HTTP door only)
     ShuttingDown, ReadCapacityFull                        UNAVAILABLE (the last: HTTP door only)
+    ConfigInvalid, ConfigNeedsRestart                     FAILED_PRECONDITION (a refused reload)
     BackendError, BackendProtocolError                    INTERNAL
     BackendUnavailable                                    UNAVAILABLE
     BackendOverloaded                                     RESOURCE_EXHAUSTED
@@ -36,6 +37,9 @@ from backends.errors import (
 )
 from scheduler_svc.core.errors import (
     AlreadyExists,
+    BackendNotFound,
+    ConfigInvalid,
+    ConfigNeedsRestart,
     DeadlineExceeded,
     InvalidRequest,
     ModelNotFound,
@@ -57,6 +61,9 @@ STATUS_CODES: dict[type[Exception], grpc.StatusCode] = {
     SchedulerError: grpc.StatusCode.INTERNAL,
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFound: grpc.StatusCode.NOT_FOUND,
+    BackendNotFound: grpc.StatusCode.NOT_FOUND,
+    ConfigInvalid: grpc.StatusCode.FAILED_PRECONDITION,
+    ConfigNeedsRestart: grpc.StatusCode.FAILED_PRECONDITION,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,

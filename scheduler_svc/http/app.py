@@ -57,6 +57,8 @@ from scheduler_svc.http.parsing import Call, Kind, decode_json, parse_call
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_ROUTES: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+_OPERATIONS = {kind: f"POST {route}" for kind, route in _ROUTES.items()}  # a traced call's name (OpenTelemetry's)
 
 
 def json_response(reply: ErrorReply, request_id: str = "") -> web.Response:
@@ -94,8 +96,8 @@ class HttpDoor:
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self.body_limit, middlewares=[self._middleware])
         routes = app.router
-        routes.add_post("/v1/chat/completions", self._chat, expect_handler=_expect)
-        routes.add_post("/v1/completions", self._completions, expect_handler=_expect)
+        routes.add_post(_ROUTES["chat"], self._chat, expect_handler=_expect)
+        routes.add_post(_ROUTES["completion"], self._completions, expect_handler=_expect)
         routes.add_get("/v1/models", self._models, expect_handler=_expect)
         routes.add_get("/v1/models/{model:.+}", self._model, expect_handler=_expect)  # ids may hold slashes
         routes.add_get("/healthz", self._healthz, expect_handler=_expect)
@@ -176,6 +178,7 @@ class HttpDoor:
                 call.request,
                 request_id=hdr.single(headers, hdr.REQUEST_ID_HEADER) or "",
                 priority_class=call.metadata_priority_class if priority_class is None else priority_class,
+                trace_context=hdr.trace_context(headers),
             )
             call_timeout = hdr.call_timeout_seconds(headers)
             timeout = hdr.timeout_seconds(headers)
@@ -183,7 +186,12 @@ class HttpDoor:
                 timeout -= loop.time() - started
             updates = call.stream and hdr.wants_queue_updates(headers)
             ticket = await admit_call(
-                self._scheduler, asked, identify=lambda: user, timeout=timeout, watch_positions=updates
+                self._scheduler,
+                asked,
+                identify=lambda: user,
+                timeout=timeout,
+                watch_positions=updates,
+                operation=_OPERATIONS[kind],
             )
         except SchedulerError as exc:
             count_rejection(self._scheduler, model, exc)

@@ -1,4 +1,5 @@
-"""What the HTTP door reads from request headers: identity, request id, deadline, priority class, opt-ins.
+"""What the HTTP door reads from request headers: identity, request id, deadline, priority class, opt-ins, and
+the caller's W3C trace context.
 
 Identity goes through the same `Authenticator` as gRPC metadata: with API keys, `Authorization: Bearer <key>`
 alone decides the user; with `auth.identity_from_client_cert`, the TLS client certificate; otherwise the
@@ -6,6 +7,8 @@ configured trusted header (`server.http_user_header`, `x-user-id` by default). A
 
 Every header the door reads is taken once: sent twice it is refused (an identity header with 401, as gRPC
 metadata is; any other with 400), never first-wins, and a value that is not UTF-8 is refused the same way.
+The trace headers are the exception: they serve tracing only, so whatever is wrong with them (sent twice
+included) is ignored, never refused (`scheduler_svc.core.trace_context`).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from backends.base import TraceContext
 from scheduler_svc.core.auth import AUTH_HEADER, USER_HEADER, Authenticator, PeerInfo, http_wording
 from scheduler_svc.core.errors import InvalidField, Unauthenticated
+from scheduler_svc.core.trace_context import TRACEPARENT, TRACESTATE, read_trace_context
 
 REQUEST_ID_HEADER = "x-request-id"
 TIMEOUT_MS_HEADER = "x-request-timeout-ms"
@@ -110,6 +115,19 @@ def _positive(raw: str) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) and value > 0 else None
+
+
+def trace_context(headers: Mapping[str, str]) -> TraceContext | None:
+    """The caller's trace context (`traceparent`, `tracestate`); None without a valid `traceparent`."""
+    getall = getattr(headers, "getall", None)
+    if getall is None:  # a plain mapping holds one value per name
+        parents = [headers[TRACEPARENT]] if TRACEPARENT in headers else []
+        states = [headers[TRACESTATE]] if TRACESTATE in headers else []
+    else:
+        parents, states = getall(TRACEPARENT, ()), getall(TRACESTATE, ())
+    if not parents:
+        return None
+    return read_trace_context([p if _utf8(p) else "" for p in parents], [s for s in states if _utf8(s)])
 
 
 def wants_queue_updates(headers: Mapping[str, str]) -> bool:

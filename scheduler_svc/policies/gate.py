@@ -127,6 +127,7 @@ class GateCause(StrEnum):
     TPOT = "tpot"  # one more request would push the predicted time per output token past the limit
     KV_CACHE = "kv_cache"  # the engine's KV-cache usage is over the class's limit
     COOLING_DOWN = "cooling_down"  # the backend failed a request and sits out its cooldown
+    DRAINING = "draining"  # the backend is drained (maintenance, or removed from the configuration)
     OTHER = "other"  # a gate that does not say
 
 

@@ -11,6 +11,12 @@ class WeightResolver:
     def __init__(self, config: WeightsConfig | None = None) -> None:
         self._config = config or WeightsConfig()
 
+    def use(self, config: WeightsConfig) -> None:
+        """Weights from a reloaded configuration, for the service charged from now on (counters keep what
+        they hold). Its `members` must be the same: a user's group is part of every band's state for it."""
+        assert config.members == self._config.members, "group members change at restart only"
+        self._config = config
+
     def group_of(self, user: str) -> str:
         """The user's group; `user:<id>` for a user in no group."""
         group = self._config.members.get(user)

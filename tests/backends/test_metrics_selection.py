@@ -2,7 +2,7 @@
 whole /metrics when an engine does not understand that: over real HTTP on loopback.
 
 Why it matters: vLLM's front end spends 11-12 ms of CPU writing its 50 KB /metrics, and 1.3-1.9 ms for the
-selected samples (CPU vLLM 0.32, bench/scrape_cost.py: 0.15x), several times a second, in the process that
+selected samples (CPU vLLM 0.32, bench/tools/scrape_cost.py: 0.15x), several times a second, in the process that
 also streams every token.
 """
 

@@ -286,7 +286,7 @@ def test_memory_covers_the_configured_queue_caps_at_the_measured_costs() -> None
     """Each replica may hold every queued call (a ClusterIP Service keeps each client's channel on one
     replica, and the caps are the leader's, for the cluster): idle RSS (75 MiB in cluster mode, measured with
     this config) + 24 KB per queued call with its open stream + 3.4 bytes per queued prompt byte (both from
-    bench.stream_memory), with room to spare."""
+    bench.tools.stream_memory), with room to spare."""
     model = config_raw()["models"][0]
     resources = scheduler_container()["resources"]
     need = 75 * 2**20 + model["max_queued"] * 24 * 1024 + model["max_queued_bytes"] * 3.4

@@ -90,6 +90,7 @@ def _backend(name: str, kind: str, priority: bool, max_num_seqs: int, scrape_sec
         "connect_timeout_seconds": 5.0,
         "max_connections": 64,
         "idle_connection_seconds": 2.0,
+        "drained": False,
     }
 
 
@@ -280,6 +281,13 @@ class Scenario:
                 "admission_wait_seconds": 1.0,
                 "report_interval_seconds": 0.05,
                 "degraded_in_flight_cap": 0,
+            },
+            "tracing": {  # spans only: no decision reads it
+                "endpoint": "",
+                "protocol": "grpc",
+                "service_name": "llm-scheduler",
+                "sampling_ratio": 1.0,
+                "headers": {},
             },
         }
 

@@ -101,12 +101,12 @@ async def test_a_bug_during_admission_is_internal_with_error_info_and_the_servic
         real_admit = server.scheduler.admit
         calls = 0
 
-        def admit_once_broken(request: Any) -> Any:
+        def admit_once_broken(request: Any, **kwargs: Any) -> Any:
             nonlocal calls
             calls += 1
             if calls == 1:
                 raise KeyError("an admission bug")
-            return real_admit(request)
+            return real_admit(request, **kwargs)
 
         server.scheduler.admit = admit_once_broken  # type: ignore[method-assign]
         with pytest.raises(grpc.aio.AioRpcError) as failed:

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from backends.sim import SimConfig, running_simulator
-from bench.scenarios import real_s1
+from bench.scenarios.r1 import setups as r1_setups
 from scheduler_svc.app.settings import config_from_dict
 from scheduler_svc.config import Config, ServerConfig
 from scheduler_svc.core.stream_pacing import NO_PACING, StreamPacing
@@ -111,5 +111,5 @@ def test_the_bench_the_example_config_and_make_run_ship_one_interval() -> None:
     assert default > 0
     assert run_engine_config("vllm")["server"]["stream_read_interval_seconds"] == default
     assert example_config()["server"]["stream_read_interval_seconds"] == default
-    assert real_s1.SCHED.read_interval is None and real_s1.SCHED_PACED.read_interval == default
-    assert real_s1.SCHED_EVERY_TOKEN.read_interval == 0.0
+    assert r1_setups.SCHED.read_interval is None and r1_setups.SCHED_PACED.read_interval == default
+    assert r1_setups.SCHED_EVERY_TOKEN.read_interval == 0.0

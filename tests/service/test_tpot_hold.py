@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from bench.harness import simulator
-from bench.scenarios.s5 import tpot_flood_config
-from bench.tpot_flood import SLOW_STEPPING, SLOW_STEPPING_FLAGS, FloodStats, limit_batch, measure_flood
+from bench.scenarios.s5.setups import tpot_flood_config
+from bench.scenarios.s5.tpot_flood import SLOW_STEPPING, SLOW_STEPPING_FLAGS, FloodStats, limit_batch, measure_flood
 from scheduler_svc.app.settings import config_from_dict
 from tests.helpers import client_for, example_config, run_engine_config, serving
 

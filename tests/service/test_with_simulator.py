@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import grpc
 import pytest
@@ -39,10 +40,10 @@ async def test_s1_latecomers_are_served_long_before_the_flood_drains(monkeypatch
         events.append(ticket.request.user)
         assign(ticket, backend, now, priority)
 
-    def recording_enqueue(dispatcher: ModelDispatcher, request: QueuedRequest, *, force: bool = False) -> Ticket:
+    def recording_enqueue(dispatcher: ModelDispatcher, request: QueuedRequest, **kwargs: Any) -> Ticket:
         if request.user == "B":
             events.append("admit B")
-        return enqueue(dispatcher, request, force=force)
+        return enqueue(dispatcher, request, **kwargs)
 
     monkeypatch.setattr(Ticket, "assign", recording_assign)
     monkeypatch.setattr(ModelDispatcher, "enqueue", recording_enqueue)

@@ -19,7 +19,7 @@ def _parameters(function: object) -> list[inspect.Parameter]:
 
 def test_the_blocking_client_takes_the_asyncio_clients_arguments() -> None:
     assert _parameters(Client) == _parameters(AsyncClient)
-    for name in ("submit", "stream", "stream_text", "queue_state"):
+    for name in ("submit", "stream", "stream_text", "queue_state", "reload_config", "drain_backend", "undrain_backend"):
         assert _parameters(getattr(Client, name)) == _parameters(getattr(AsyncClient, name)), name
     assert inspect.signature(Client.stream).return_annotation == "EventStream"
     assert inspect.signature(Client.submit).return_annotation == "Completion"

@@ -63,6 +63,7 @@ CONTAINERS = {
     "models.locality": lambda c: c["models"][0]["locality"],
     "models.backends": lambda c: c["models"][0]["backends"][0],
     "cluster": lambda c: c["cluster"],
+    "tracing": lambda c: c["tracing"],
 }
 
 

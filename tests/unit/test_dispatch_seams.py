@@ -48,7 +48,7 @@ class Recorder:
 def test_a_dispatcher_that_does_not_decide_sends_only_what_is_granted() -> None:
     h = Harness(cap=4)
     h.dispatcher.cluster.steer(Follows())
-    a, b = h.submit("alice"), h.submit("bob")
+    a, b, c = h.submit("alice"), h.submit("bob"), h.submit("carol")
     assert h.dispatcher.decide() == 0 and a.state is TicketState.QUEUED
     assert h.events.position(a) == 7, "the deciding replica's position"
     assert h.events.position(b) == 1, "unknown there: the local queue's"
@@ -56,7 +56,10 @@ def test_a_dispatcher_that_does_not_decide_sends_only_what_is_granted() -> None:
     assert b.state is TicketState.DISPATCHED and b.engine_priority == 3 and b.backend is h.handle
     assert h.handle.estimator.in_flight == 1
     assert not h.dispatcher.cluster.grant(b.request.request_id, "b0", None), "no longer queued"
-    assert not h.dispatcher.cluster.grant(a.request.request_id, "nope", None), "unknown backend"
+    # A backend only the leader's configuration has: the request ends, retryable, instead of waiting for a
+    # grant that will not come again.
+    assert h.dispatcher.cluster.grant(c.request.request_id, "nope", None)
+    assert c.outcome is Outcome.FAILED and c.state is TicketState.DONE and h.events.position(c) == 0
     h.dispatcher.cluster.steer(LOCAL)
     assert h.dispatcher.decide() == 1 and a.state is TicketState.DISPATCHED
 

@@ -52,7 +52,19 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.MULTILINE | re.DOTALL)
 DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 FILE_NAME = re.compile(r"[\w.-]+\.(py|sh|proto|md|toml|json|yaml|js|ts|go|png)")
-SECTIONS = ("server", "auth", "scheduling", "models", "cluster", "gate", "locality", "weights", "classes", "backends")
+SECTIONS = (
+    "server",
+    "auth",
+    "scheduling",
+    "models",
+    "cluster",
+    "tracing",
+    "gate",
+    "locality",
+    "weights",
+    "classes",
+    "backends",
+)
 
 
 # ------------------------------------------------------------------ reading the docs
@@ -138,6 +150,12 @@ def metric_names() -> set[str]:
 
 
 @cache
+def span_attributes() -> set[str]:
+    """The attributes the service's spans carry (`llmsched.gate.causes`): OpenTelemetry's names, not code."""
+    return set(re.findall(r'"(llmsched\.[a-z0-9_.]+)"', (ROOT / "scheduler_svc" / "app" / "tracing.py").read_text()))
+
+
+@cache
 def engine_code() -> str:
     return "\n".join(p.read_text() for p in (ROOT / "backends").rglob("*.py"))
 
@@ -206,7 +224,7 @@ def code_name_problem(name: str) -> str | None:
     parts = name.split(".")
     if name.startswith("llmsched.v1.") and len(parts) == 3 and parts[2] in proto_names():
         return None
-    if parts[0] in LIBRARIES:
+    if parts[0] in LIBRARIES or name in span_attributes():
         return None
     if parts[0] in classes_by_name():
         if any(resolves(parts[1:], cls) for cls in classes_by_name()[parts[0]]):

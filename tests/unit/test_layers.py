@@ -108,6 +108,10 @@ EXPECTED_STATUS = [
     (errors.DeadlineExceeded("x"), grpc.StatusCode.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED"),
     (errors.ReadTimeout("x"), grpc.StatusCode.DEADLINE_EXCEEDED, "READ_TIMEOUT"),
     (errors.ReadCapacityFull("x"), grpc.StatusCode.UNAVAILABLE, "READ_CAPACITY_FULL"),
+    (errors.BackendNotFound("x"), grpc.StatusCode.NOT_FOUND, "BACKEND_NOT_FOUND"),
+    (errors.ConfigRefused("x"), grpc.StatusCode.INTERNAL, "INTERNAL"),  # the base: a refusal is always one of its kinds
+    (errors.ConfigInvalid("x"), grpc.StatusCode.FAILED_PRECONDITION, "CONFIG_INVALID"),
+    (errors.ConfigNeedsRestart("x"), grpc.StatusCode.FAILED_PRECONDITION, "CONFIG_NEEDS_RESTART"),
     (backend_errors.BackendError("x"), grpc.StatusCode.INTERNAL, "BACKEND_ERROR"),
     (backend_errors.BackendUnavailable("x"), grpc.StatusCode.UNAVAILABLE, "BACKEND_UNAVAILABLE"),
     (backend_errors.BackendOverloaded("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, "BACKEND_OVERLOADED"),

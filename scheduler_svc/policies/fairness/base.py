@@ -81,7 +81,8 @@ class Account(Protocol):
     def use_costing(self, prices: Prices, users: Counters, groups: Counters) -> None:
         """Before any event: the model's token prices, and where the band's user and group counters live
         (its own, or views of a class-wide spend under `fairness_scope = "global"`; see `policies.cost`).
-        An account that counts no tokens or keeps no counters ignores what it does not use."""
+        An account that counts no tokens or keeps no counters ignores what it does not use. Called again,
+        with the same counters, when a reload changes the prices: they hold for the charges from then on."""
         ...
 
     def counters(self) -> dict[str, float]:
