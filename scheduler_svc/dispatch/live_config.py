@@ -114,6 +114,7 @@ class LiveConfig:
         self._history = history
         self._gate_logs = gate_logs
         self.retiring_classes: set[str] = set()  # left the configuration, still holding queued or running work
+        self._removing = False  # a backend left the configuration and still drains (asked at every request's end)
         self.on_backend_gone: Callable[[BackendHandle], None] = lambda handle: None
         self._gate = model.gate  # what the backends' gates were built from
         for handle in gates.backends:
@@ -224,6 +225,7 @@ class LiveConfig:
         self._gate = model.gate
         order = {name: index for index, name in enumerate(configured)}  # the file's order, then the removed ones
         self._gates.backends.sort(key=lambda h: order.get(h.name, len(order)))
+        self._removing = any(Drain.REMOVED in h.drains for h in self._gates.backends)
         self._gates.backends_changed()
 
     # -- drains ------------------------------------------------------------------------------------------------
@@ -257,7 +259,7 @@ class LiveConfig:
     @property
     def retiring(self) -> bool:
         """Whether a class or a backend that left the configuration is still here."""
-        return bool(self.retiring_classes) or any(Drain.REMOVED in h.drains for h in self._gates.backends)
+        return bool(self.retiring_classes) or self._removing
 
     def retire_idle(self) -> None:
         """Let go of the classes and backends that left the configuration and hold nothing any more."""
@@ -275,6 +277,7 @@ class LiveConfig:
             self.on_backend_gone(handle)
         if gone:
             self._gates.backends_changed()
+            self._removing = any(Drain.REMOVED in h.drains for h in self._gates.backends)
 
     def _drop_class(self, name: str) -> None:
         self.retiring_classes.discard(name)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -70,11 +71,12 @@ class OpenSet:
         self._dirty: set[int] = set(range(self._count))
         self._timers: list[tuple[float, int]] = []  # (when a kept answer's time is up, backend)
         self._open: list[Opening] = []
-        self.open_indexes: frozenset[int] = frozenset()
+        self._open_order: list[int] = []  # the backend of each entry of `_open`, ascending
+        self.open_indexes: set[int] = set()  # read-only for callers
         # per backend, the worse priorities its answer holds for (`Answer.admits_below`); the backends without
-        # such a bound apart
+        # such a bound apart (read-only for callers)
         self.bounds: list[float] = [-math.inf] * self._count
-        self.unbounded: frozenset[int] = frozenset(range(self._count))
+        self.unbounded: set[int] = set(range(self._count))
 
     def touch(self, index: int) -> None:
         """Something happened at backend `index`: ask its gate again at the next look."""
@@ -91,19 +93,33 @@ class OpenSet:
             return self._open
         todo = sorted(self._dirty)
         self._dirty = set()
-        unbounded = set(self.unbounded)
         for index in todo:
             answer = evaluate(index)
             self.answers[index] = answer
             if answer.until is not None:
                 heapq.heappush(timers, (answer.until - EARLY, index))
             if answer.admits_below is None:
-                unbounded.add(index)
+                self.unbounded.add(index)
                 self.bounds[index] = -math.inf
             else:
-                unbounded.discard(index)
+                self.unbounded.discard(index)
                 self.bounds[index] = answer.admits_below
-        self.unbounded = frozenset(unbounded)
-        self._open = [a.opening for a in self.answers if a is not None and a.opening is not None]
-        self.open_indexes = frozenset(i for i, a in enumerate(self.answers) if a is not None and a.opening is not None)
+            self._file(index, answer.opening)
         return self._open
+
+    def _file(self, index: int, opening: Opening | None) -> None:
+        """Keep `_open` in configuration order as backend `index`'s answer changes (a change at one backend
+        costs a search, not a rebuild of the list)."""
+        order = self._open_order
+        at = bisect_left(order, index)
+        present = at < len(order) and order[at] == index
+        if opening is None:
+            if present:
+                del order[at], self._open[at]
+                self.open_indexes.discard(index)
+        elif present:
+            self._open[at] = opening
+        else:
+            order.insert(at, index)
+            self._open.insert(at, opening)
+            self.open_indexes.add(index)
