@@ -164,6 +164,11 @@ class CounterAccount:
         self.order: BacklogOrder = order if order is not None else BacklogIndex()
         self.order.attach(self)
 
+    def use_order(self, order: BacklogOrder) -> None:
+        """Answer the backlog's questions from `order` from now on (before any event)."""
+        self.order = order
+        order.attach(self)
+
     def use_reservations(self, reservations: Reservations) -> None:
         """Count `reservations` in the keys from now on (before any event)."""
         self._reserved = reservations
