@@ -100,7 +100,7 @@ def _memory_notes(m: dict[str, Any]) -> list[str]:
 def _targets(figures: dict[str, Any]) -> list[Target]:
     small, large = _cost(figures, SMALL), _cost(figures, LARGE)
     growth = divide(large["dispatch_us_median"], small["dispatch_us_median"]) if small and large else None
-    median = large["dispatch_us_median"] / 1e6 if large else None
+    median = large["dispatch_us_median"] if large else None
     day = figures["day"]
     wall = max((r["wall_seconds"] for r in day.values()), default=None)
     vtc = day.get("vtc")
@@ -108,7 +108,7 @@ def _targets(figures: dict[str, Any]) -> list[Target]:
     rss = figures["memory"]["rss_after"] / 1e6
     return [
         Target.at_most("dispatch CPU at 10,000 users ÷ at 10", "<= 2x", "shipped", growth, 2.0, 2.5, unit="x"),
-        Target.at_most("median dispatch CPU at 10,000 users", "< 100 us", "shipped", median, 1e-4, 1.5e-4, unit=" s"),
+        Target.at_most("median dispatch CPU at 10,000 users (us)", "< 100 us", "shipped", median, 100, 150),
         Target.at_most(
             "wall time of the simulated hour (slower setup)", "<= 10 min", "vtc, FIFO", wall, 600, 720, unit=" s"
         ),
