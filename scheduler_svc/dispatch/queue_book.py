@@ -29,7 +29,7 @@ class QueueBook:
         show_depth: Callable[[str, int], None] = lambda priority_class, size: None,
         end_users: EndUserShares | None = None,
     ) -> None:
-        self.end_users = end_users or EndUserShares()
+        self.end_users = end_users if end_users is not None else EndUserShares()
         self._queues = ModelQueues(classes, order_key, self.end_users.choose)
         self._tickets: dict[str, Ticket] = {}  # request id -> ticket, for every queued request
         self._positions = PositionNotifier(self._tickets)
