@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from clients import pb, pb_grpc
 from scheduler_svc.app.server import SchedulerServer
-from tests.helpers import ControlledEngine, make_config, serving
+from tests.helpers import ControlledEngine, client_for, make_config, serving
 from tests.http.support import chat, http_serving
 
 ONE_AT_A_TIME = {"fallback_max_in_flight": 1}  # no metrics from the engine: one request in flight
@@ -90,6 +90,10 @@ async def test_grpc_refuses_a_malformed_or_doubled_end_user_and_one_too_many() -
             await engine.wait_for(lambda: len(engine.started) == 1)
             code, details = await _refusal(server, ("x-end-user-id", "carol"))
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_end_users_per_user" in details
+            async with client_for(server, user="acme") as client:  # the Python client's `end_user`
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await client.submit("m", "x", end_user="carol")
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             engine.release()
             await _finish(held)
         async with grpc.aio.insecure_channel(server.address) as channel:  # bob's request ended: carol's turn
