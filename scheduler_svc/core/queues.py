@@ -1,4 +1,5 @@
-"""Per-model queues: priority bands, and inside each band one flow (queue) per user.
+"""Per-model queues: priority bands, inside each band one flow (queue) per user, and inside a flow one queue
+per end user the user named (a single one for a user that names none).
 
 Only this module mutates queues. Policies receive them as the read-only views of
 `scheduler_svc.policies.interfaces`, so they can look but not reorder or drop anything.
