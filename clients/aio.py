@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -16,6 +16,9 @@ from clients.errors import from_rpc_error
 from clients.events import Completion, Delta, Event, completion_from_pb, event_from_pb
 from clients.retry import CallDefaults, Retrier, RetryAttempt, RetryPolicy
 from llmsched.v1 import scheduler_pb2 as pb
+
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
 
 
 class AsyncClient(Connection):
@@ -60,7 +63,7 @@ class AsyncClient(Connection):
         while True:
             try:
                 response: pb.SubmitResponse = await self._stub.Submit(
-                    request, metadata=self._metadata, timeout=retrier.deadline.remaining()
+                    request, metadata=call.metadata(self._metadata), timeout=retrier.deadline.remaining()
                 )
                 return completion_from_pb(response)
             except grpc.aio.AioRpcError as exc:
@@ -78,7 +81,7 @@ class AsyncClient(Connection):
         retrier = self._calls.retrier(call.timeout, call.deadline)
 
         def start(remaining: float | None) -> grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]:
-            return self._stub.Stream(request, metadata=self._metadata, timeout=remaining)
+            return self._stub.Stream(request, metadata=call.metadata(self._metadata), timeout=remaining)
 
         return AsyncEventStream(start, retrier)
 
@@ -93,58 +96,44 @@ class AsyncClient(Connection):
         self, model: str = "", user: str = "", max_users: int | None = None, *, timeout: float | None = None
     ) -> pb.GetQueueStateResponse:
         """Queue depths, gate states and fair-share counters (admins only when admin_users is set)."""
-        try:
-            response: pb.GetQueueStateResponse = await self._stub.GetQueueState(
-                pb.GetQueueStateRequest(model=model, user=user, max_users=max_users),
-                metadata=self._metadata,
-                timeout=timeout if timeout is not None else self._calls.timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
-        return response
+        return await self._unary(
+            self._stub.GetQueueState, pb.GetQueueStateRequest(model=model, user=user, max_users=max_users), timeout
+        )
 
     async def reload_config(self, dry_run: bool = False, *, timeout: float | None = None) -> pb.ReloadConfigResponse:
         """Admins only: the service reads its configuration file again and applies what changed, as on SIGHUP
         (`dry_run`: it only says what would change). A file it refuses raises FailedPreconditionError
         (CONFIG_INVALID, CONFIG_NEEDS_RESTART); the running configuration then stays."""
-        try:
-            response: pb.ReloadConfigResponse = await self._stub.ReloadConfig(
-                pb.ReloadConfigRequest(dry_run=dry_run),
-                metadata=self._metadata,
-                timeout=timeout if timeout is not None else self._calls.timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
-        return response
+        return await self._unary(self._stub.ReloadConfig, pb.ReloadConfigRequest(dry_run=dry_run), timeout)
 
     async def drain_backend(
         self, backend: str, model: str = "", *, timeout: float | None = None
     ) -> pb.DrainBackendResponse:
         """Admins only: no new request goes to `backend` (of `model`; empty: of every model that has one), the
         ones it runs finish, the queue goes to the other backends, until `undrain_backend`."""
-        try:
-            response: pb.DrainBackendResponse = await self._stub.DrainBackend(
-                pb.DrainBackendRequest(model=model, backend=backend),
-                metadata=self._metadata,
-                timeout=timeout if timeout is not None else self._calls.timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
-        return response
+        return await self._unary(self._stub.DrainBackend, pb.DrainBackendRequest(model=model, backend=backend), timeout)
 
     async def undrain_backend(
         self, backend: str, model: str = "", *, timeout: float | None = None
     ) -> pb.UndrainBackendResponse:
         """Admins only: `backend` takes requests again (unless its configuration drains it)."""
+        return await self._unary(
+            self._stub.UndrainBackend, pb.UndrainBackendRequest(model=model, backend=backend), timeout
+        )
+
+    async def _unary(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[RequestT, ResponseT],
+        request: RequestT,
+        timeout: float | None,
+    ) -> ResponseT:
+        """One call without retries, under `timeout` (None: the client's default); raises SchedulerError."""
         try:
-            response: pb.UndrainBackendResponse = await self._stub.UndrainBackend(
-                pb.UndrainBackendRequest(model=model, backend=backend),
-                metadata=self._metadata,
-                timeout=timeout if timeout is not None else self._calls.timeout,
+            return await method(
+                request, metadata=self._metadata, timeout=timeout if timeout is not None else self._calls.timeout
             )
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from exc
-        return response
 
 
 class AsyncEventStream:

@@ -24,7 +24,7 @@ import enum
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
@@ -106,45 +106,25 @@ class Aborted:
 EngineEvent = TokenEvent | Aborted
 
 
+@dataclass(slots=True, eq=False)
 class SimRequest:
     """One request inside the engine. Observers may read it; only the engine changes it."""
 
-    __slots__ = (
-        "arrival_time",
-        "cached_tokens",
-        "events",
-        "finished_at",
-        "first_token_at",
-        "last_token_at",
-        "needs_prefill",
-        "num_generated",
-        "params",
-        "request_id",
-        "sampler",
-        "scheduled_at",
-        "seq",
-        "state",
-        "text",
-    )
-
-    def __init__(
-        self, request_id: str, params: GenerateParams, seq: int, arrival_time: float, sampler: TokenSampler
-    ) -> None:
-        self.request_id = request_id
-        self.params = params
-        self.seq = seq
-        self.arrival_time = arrival_time
-        self.sampler = sampler
-        self.state = RequestState.WAITING
-        self.events: asyncio.Queue[EngineEvent] = asyncio.Queue()
-        self.scheduled_at: float | None = None
-        self.first_token_at: float | None = None
-        self.last_token_at: float | None = None
-        self.finished_at: float | None = None
-        self.num_generated = 0
-        self.text = ""
-        self.needs_prefill = True
-        self.cached_tokens = 0  # prompt tokens found in the prefix cache at its latest admission
+    request_id: str
+    params: GenerateParams
+    seq: int
+    arrival_time: float
+    sampler: TokenSampler
+    state: RequestState = RequestState.WAITING
+    events: asyncio.Queue[EngineEvent] = field(default_factory=asyncio.Queue)
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    num_generated: int = 0
+    text: str = ""
+    needs_prefill: bool = True
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at its latest admission
 
     @property
     def held_tokens(self) -> int:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from enum import Enum
 from typing import Any
 
 from aiohttp import web
 
-from backends.sim.engine import Aborted, EngineEvent, RequestHandle
+from backends.sim.engine import Aborted, EngineEvent, RequestHandle, SimEngine, TokenEvent
 from backends.sim.faults import Faults
 
 _POLL_SECONDS = 0.2
@@ -77,13 +78,47 @@ def cut_connection(request: web.Request) -> None:
         transport.close()
 
 
-def injected_fault(faults: Faults, tokens_sent: int, handle: RequestHandle, request: web.Request) -> str | None:
-    """Apply the fault injected for the token after `tokens_sent`, if any: "cut" aborts the request and cuts the
-    connection (the handler just returns), "error" aborts it (the handler answers with its engine's error)."""
-    fault = faults.in_stream(tokens_sent)
-    if fault == "cut":
-        handle.abort("injected stream cut")
-        cut_connection(request)
-    elif fault == "error":
-        handle.abort("injected stream error")
-    return fault
+async def injected_refusal(faults: Faults, engine: SimEngine, request_id: str | None) -> tuple[int, str] | None:
+    """Apply the injected intake delay, then the injected refusal of every request, if one is set: its status
+    and message, already noted and journaled as the engine's refusal (each API words the answer itself)."""
+    if faults.intake_delay_ms:
+        await asyncio.sleep(faults.intake_delay_ms / 1000)  # the injected delay itself
+    status = faults.reject_all_with_status
+    if status is None:
+        return None
+    message = f"Simulated HTTP {status} (fault injection)"
+    engine.note_rejected()
+    engine.journal_refused(request_id, None, status, message)
+    return status, message
+
+
+class StreamFault(Enum):
+    """How a request's token stream broke off, as `token_events` reports it (its last item)."""
+
+    CUT = "cut"  # the engine shut down or a cut was injected: the connection is cut, the handler just returns
+    ERROR = "error"  # an error was injected: the request is aborted, the handler answers with its engine's error
+
+
+async def token_events(
+    request: web.Request, handle: RequestHandle, faults: Faults
+) -> AsyncIterator[TokenEvent | StreamFault]:
+    """The request's tokens while watching the client (as `watch_events`), with the fault injected for a token
+    (after as many tokens as came before it) applied in its place; raises `ClientGone` if the client leaves."""
+    tokens = 0
+    async for event in watch_events(request, handle):
+        if isinstance(event, Aborted):  # the engine shut down: die like a crashed server
+            cut_connection(request)
+            yield StreamFault.CUT
+            return
+        fault = faults.in_stream(tokens)
+        if fault == "cut":
+            handle.abort("injected stream cut")
+            cut_connection(request)
+            yield StreamFault.CUT
+            return
+        if fault == "error":
+            handle.abort("injected stream error")
+            yield StreamFault.ERROR
+            return
+        tokens += 1
+        yield event

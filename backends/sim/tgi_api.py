@@ -8,26 +8,27 @@ inside the stream; `/generate` answers 429 / 422 / 424 instead. The last stream 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from attrs import define, field
 
+from backends.sim.body_fields import BodyFields
 from backends.sim.config import SimConfig
-from backends.sim.engine import Aborted, FinishReason, GenerateParams, RequestHandle, SimEngine
+from backends.sim.engine import FinishReason, GenerateParams, RequestHandle, SimEngine
 from backends.sim.faults import Faults
 from backends.sim.metrics import TgiMetrics
 from backends.sim.streaming import (
     ClientGone,
-    cut_connection,
+    StreamFault,
     dumps,
     healthy,
-    injected_fault,
+    injected_refusal,
     open_event_stream,
-    watch_events,
+    token_events,
 )
 from backends.sim.tokens import Token, count_tokens
 
@@ -63,6 +64,9 @@ def _invalid(message: str) -> TgiError:
     return TgiError(422, "validation", f"Input validation error: {message}")
 
 
+_FIELDS = BodyFields(lambda name, what: _invalid(f"`{name}` must be {what}"))
+
+
 @dataclass(frozen=True, slots=True)
 class _TgiRequest:
     params: GenerateParams
@@ -83,13 +87,13 @@ def _parse(body: Any, config: SimConfig) -> _TgiRequest:
     if not isinstance(params, Mapping):
         raise _invalid("`parameters` must be an object")
 
-    max_new_tokens = _opt_int(params, "max_new_tokens")
+    max_new_tokens = _FIELDS.integer(params, "max_new_tokens")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise _invalid("`max_new_tokens` must be strictly positive")
-    temperature = _opt_number(params, "temperature")
+    temperature = _FIELDS.number(params, "temperature")
     if temperature is not None and temperature <= 0:
         raise _invalid("`temperature` must be strictly positive")
-    top_p = _opt_number(params, "top_p")
+    top_p = _FIELDS.number(params, "top_p")
     if top_p is not None and not 0 < top_p < 1:
         raise _invalid("`top_p` must be > 0.0 and < 1.0")
     stop = params.get("stop") or []
@@ -97,7 +101,7 @@ def _parse(body: Any, config: SimConfig) -> _TgiRequest:
         raise _invalid("`stop` must be a list of strings")
     if len(stop) > _MAX_STOP_SEQUENCES:
         raise _invalid(f"`stop` supports up to {_MAX_STOP_SEQUENCES} stop sequences. Given: {len(stop)}")
-    seed = _opt_int(params, "seed")
+    seed = _FIELDS.integer(params, "seed")
     if seed is not None and seed < 0:
         raise _invalid("`seed` must be a non-negative integer")
 
@@ -125,24 +129,6 @@ def _parse(body: Any, config: SimConfig) -> _TgiRequest:
     )
 
 
-def _opt_int(params: Mapping[str, Any], name: str) -> int | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid(f"`{name}` must be an integer")
-    return value
-
-
-def _opt_number(params: Mapping[str, Any], name: str) -> float | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _invalid(f"`{name}` must be a number")
-    return float(value)
-
-
 def _token_json(token: Token) -> dict[str, Any]:
     return {"id": token.id, "text": token.text, "logprob": token.logprob, "special": token.special}
 
@@ -151,15 +137,15 @@ def _json(payload: object, status: int = 200) -> web.Response:
     return web.Response(text=dumps(payload), status=status, content_type="application/json")
 
 
+@define(eq=False)
 class TgiApi:
     """Handlers bound to one engine, its faults and TGI's metrics."""
 
-    def __init__(self, config: SimConfig, engine: SimEngine, faults: Faults, metrics: TgiMetrics) -> None:
-        self._config = config
-        self._engine = engine
-        self._faults = faults
-        self._metrics = metrics
-        self._in_flight = 0
+    _config: SimConfig
+    _engine: SimEngine
+    _faults: Faults
+    _metrics: TgiMetrics
+    _in_flight: int = field(init=False, default=0)
 
     def add_routes(self, app: web.Application) -> None:
         """Register TGI's endpoints on `app`."""
@@ -193,14 +179,10 @@ class TgiApi:
     async def _read(self, request: web.Request) -> tuple[Any, web.Response | None]:
         """Count the request, apply injected rejection, parse JSON; a response means 'answer this'."""
         self._metrics.request_received()
-        if self._faults.intake_delay_ms:
-            await asyncio.sleep(self._faults.intake_delay_ms / 1000)  # the injected delay itself
-        status = self._faults.reject_all_with_status
-        if status is not None:
-            self._engine.note_rejected()
+        refusal = await injected_refusal(self._faults, self._engine, request.headers.get("X-Request-Id"))
+        if refusal is not None:
+            status, message = refusal
             error_type = {429: "overloaded", 422: "validation"}.get(status, "generation")
-            message = f"Simulated HTTP {status} (fault injection)"
-            self._engine.journal_refused(request.headers.get("X-Request-Id"), None, status, message)
             return None, _json({"error": message, "error_type": error_type}, status)
         try:
             body = await request.json()
@@ -244,14 +226,10 @@ class TgiApi:
         handle = self._start(request, parsed)
         tokens: list[Token] = []
         try:
-            async for event in watch_events(request, handle):
-                if isinstance(event, Aborted):
-                    cut_connection(request)
+            async for event in token_events(request, handle, self._faults):
+                if event is StreamFault.CUT:
                     return web.Response(status=500)
-                fault = injected_fault(self._faults, len(tokens), handle, request)
-                if fault == "cut":
-                    return web.Response(status=500)
-                if fault == "error":
+                if event is StreamFault.ERROR:
                     self._metrics.request_failed("generation")
                     return _json({"error": _INJECTED_ERROR, "error_type": "generation"}, 424)
                 tokens.append(event.token)
@@ -291,16 +269,11 @@ class TgiApi:
             return response
         self._in_flight += 1
         handle = self._start(request, parsed)
-        tokens_sent = 0
         try:
-            async for event in watch_events(request, handle):
-                if isinstance(event, Aborted):
-                    cut_connection(request)
+            async for event in token_events(request, handle, self._faults):
+                if event is StreamFault.CUT:
                     return response
-                fault = injected_fault(self._faults, tokens_sent, handle, request)
-                if fault == "cut":
-                    return response
-                if fault == "error":
+                if event is StreamFault.ERROR:
                     self._metrics.request_failed("generation")
                     await send({"error": _INJECTED_ERROR, "error_type": "generation"})
                     return response
@@ -321,7 +294,6 @@ class TgiApi:
                             "input_length": fin.prompt_tokens,
                         }
                 await send(chunk)
-                tokens_sent += 1
         except (ClientGone, ConnectionResetError):
             handle.abort("client disconnected")
         finally:

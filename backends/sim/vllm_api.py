@@ -13,16 +13,16 @@ import asyncio
 from aiohttp import web
 
 from backends.sim.config import SimConfig
-from backends.sim.engine import Aborted, RequestHandle, SimEngine
+from backends.sim.engine import RequestHandle, SimEngine
 from backends.sim.faults import Faults
 from backends.sim.streaming import (
     ClientGone,
-    cut_connection,
+    StreamFault,
     dumps,
     healthy,
-    injected_fault,
+    injected_refusal,
     open_event_stream,
-    watch_events,
+    token_events,
 )
 from backends.sim.tokens import StopBufferedText
 from backends.sim.vllm_protocol import (
@@ -90,13 +90,9 @@ class VllmApi:
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         header_id = request.headers.get("X-Request-Id")
-        if self._faults.intake_delay_ms:
-            await asyncio.sleep(self._faults.intake_delay_ms / 1000)  # the injected delay itself
-        status = self._faults.reject_all_with_status
-        if status is not None:
-            self._engine.note_rejected()
-            message = f"Simulated HTTP {status} (fault injection)"
-            self._engine.journal_refused(header_id, None, status, message)
+        refusal = await injected_refusal(self._faults, self._engine, header_id)
+        if refusal is not None:
+            status, message = refusal
             return _json(error_body(status, message), status)
         try:
             body = await request.json()
@@ -137,7 +133,7 @@ class VllmApi:
             await response.write(f"data: {dumps(payload)}\n\n".encode())
 
         buffer = StopBufferedText(parsed.params.stop)
-        tokens_sent = 0  # tokens generated for this stream so far (faults count these)
+        tokens_sent = 0  # tokens generated for this stream so far (continuous usage counts these)
         held, held_tokens, chunks = "", 0, 0  # text not sent yet under stream_interval, and its tokens
         try:
             prompt_tokens = handle.request.params.prompt_tokens
@@ -154,14 +150,10 @@ class VllmApi:
                 if parsed.continuous_usage:
                     role["usage"] = usage_so_far(0)
                 await send(role)
-            async for event in watch_events(request, handle):
-                if isinstance(event, Aborted):  # engine shut down: die like a crashed server
-                    cut_connection(request)
+            async for event in token_events(request, handle, self._faults):
+                if event is StreamFault.CUT:
                     return response
-                fault = injected_fault(self._faults, tokens_sent, handle, request)
-                if fault == "cut":
-                    return response
-                if fault == "error":
+                if event is StreamFault.ERROR:
                     await send(error_body(500, _INJECTED_ERROR))
                     break
                 piece = "" if event.token.special else event.token.text
@@ -189,17 +181,11 @@ class VllmApi:
         return response
 
     async def _respond(self, request: web.Request, handle: RequestHandle, writer: ChunkWriter) -> web.StreamResponse:
-        tokens = 0
-        async for event in watch_events(request, handle):
-            if isinstance(event, Aborted):
-                cut_connection(request)
+        async for event in token_events(request, handle, self._faults):
+            if event is StreamFault.CUT:
                 return web.Response(status=500)
-            fault = injected_fault(self._faults, tokens, handle, request)
-            if fault == "cut":
-                return web.Response(status=500)
-            if fault == "error":
+            if event is StreamFault.ERROR:
                 return _json(error_body(500, _INJECTED_ERROR), 500)
-            tokens += 1
             fin = event.finished
             if fin is not None:
                 finish_reason, stop_reason = finish_fields(fin.reason, fin.stop_string)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Literal
 
+from backends.sim.body_fields import BodyFields
 from backends.sim.config import SimConfig
 from backends.sim.engine import FinishReason, GenerateParams
 from backends.sim.tokens import count_tokens, render_chat
@@ -40,6 +41,9 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         """vLLM's `ErrorResponse`."""
         return error_body(self.status, self.message, self.err_type)
+
+
+_FIELDS = BodyFields(lambda name, what: ApiError(400, f"{name} must be {what}."))
 
 
 def error_type_for(status: int) -> str:
@@ -90,12 +94,12 @@ def parse_request(kind: Kind, body: Any, config: SimConfig) -> ParsedRequest:
     prompt = _prompt(body) if kind == "completion" else _chat_prompt(body)
     prompt_tokens = count_tokens(prompt)
 
-    n = _opt_int(body, "n")
+    n = _FIELDS.integer(body, "n")
     if n is not None and n != 1:
         raise ApiError(400, "The simulator supports only n=1.")
-    max_tokens = _opt_int(body, "max_tokens")
+    max_tokens = _FIELDS.integer(body, "max_tokens")
     if kind == "chat" and max_tokens is None:
-        max_tokens = _opt_int(body, "max_completion_tokens")
+        max_tokens = _FIELDS.integer(body, "max_completion_tokens")
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.")
     if prompt_tokens >= config.max_model_len:
@@ -114,14 +118,14 @@ def parse_request(kind: Kind, body: Any, config: SimConfig) -> ParsedRequest:
             f"({max_tokens} > {config.max_model_len} - {prompt_tokens}).",
         )
 
-    temperature = _opt_float(body, "temperature")
+    temperature = _FIELDS.number(body, "temperature")
     if temperature is not None and temperature < 0:
         raise ApiError(400, f"temperature must be non-negative, got {temperature}.")
-    top_p = _opt_float(body, "top_p")
+    top_p = _FIELDS.number(body, "top_p")
     if top_p is not None and not 0 < top_p <= 1:
         raise ApiError(400, f"top_p must be in (0, 1], got {top_p}.")
 
-    stream = _opt_bool(body, "stream") or False
+    stream = _FIELDS.boolean(body, "stream") or False
     stream_options = body.get("stream_options")
     if stream_options is not None:
         if not stream:
@@ -130,20 +134,20 @@ def parse_request(kind: Kind, body: Any, config: SimConfig) -> ParsedRequest:
             raise ApiError(400, "stream_options must be an object.")
     include_usage = bool(stream_options.get("include_usage")) if stream_options else False
     continuous_usage = include_usage and bool(stream_options and stream_options.get("continuous_usage_stats"))
-    stream_interval = _opt_int(body, "stream_interval")
+    stream_interval = _FIELDS.integer(body, "stream_interval")
     if stream_interval is not None and stream_interval < 1:
         raise ApiError(400, f"stream_interval must be at least 1, got {stream_interval}.")
 
     # vLLM 0.32 accepts a priority under fcfs too, and ignores it (so does the engine here).
-    priority = _opt_int(body, "priority") or 0
+    priority = _FIELDS.integer(body, "priority") or 0
 
     params = GenerateParams(
         prompt=prompt,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         stop=_stop(body),
-        seed=_opt_int(body, "seed"),
-        ignore_eos=_opt_bool(body, "ignore_eos") or False,
+        seed=_FIELDS.integer(body, "seed"),
+        ignore_eos=_FIELDS.boolean(body, "ignore_eos") or False,
         priority=priority,
     )
     return ParsedRequest(
@@ -199,33 +203,6 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         return tuple(stop)
     raise ApiError(400, "stop must be a string or a list of strings.")
-
-
-def _opt_int(body: Mapping[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"{name} must be an integer.")
-    return value
-
-
-def _opt_float(body: Mapping[str, Any], name: str) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ApiError(400, f"{name} must be a number.")
-    return float(value)
-
-
-def _opt_bool(body: Mapping[str, Any], name: str) -> bool | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise ApiError(400, f"{name} must be a boolean.")
-    return value
 
 
 # Response shapes

@@ -29,6 +29,7 @@ class ClientRequest:
     request_id: str = ""  # the client's own id (a label scoped to its user); empty: none
     prompt_cache_key: str = ""
     trace_context: TraceContext | None = None  # the caller's valid W3C trace context (`core.trace_context`)
+    end_user: str = ""  # the caller's end user (OpenAI `user`, `x-end-user-id`); empty: none named
 
 
 @dataclass(slots=True, eq=False)
@@ -56,6 +57,9 @@ class QueuedRequest:
     prompt_bytes: int = field(default=0)
     client_request_id: str = ""
     cache_key: str = ""  # the client's prompt_cache_key: kept for prefix-locality scheduling
+    # The end user the caller (the tenant, `user`) serves this request for: a sub-flow inside the tenant's
+    # fair share, served fairly among the tenant's end users (`core.queues.Flow`). Empty: the tenant's own.
+    end_user: str = ""
     # The caller's trace context: the engine request continues it while tracing is off (with tracing on, the
     # request's own spans continue it and the engine gets theirs). Only tracing reads it.
     trace_context: TraceContext | None = None

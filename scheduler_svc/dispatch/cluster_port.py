@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from attrs import define, field
+
 from backends.errors import BackendUnavailable
 from scheduler_svc.core.clock import Clock
 from scheduler_svc.core.ticket import Outcome, Ticket
@@ -23,33 +25,20 @@ from scheduler_svc.dispatch.steering import DispatchAuthority, DispatchObserver
 from scheduler_svc.policies import Fairness
 
 
+@define(eq=False)
 class ClusterPort:
     """What a cluster agent may do to one model's dispatch."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        book: QueueBook,
-        ledger: RunLedger,
-        gates: BackendGates,
-        events: RequestEvents,
-        fairness_of: Callable[[str], Fairness],
-        *,
-        send: Send,
-        sent: Callable[[int], None],
-        stopping: Callable[[], bool],
-        wake: Callable[[], None],
-    ) -> None:
-        self._clock = clock
-        self._book = book
-        self._ledger = ledger
-        self._gates = gates
-        self._events = events
-        self._fairness_of = fairness_of
-        self._send = send
-        self._sent = sent
-        self._stopping = stopping
-        self._wake = wake
+    _clock: Clock
+    _book: QueueBook
+    _ledger: RunLedger
+    _gates: BackendGates
+    _events: RequestEvents
+    _fairness_of: Callable[[str], Fairness]
+    _send: Send = field(kw_only=True)
+    _sent: Callable[[int], None] = field(kw_only=True)
+    _stopping: Callable[[], bool] = field(kw_only=True)
+    _wake: Callable[[], None] = field(kw_only=True)
 
     @property
     def authority(self) -> DispatchAuthority:

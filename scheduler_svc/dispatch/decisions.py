@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from attrs import define, field
+
 from scheduler_svc.core.queues import Band
 from scheduler_svc.core.ticket import Ticket
 from scheduler_svc.dispatch.backend_handle import BackendHandle
@@ -25,39 +27,23 @@ Send = Callable[[Ticket, BackendHandle, float, Callable[[], "int | None"]], None
 """Moves a queued ticket to a backend with all the accounting: (ticket, backend, now, its engine priority)."""
 
 
+@define(eq=False)
 class Decisions:
     """Chooses and sends one model's requests while the gates allow (`dispatch_ready`)."""
 
-    def __init__(
-        self,
-        book: QueueBook,
-        ledger: RunLedger,
-        gates: BackendGates,
-        fairness: Mapping[str, Fairness],
-        bands: BandPolicy,
-        backend_policy: BackendPolicy,
-        deficit_bound: float,
-        *,
-        send: Send,
-        expire: Callable[[Ticket], None],
-        may_dispatch: Callable[[], bool],
-        errors: InternalErrors,
-        health: LoopHealth,
-        model: str,
-    ) -> None:
-        self._book = book
-        self._ledger = ledger
-        self._gates = gates
-        self._fairness = fairness
-        self._bands = bands
-        self._backend_policy = backend_policy
-        self._deficit_bound = deficit_bound
-        self._send = send
-        self._expire = expire
-        self._may_dispatch = may_dispatch
-        self._errors = errors
-        self._health = health
-        self._model = model
+    _book: QueueBook
+    _ledger: RunLedger
+    _gates: BackendGates
+    _fairness: Mapping[str, Fairness]
+    _bands: BandPolicy
+    _backend_policy: BackendPolicy
+    _deficit_bound: float
+    _send: Send = field(kw_only=True)
+    _expire: Callable[[Ticket], None] = field(kw_only=True)
+    _may_dispatch: Callable[[], bool] = field(kw_only=True)
+    _errors: InternalErrors = field(kw_only=True)
+    _health: LoopHealth = field(kw_only=True)
+    _model: str = field(kw_only=True)
 
     def dispatch_ready(self, now: float) -> int:
         """Send every request the gates allow now; returns how many were sent.

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from attrs import define, field
+
 from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.core.clock import Clock
 from scheduler_svc.core.ticket import Ticket
@@ -33,23 +35,17 @@ def _time_left(ticket: Ticket, handle: BackendHandle, now: float) -> float | Non
     return max(0, ticket.request.max_tokens - ticket.completion_tokens) * tpot
 
 
+@define(eq=False)
 class DrainEstimate:
     """One model's estimate of when so many more requests of a class can have been dispatched."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        ledger: RunLedger,
-        gates: BackendGates,
-        classes: Mapping[str, PriorityClassConfig],
-        rate: Callable[[float], float],
-    ) -> None:
-        self._clock = clock
-        self._ledger = ledger
-        self._gates = gates
-        self._classes = classes
-        self._rate = rate  # recent first dispatches per second at a time (0: unknown)
-        self._frees_cache: dict[str, tuple[float, list[float] | None]] = {}  # class -> (when, `_frees`)
+    _clock: Clock
+    _ledger: RunLedger
+    _gates: BackendGates
+    _classes: Mapping[str, PriorityClassConfig]
+    _rate: Callable[[float], float]  # recent first dispatches per second at a time (0: unknown)
+    # class -> (when, `_frees`)
+    _frees_cache: dict[str, tuple[float, list[float] | None]] = field(init=False, factory=dict)
 
     def eta(self, needed: int, priority_class: str) -> float | None:
         """Seconds until `needed` more requests of the class's band can have left the queue: at the recent

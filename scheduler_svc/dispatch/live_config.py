@@ -157,6 +157,7 @@ class LiveConfig:
 
     def _use_prices(self, prices: Prices) -> None:
         self._events.use_prices(prices)
+        self._book.end_users.use_prices(prices)
         for name, policy in self._fairness.items():
             users, groups = self._costing[name]
             policy.account.use_costing(prices, users, groups)

@@ -12,30 +12,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from attrs import define, field
+
 from scheduler_svc.core.clock import Clock
 from scheduler_svc.dispatch.health import InternalErrors, LoopHealth
 
 
+@define(eq=False)
 class DispatchLoop:
     """Runs `decide` (one pass) each time it is woken, then arms a timer for `choose_again_at()`."""
 
-    def __init__(
-        self,
-        decide: Callable[[], object],
-        choose_again_at: Callable[[], float | None],
-        clock: Clock,
-        errors: InternalErrors,
-        health: LoopHealth,
-        model: str,
-    ) -> None:
-        self._decide = decide
-        self._choose_again_at = choose_again_at
-        self._clock = clock
-        self._errors = errors
-        self._health = health
-        self._model = model
-        self._wake = asyncio.Event()
-        self._timer: asyncio.TimerHandle | None = None
+    _decide: Callable[[], object]
+    _choose_again_at: Callable[[], float | None]
+    _clock: Clock
+    _errors: InternalErrors
+    _health: LoopHealth
+    _model: str
+    _wake: asyncio.Event = field(init=False, factory=asyncio.Event)
+    _timer: asyncio.TimerHandle | None = field(init=False, default=None)
 
     def wake(self) -> None:
         """Something happened that may let a request go: pass again (once, however many wake it meanwhile)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import structlog
+from attrs import define, field
 
 from backends.errors import BackendError
 from scheduler_svc.core.clock import Clock
@@ -31,44 +32,26 @@ from scheduler_svc.policies.cost import Prices
 log = structlog.get_logger(__name__)
 
 
+@define(eq=False, slots=False)  # not slotted: tests wrap a handler on an instance
 class RequestEvents:
     """One model's handler of its tickets' and runs' events."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        book: QueueBook,
-        ledger: RunLedger,
-        fairness: Mapping[str, Fairness],
-        prices: Prices,
-        counters: RequestCounters,
-        capacity: Capacity,
-        failover: FailoverRule,
-        *,
-        authority: Callable[[], DispatchAuthority],
-        stopping: Callable[[], bool],
-        wake: Callable[[], None],
-        settled: Callable[[Ticket], None],
-        model: str,
-        gate_logs: Mapping[str, GateLog] | None = None,
-    ) -> None:
-        """`gate_logs`: per class, what holds its requests (with tracing on), for a traced request that
-        waits again after a failover."""
-        self._clock = clock
-        self._book = book
-        self._ledger = ledger
-        self._fairness = fairness
-        self._prices = prices
-        self._counters = counters
-        self._capacity = capacity
-        self._failover = failover
-        self._authority = authority
-        self._stopping = stopping
-        self._wake = wake
-        self._settled = settled
-        self._model = model
-        self._gate_logs = gate_logs
-        self._observer: DispatchObserver | None = None
+    _clock: Clock
+    _book: QueueBook
+    _ledger: RunLedger
+    _fairness: Mapping[str, Fairness]
+    _prices: Prices
+    _counters: RequestCounters
+    _capacity: Capacity
+    _failover: FailoverRule
+    _authority: Callable[[], DispatchAuthority] = field(kw_only=True)
+    _stopping: Callable[[], bool] = field(kw_only=True)
+    _wake: Callable[[], None] = field(kw_only=True)
+    _settled: Callable[[Ticket], None] = field(kw_only=True)
+    _model: str = field(kw_only=True)
+    # per class, what holds its requests (with tracing on), for a traced request that waits again after a failover
+    _gate_logs: Mapping[str, GateLog] | None = field(kw_only=True, default=None)
+    _observer: DispatchObserver | None = field(init=False, default=None)
 
     def use_prices(self, prices: Prices) -> None:
         """The model's prices from a reloaded configuration, for the cost counted from now on."""
@@ -112,6 +95,7 @@ class RequestEvents:
             reached = outcome is Outcome.COMPLETED or ticket.reached_engine
             account = self._fairness[ticket.request.priority_class].account
             account.on_finished(ticket.request, ticket.completion_tokens, reached_engine=reached)
+            self._book.end_users.finished(ticket.request, ticket.completion_tokens, reached_engine=reached)
             self._wake()
 
     def settled(self, ticket: Ticket) -> None:
@@ -164,6 +148,7 @@ class RequestEvents:
         """The engine generated `tokens` more tokens of the request."""
         request = ticket.request
         self._fairness[request.priority_class].account.on_generated(request, tokens)
+        self._book.end_users.generated(request, tokens)
         self._counters.cost(request, self._prices.cost(0, tokens))
         assert ticket.backend is not None
         self._counters.generated(request, ticket.backend.name, tokens)
@@ -194,6 +179,7 @@ class RequestEvents:
         ticket.requeued()  # first: from here a failure below leaves a ticket that close() can end cleanly
         fairness = self._fairness[request.priority_class]
         fairness.account.on_requeued(request)
+        self._book.end_users.requeued(request)
         flow, newly_backlogged = self._book.put(ticket, front=True)
         if newly_backlogged:
             fairness.account.on_backlogged(request.user, self._book.band(request.priority_class).flow_views)

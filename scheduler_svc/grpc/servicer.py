@@ -236,21 +236,26 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     async def DrainBackend(
         self, request: pb.DrainBackendRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.DrainBackendResponse:
-        try:
-            user = self._admin(context, "drain a backend")
-            drained = self._scheduler.drain_backend(request.model, request.backend, drain=True)
-        except SchedulerError as exc:
-            await _abort(context, exc)
-        log.info("admin_drained_backend", user=user, backend=request.backend, models=[m for m, _ in drained])
-        return pb.DrainBackendResponse(backends=[backend_state(model, status) for model, status in drained])
+        return pb.DrainBackendResponse(backends=await self._drain(request, context, drain=True))
 
     async def UndrainBackend(
         self, request: pb.UndrainBackendRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.UndrainBackendResponse:
+        return pb.UndrainBackendResponse(backends=await self._drain(request, context, drain=False))
+
+    async def _drain(
+        self,
+        request: pb.DrainBackendRequest | pb.UndrainBackendRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+        *,
+        drain: bool,
+    ) -> list[pb.BackendQueueState]:
+        """Drain (or undrain) `request.backend` for an admin; the states of the backends it touched."""
         try:
-            user = self._admin(context, "undrain a backend")
-            undrained = self._scheduler.drain_backend(request.model, request.backend, drain=False)
+            user = self._admin(context, "drain a backend" if drain else "undrain a backend")
+            touched = self._scheduler.drain_backend(request.model, request.backend, drain=drain)
         except SchedulerError as exc:
             await _abort(context, exc)
-        log.info("admin_undrained_backend", user=user, backend=request.backend, models=[m for m, _ in undrained])
-        return pb.UndrainBackendResponse(backends=[backend_state(model, status) for model, status in undrained])
+        event = "admin_drained_backend" if drain else "admin_undrained_backend"
+        log.info(event, user=user, backend=request.backend, models=[m for m, _ in touched])
+        return [backend_state(model, status) for model, status in touched]

@@ -45,6 +45,9 @@ var errorTable = map[string]ReasonSpec{
 	"READ_TIMEOUT":             {codes.DeadlineExceeded, true},
 	"READ_CAPACITY_FULL":       {codes.Unavailable, true},
 	"DEADLINE_EXCEEDED":        {codes.DeadlineExceeded, false},
+	"BACKEND_NOT_FOUND":        {codes.NotFound, false},
+	"CONFIG_INVALID":           {codes.FailedPrecondition, false},
+	"CONFIG_NEEDS_RESTART":     {codes.FailedPrecondition, false},
 }
 
 // Error is a failed call: the gRPC code, the reason (an llmsched.v1.ErrorReason value name, from

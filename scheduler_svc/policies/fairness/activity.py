@@ -19,11 +19,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
+from attrs import define, field
+
 from scheduler_svc.core.clock import Clock
 from scheduler_svc.policies.interfaces import FlowView
 from scheduler_svc.policies.weights import WeightResolver
 
 
+@define(eq=False, slots=False)  # not slotted: tests set `pruning` on an instance
 class UserActivity:
     """A band's active users: what each runs, when each was last seen, and who may be forgotten.
 
@@ -35,31 +38,20 @@ class UserActivity:
     sweep_per_event = 2
     pruning = True  # tests turn it off to show that pruning changes no decision
 
-    def __init__(
-        self,
-        weights: WeightResolver,
-        clock: Clock,
-        idle_ttl: float,
-        *,
-        safe_to_forget: Callable[[str], bool],
-        forget: Callable[[str, bool], bool],
-        all_ended: Callable[[str], None] = lambda user: None,
-        group_all_ended: Callable[[str], None] = lambda group: None,
-        refresh: Callable[[str], None] = lambda user: None,
-    ) -> None:
-        self._weights = weights
-        self._clock = clock
-        self._idle_ttl = idle_ttl
-        self._safe_to_forget = safe_to_forget
-        self._forget = forget
-        self._all_ended = all_ended
-        self._group_all_ended = group_all_ended
-        self._refresh = refresh
-        self.flows: Mapping[str, FlowView] = {}  # the band's live backlogged flows (a read-only view)
-        self.in_flight: dict[str, int] = {}  # user -> requests dispatched from this band, still running
-        self.group_in_flight: dict[str, int] = {}
-        self._last_seen: OrderedDict[str, float] = OrderedDict()  # user -> its last event; the sweep's order
-        self._members: dict[str, int] = {}  # group -> its users in `_last_seen`
+    _weights: WeightResolver
+    _clock: Clock
+    _idle_ttl: float
+    _safe_to_forget: Callable[[str], bool] = field(kw_only=True)
+    _forget: Callable[[str, bool], bool] = field(kw_only=True)
+    _all_ended: Callable[[str], None] = field(kw_only=True, default=lambda user: None)
+    _group_all_ended: Callable[[str], None] = field(kw_only=True, default=lambda group: None)
+    _refresh: Callable[[str], None] = field(kw_only=True, default=lambda user: None)
+    flows: Mapping[str, FlowView] = field(init=False, factory=dict)  # the band's live backlogged flows (read-only)
+    in_flight: dict[str, int] = field(init=False, factory=dict)  # user -> requests dispatched from this band, running
+    group_in_flight: dict[str, int] = field(init=False, factory=dict)
+    # user -> its last event; the sweep's order
+    _last_seen: OrderedDict[str, float] = field(init=False, factory=OrderedDict)
+    _members: dict[str, int] = field(init=False, factory=dict)  # group -> its users in `_last_seen`
 
     def tracked_users(self) -> int:
         """How many users any state is kept for (active ones, and idle ones not yet forgotten)."""
