@@ -219,10 +219,13 @@ class Band:
     """The queued requests of one priority class: backlogged flows in the order they became backlogged.
 
     `size`, `prompt_tokens` and `max_output_tokens` are running totals over the queued requests (kept by
-    `ModelQueues` as requests come and go), so reading what is queued costs nothing per request.
+    `ModelQueues` as requests come and go), so reading what is queued costs nothing per request. The band's
+    oldest admission is read from a heap of its flows by their own oldest (an entry per change, stale ones
+    dropped when on top and the heap rebuilt once they outnumber the flows), so it costs O(log n) amortised
+    in the users queued, not a look at every flow.
     """
 
-    __slots__ = ("flows", "max_output_tokens", "priority_class", "prompt_tokens", "size")
+    __slots__ = ("_oldest", "_stamp", "flows", "max_output_tokens", "priority_class", "prompt_tokens", "size")
 
     def __init__(self, priority_class: PriorityClassConfig) -> None:
         self.priority_class = priority_class
@@ -230,6 +233,8 @@ class Band:
         self.size = 0
         self.prompt_tokens = 0  # the requests' prompt_tokens_estimate, summed
         self.max_output_tokens = 0  # their max_tokens, summed: the most they may generate
+        self._oldest: list[tuple[float, int, Flow]] = []  # (a flow's oldest admission, stamp, flow), lazily cleaned
+        self._stamp = 0
 
     @property
     def flow_views(self) -> Mapping[str, Flow]:
@@ -241,7 +246,23 @@ class Band:
         measured from here. Whatever the ordering: starvation is about how long the band's work has waited,
         and under an order other than arrival a flow's head may be its youngest request, so reading heads
         would let an old request hide behind fresher ones that keep overtaking it."""
-        return min(flow.oldest_admission() for flow in self.flows.values())
+        heap = self._oldest
+        while not self._current(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0]
+
+    def note_oldest(self, flow: Flow) -> None:
+        """`flow`'s oldest admission may have changed (a request came or went; the flow is non-empty)."""
+        self._stamp += 1
+        heapq.heappush(self._oldest, (flow.oldest_admission(), self._stamp, flow))
+        if len(self._oldest) > 2 * len(self.flows) + 16:
+            self._oldest = [entry for entry in self._oldest if self._current(entry)]
+            heapq.heapify(self._oldest)
+
+    def _current(self, entry: tuple[float, int, Flow]) -> bool:
+        """Whether a heap entry still tells its flow's oldest admission (the flow is queued and unchanged)."""
+        flow = entry[2]
+        return self.flows.get(flow.user) is flow and flow.oldest_admission() == entry[0]
 
 
 class ModelQueues:
@@ -299,10 +320,13 @@ class ModelQueues:
             flow = band.flows[request.user] = Flow(
                 request.user, request.priority_class, self._order_key, self._choose_end_user
             )
+        oldest = None if newly_backlogged else flow.oldest_admission()
         if front:
             flow.push_front(request)
         else:
             flow.push(request)
+        if flow.oldest_admission() != oldest:
+            band.note_oldest(flow)
         band.size += 1
         band.prompt_tokens += request.prompt_tokens_estimate
         band.max_output_tokens += request.max_tokens
@@ -317,9 +341,12 @@ class ModelQueues:
         flow = self._flow_of.pop(request_id, None)
         if flow is None:
             return None
+        oldest = flow.oldest_admission()
         request = flow.remove(request_id, dispatched=dispatched)
         assert request is not None
         band = self._band_by_class[flow.priority_class]
+        if flow and flow.oldest_admission() != oldest:
+            band.note_oldest(flow)
         band.size -= 1
         band.prompt_tokens -= request.prompt_tokens_estimate
         band.max_output_tokens -= request.max_tokens
@@ -347,7 +374,3 @@ class ModelQueues:
     def backlogged_bands(self) -> Iterator[Band]:
         """Non-empty bands, best (lowest rank) first."""
         return (b for b in self.bands if b.size)
-
-    def depth_by_band_and_user(self) -> dict[str, dict[str, int]]:
-        """For introspection: class -> user -> queued requests."""
-        return {b.priority_class.name: {u: len(f) for u, f in b.flows.items()} for b in self.bands}

@@ -276,6 +276,11 @@ class ModelDispatcher:
         self.wake()
         return ticket
 
+    def observe_sends(self, listener: Callable[[Ticket], None]) -> None:
+        """Tell `listener` of every request handed to a backend, as it is (for a driver that runs the requests
+        itself on a virtual clock: `app.stepped`)."""
+        self._handover.observe(listener)
+
     def reload_problems(self, model: ModelConfig) -> list[str]:
         """Why `model`, the model's reloaded configuration, cannot be applied live (empty: it can); what
         `config.live` finds between two files is checked there."""

@@ -44,6 +44,12 @@ class Handover:
         self._counters = counters
         self._gate_logs = gate_logs
         self._drain = RateMeter()
+        self._listeners: list[Callable[[Ticket], None]] = []
+
+    def observe(self, listener: Callable[[Ticket], None]) -> None:
+        """Tell `listener` of every ticket handed over, once it is assigned and entered in the ledger (a
+        driver that runs requests itself, on a virtual clock, instead of the ticket's own run)."""
+        self._listeners.append(listener)
 
     def drain_rate(self, now: float) -> float:
         """Requests leaving the queue for the first time, per second lately (0: unknown)."""
@@ -74,3 +80,5 @@ class Handover:
             logs = self._gate_logs
             gates = None if logs is None else logs[request.priority_class]
             ticket.trace.dispatched(now, handle.name, ticket.attempts, priority, gates)
+        for listener in self._listeners:
+            listener(ticket)
