@@ -20,11 +20,12 @@ class ChatMessage:
     content: str
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """Sampling settings passed through to the engine unchanged."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingChoices:
+    """The sampling settings a client may choose, passed through to the engine unchanged (None: the
+    engine's default). A client's request (`scheduler_svc.core.request.ClientRequest`) carries them as its
+    own fields, and so does the `SamplingParams` an engine gets."""
 
-    max_tokens: int = 256
     temperature: float | None = None
     top_p: float | None = None
     stop: tuple[str, ...] = ()
@@ -32,6 +33,14 @@ class SamplingParams:
     ignore_eos: bool = False
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams(SamplingChoices):
+    """Sampling settings passed through to the engine unchanged: the client's choices and how many tokens
+    to generate at the most."""
+
+    max_tokens: int = 256
 
 
 @dataclass(frozen=True, slots=True)
