@@ -132,13 +132,26 @@ class BackendCapabilities:
 
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
-    """Connection settings shared by all HTTP adapters (given to `backends.registry.create_backend`)."""
+    """Connection settings shared by all HTTP adapters (part of a `BackendSpec`)."""
 
     metrics_path: str = "/metrics"
     metrics_timeout: float = 1.0
     connect_timeout: float = 5.0
     max_connections: int = 1024
     idle_connection_seconds: float = 2.0  # under the engine's keep-alive (vLLM, uvicorn: 5 s); see HttpEngine
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """Which engine an adapter talks to, and how: what every adapter's constructor takes (given to
+    `backends.registry.create_backend`). `priority_scheduling` is honoured only by an adapter whose engine
+    supports it."""
+
+    name: str  # the backend's configured name, unique within a model
+    url: str  # the engine's base URL
+    engine_model: str  # the model name the engine serves (every request asks for it)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    priority_scheduling: bool = False
 
 
 @runtime_checkable
