@@ -4,27 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.base import ChatMessage, SamplingParams, TraceContext
+from backends.base import ChatMessage, SamplingChoices, SamplingParams, TraceContext
 
 
 @dataclass(frozen=True, slots=True)
-class ClientRequest:
+class ClientRequest(SamplingChoices):
     """What a client asks for, as either door (gRPC, the OpenAI-compatible HTTP door) hands it to admission:
     plain values, nothing checked yet (`admission.build_request` validates it for the caller's user). An
-    optional value the client left unset is None, so admission can apply the model's default.
+    optional value the client left unset is None, so admission can apply the model's default. The sampling
+    choices (`SamplingChoices`, keyword-only) are its own fields, as the engine gets them.
     """
 
     model: str
     prompt: str = ""
     messages: tuple[ChatMessage, ...] = ()
     max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    ignore_eos: bool = False
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     priority_class: str = ""  # empty: the configured default class
     request_id: str = ""  # the client's own id (a label scoped to its user); empty: none
     prompt_cache_key: str = ""

@@ -24,7 +24,7 @@ chosen the tenant already, and holding that choice would hold the band.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler_svc.core.queues import Flow
 from scheduler_svc.core.request import QueuedRequest
@@ -35,41 +35,10 @@ NESTED_PARAMS = {"vtc_return_grace_seconds": 0.0}
 """Parameters the nested policies take in place of the band's (see the module docstring)."""
 
 
-class EndUserRequest:
-    """A tenant's request as its nested policy sees it (a `RequestView`): its end user in place of its user."""
-
-    __slots__ = ("_request",)
-
-    def __init__(self, request: QueuedRequest) -> None:
-        self._request = request
-
-    @property
-    def request_id(self) -> str:
-        return self._request.request_id
-
-    @property
-    def user(self) -> str:
-        return self._request.end_user
-
-    @property
-    def priority_class(self) -> str:
-        return self._request.priority_class
-
-    @property
-    def admitted_at(self) -> float:
-        return self._request.admitted_at
-
-    @property
-    def deadline(self) -> float | None:
-        return self._request.deadline
-
-    @property
-    def prompt_tokens_estimate(self) -> int:
-        return self._request.prompt_tokens_estimate
-
-    @property
-    def max_tokens(self) -> int:
-        return self._request.max_tokens
+def as_end_user(request: QueuedRequest) -> QueuedRequest:
+    """A tenant's request as its nested policy sees it: the same request with its end user in place of its
+    user (a copy: the queued request itself is left as it is)."""
+    return replace(request, user=request.end_user)
 
 
 @dataclass(eq=False)
@@ -79,7 +48,7 @@ class _Nested:
     fairness: Fairness
     counters: tuple[Counters, Counters]  # its own (end user, group) counters, kept across a change of prices
     flow: Flow  # the tenant's flow in the class (a new one each time the tenant becomes backlogged)
-    running: dict[str, EndUserRequest]  # request id -> the requests it saw dispatched, still running
+    running: dict[str, QueuedRequest]  # request id -> the requests it saw dispatched (`as_end_user`), still running
 
 
 class EndUserShares:
@@ -144,7 +113,7 @@ class EndUserShares:
         nested = self._nested.get((request.priority_class, request.user))
         if nested is None:
             return
-        view = nested.running[request.request_id] = EndUserRequest(request)
+        view = nested.running[request.request_id] = as_end_user(request)
         nested.fairness.account.on_dispatched(view)
 
     def generated(self, request: QueuedRequest, tokens: int) -> None:
