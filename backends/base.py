@@ -20,11 +20,12 @@ class ChatMessage:
     content: str
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """Sampling settings passed through to the engine unchanged."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingChoices:
+    """The sampling settings a client may choose, passed through to the engine unchanged (None: the
+    engine's default). A client's request (`scheduler_svc.core.request.ClientRequest`) carries them as its
+    own fields, and so does the `SamplingParams` an engine gets."""
 
-    max_tokens: int = 256
     temperature: float | None = None
     top_p: float | None = None
     stop: tuple[str, ...] = ()
@@ -32,6 +33,14 @@ class SamplingParams:
     ignore_eos: bool = False
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams(SamplingChoices):
+    """Sampling settings passed through to the engine unchanged: the client's choices and how many tokens
+    to generate at the most."""
+
+    max_tokens: int = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +132,26 @@ class BackendCapabilities:
 
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
-    """Connection settings shared by all HTTP adapters (given to `backends.registry.create_backend`)."""
+    """Connection settings shared by all HTTP adapters (part of a `BackendSpec`)."""
 
     metrics_path: str = "/metrics"
     metrics_timeout: float = 1.0
     connect_timeout: float = 5.0
     max_connections: int = 1024
     idle_connection_seconds: float = 2.0  # under the engine's keep-alive (vLLM, uvicorn: 5 s); see HttpEngine
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """Which engine an adapter talks to, and how: what every adapter's constructor takes (given to
+    `backends.registry.create_backend`). `priority_scheduling` is honoured only by an adapter whose engine
+    supports it."""
+
+    name: str  # the backend's configured name, unique within a model
+    url: str  # the engine's base URL
+    engine_model: str  # the model name the engine serves (every request asks for it)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    priority_scheduling: bool = False
 
 
 @runtime_checkable

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Protocol
 
-from backends.base import Backend, BackendCapabilities, HttpSettings
+from backends.base import Backend, BackendCapabilities, BackendSpec
 
 # kind -> "module:class" of its adapter, imported on first use
 _ADAPTERS: dict[str, str] = {
@@ -27,15 +27,7 @@ class AdapterClass(Protocol):
 
     CAPABILITIES: BackendCapabilities
 
-    def __call__(
-        self,
-        *,
-        name: str,
-        url: str,
-        engine_model: str,
-        http: HttpSettings | None = None,
-        priority_scheduling: bool = False,
-    ) -> Backend: ...
+    def __call__(self, spec: BackendSpec) -> Backend: ...
 
 
 def adapter_class(kind: str) -> AdapterClass:
@@ -54,15 +46,6 @@ def capabilities(kind: str) -> BackendCapabilities:
     return adapter_class(kind).CAPABILITIES
 
 
-def create_backend(
-    *,
-    kind: str,
-    name: str,
-    url: str,
-    engine_model: str,
-    priority_scheduling: bool = False,
-    http: HttpSettings | None = None,
-) -> Backend:
+def create_backend(kind: str, spec: BackendSpec) -> Backend:
     """Build the adapter for an engine kind ("vllm", "tgi", "llamacpp")."""
-    adapter = adapter_class(kind)
-    return adapter(name=name, url=url, engine_model=engine_model, http=http, priority_scheduling=priority_scheduling)
+    return adapter_class(kind)(spec)

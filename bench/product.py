@@ -5,8 +5,10 @@ reads engines' metrics with the adapters' own parser and reader, so the bench an
 engine differently; it validates its configs with the service's own loader, so a config the service refuses
 is reported as "not available" instead of a scheduler dying at start-up; it takes a few shipped defaults so
 its setups run the service as it ships; CN speaks the cluster's wire protocol to one leader; and the scrape
-tool times the adapters and the real `Scheduler` in-process. Every such import is here: the rest of the bench
-imports this module, the public client package (`clients`) and the engine tools (`engines`), never the
+tool times the adapters and the real `Scheduler` in-process; S9 runs the core on a stepped clock
+(`SteppedCore`) against its own model of the simulator's engine (`step_seconds`, `PrefixCache`), with the
+index-free fairness and gate baselines it builds from the policy registries. Every such import is here: the
+rest of the bench imports this module, the public client package (`clients`) and the engine tools (`engines`), never the
 service's modules, so a rename there is one edit here.
 """
 
@@ -26,12 +28,15 @@ from backends.http import engine_connector
 from backends.metrics import MetricSamples, selected_metrics, whole_text_samples
 from backends.metrics_reader import MetricsReader, MetricsStatus, SampleParser
 from backends.sim import SimConfig, running_simulator
+from backends.sim.engine import step_seconds
 from backends.sim.journal import read_journal
+from backends.sim.prefix_cache import PrefixCache
 from scheduler_svc.app.event_loop import EVENT_LOOPS, run_on
 from scheduler_svc.app.logs import configure_logging
 from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.app.settings import config_from_dict
 from scheduler_svc.app.settings import load_config as load_config_file
+from scheduler_svc.app.stepped import Refused, Sent, SteppedCore
 from scheduler_svc.cluster.messages import (
     Admit,
     Fail,
@@ -44,12 +49,18 @@ from scheduler_svc.cluster.messages import (
     encode_batch,
 )
 from scheduler_svc.cluster.redis_store import INBOX_LIMIT, RedisStore, inbox_key
-from scheduler_svc.config import BackendConfig, Config, ConfigError, ServerConfig
+from scheduler_svc.config import BackendConfig, Config, ConfigError, GateConfig, PriorityClassConfig, ServerConfig
 from scheduler_svc.dispatch.scheduler import Scheduler
+from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, Fairness, GateDecision, GateInputs, SignalGate
+from scheduler_svc.policies.fairness.backlog_scan import BacklogScan
+from scheduler_svc.policies.fairness.counters import CounterAccount
 from scheduler_svc.policies.fairness.vtc import VtcParams
+from scheduler_svc.policies.weights import WeightResolver
 
 __all__ = [
     "EVENT_LOOPS",
+    "FAIRNESS_POLICIES",
+    "GATE_POLICIES",
     "INBOX_LIMIT",
     "SERVICE_COMMAND",
     "SHIPPED_SCRAPE_INTERVAL",
@@ -58,8 +69,14 @@ __all__ = [
     "Admit",
     "BackendConfig",
     "BackendLoad",
+    "BacklogScan",
     "ConfigRefused",
+    "CounterAccount",
     "Fail",
+    "Fairness",
+    "GateConfig",
+    "GateDecision",
+    "GateInputs",
     "Grant",
     "HttpAdapter",
     "LlamaCppBackend",
@@ -67,17 +84,24 @@ __all__ = [
     "MetricSamples",
     "MetricsReader",
     "MetricsStatus",
+    "PrefixCache",
+    "PriorityClassConfig",
     "RedisStore",
+    "Refused",
     "Report",
     "SampleParser",
     "Scheduler",
     "SchedulerServer",
+    "Sent",
     "ServerConfig",
+    "SignalGate",
     "SimConfig",
+    "SteppedCore",
     "TgiBackend",
     "Tokens",
     "Verdict",
     "VllmBackend",
+    "WeightResolver",
     "configure_logging",
     "decode_batch",
     "encode_batch",
@@ -89,6 +113,7 @@ __all__ = [
     "run_on",
     "running_simulator",
     "selected_metrics",
+    "step_seconds",
     "validate_config",
     "whole_text_samples",
 ]

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import AsyncGenerator
 from typing import ClassVar
 
-from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest, HttpSettings
+from backends.base import BackendCapabilities, BackendLoad, BackendSpec, GenerationEvent, GenerationRequest
 from backends.http import HttpEngine
 from backends.metrics import MetricSamples, RateTracker
 
@@ -24,24 +24,16 @@ class HttpAdapter:
     # METRICS are exact sample names the engine selects itself (Prometheus `name[]`): see HttpEngine.scrape
     SELECT_METRICS_ON_SERVER: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        url: str,
-        engine_model: str,
-        http: HttpSettings | None = None,
-        priority_scheduling: bool = False,
-    ) -> None:
+    def __init__(self, spec: BackendSpec) -> None:
         self._engine = HttpEngine(
-            name=name,
-            url=url,
-            settings=http or HttpSettings(),
+            name=spec.name,
+            url=spec.url,
+            settings=spec.http,
             force_close=self.FORCE_CLOSE,
             select_metrics_on_server=self.SELECT_METRICS_ON_SERVER,
         )
-        self._engine_model = engine_model
-        self._priority_scheduling = priority_scheduling and self.CAPABILITIES.supports_priority
+        self._engine_model = spec.engine_model
+        self._priority_scheduling = spec.priority_scheduling and self.CAPABILITIES.supports_priority
         self._tpot = RateTracker()
         self._capabilities = dataclasses.replace(self.CAPABILITIES, supports_priority=self._priority_scheduling)
 

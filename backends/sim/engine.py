@@ -182,6 +182,14 @@ class EngineSnapshot:
     prefix_cache_hits: int = 0  # of those, tokens found cached
 
 
+def step_seconds(config: SimConfig, batch: int, prefill_tokens: int) -> tuple[float, float]:
+    """How long one engine step takes: its decode part (`decode_base_ms + decode_per_seq_ms` per request in
+    the batch) and its prefill part (`prefill_per_token_ms` per prompt token prefilled in it), in seconds.
+    The one timing rule of the simulator, shared by models of it that skip ahead (bench/scale/)."""
+    decode = (config.decode_base_ms + config.decode_per_seq_ms * batch) / 1000.0
+    return decode, config.prefill_per_token_ms * prefill_tokens / 1000.0
+
+
 class RequestHandle:
     """What a caller holds for one request: its events, and the way to abort it."""
 
@@ -449,8 +457,7 @@ class SimEngine:
         cfg = self.config
         batch = list(self._running)
         prefill_tokens = sum(r.held_tokens - r.cached_tokens for r in batch if r.needs_prefill)
-        decode_seconds = (cfg.decode_base_ms + cfg.decode_per_seq_ms * len(batch)) / 1000.0
-        prefill_seconds = cfg.prefill_per_token_ms * prefill_tokens / 1000.0
+        decode_seconds, prefill_seconds = step_seconds(cfg, len(batch), prefill_tokens)
         self._steps_total += 1
         await self._sleep(decode_seconds + prefill_seconds)
         now = self._clock()

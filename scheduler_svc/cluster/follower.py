@@ -174,6 +174,7 @@ class Follower:
                 force=force,
                 running=running,
                 watch=ticket.watches_position,
+                end_user=request.end_user,
             ),
         )
 

@@ -132,6 +132,7 @@ class Leader:
             prompt_bytes=admit.prompt_bytes,
             client_request_id=admit.client_request_id,
             cache_key=admit.cache_key,
+            end_user=admit.end_user,
             mirrored=True,
         )
         try:

@@ -80,6 +80,7 @@ class Admit:
     force: bool = False
     running: Running | None = None
     watch: bool = False  # the client streams its queue position: the leader sends `Position`s
+    end_user: str = ""  # the end user the request is for, inside its user's share (empty: none named)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ LIVE: frozenset[str] = frozenset(
         "models[].gate",
         "models[].max_queued",
         "models[].max_queued_per_user",
+        "models[].max_end_users_per_user",
         "models[].max_prompt_bytes",
         "models[].max_queued_bytes",
         "models[].max_queued_bytes_per_user",

@@ -421,6 +421,13 @@ class ModelConfig:
     max_queued_per_user: int = _field(
         1000, "Requests one user may have queued for the model; beyond it RESOURCE_EXHAUSTED.", bounds=">= 1"
     )
+    max_end_users_per_user: int = _field(
+        1000,
+        "End users (named by a request's OpenAI `user` field or `x-end-user-id`) one user may have requests "
+        "queued or running for at once, for the model; a request of one more gets RESOURCE_EXHAUSTED (reason "
+        "QUEUE_FULL). Each end user is a sub-flow served fairly inside its user's share.",
+        bounds=">= 1",
+    )
     max_prompt_bytes: int = _field(
         1 << 20,
         "Largest request accepted, in UTF-8 bytes of its prompt, every message's role and content, and its "

@@ -4,31 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.base import ChatMessage, SamplingParams, TraceContext
+from backends.base import ChatMessage, SamplingChoices, SamplingParams, TraceContext
 
 
 @dataclass(frozen=True, slots=True)
-class ClientRequest:
+class ClientRequest(SamplingChoices):
     """What a client asks for, as either door (gRPC, the OpenAI-compatible HTTP door) hands it to admission:
     plain values, nothing checked yet (`admission.build_request` validates it for the caller's user). An
-    optional value the client left unset is None, so admission can apply the model's default.
+    optional value the client left unset is None, so admission can apply the model's default. The sampling
+    choices (`SamplingChoices`, keyword-only) are its own fields, as the engine gets them.
     """
 
     model: str
     prompt: str = ""
     messages: tuple[ChatMessage, ...] = ()
     max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    ignore_eos: bool = False
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     priority_class: str = ""  # empty: the configured default class
     request_id: str = ""  # the client's own id (a label scoped to its user); empty: none
     prompt_cache_key: str = ""
     trace_context: TraceContext | None = None  # the caller's valid W3C trace context (`core.trace_context`)
+    end_user: str = ""  # the caller's end user (OpenAI `user`, `x-end-user-id`); empty: none named
 
 
 @dataclass(slots=True, eq=False)
@@ -56,6 +51,9 @@ class QueuedRequest:
     prompt_bytes: int = field(default=0)
     client_request_id: str = ""
     cache_key: str = ""  # the client's prompt_cache_key: kept for prefix-locality scheduling
+    # The end user the caller (the tenant, `user`) serves this request for: a sub-flow inside the tenant's
+    # fair share, served fairly among the tenant's end users (`core.queues.Flow`). Empty: the tenant's own.
+    end_user: str = ""
     # The caller's trace context: the engine request continues it while tracing is off (with tracing on, the
     # request's own spans continue it and the engine gets theirs). Only tracing reads it.
     trace_context: TraceContext | None = None

@@ -8,6 +8,7 @@ importing the dispatcher (the ticket calls back through its own `TicketHost` Pro
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -38,8 +39,24 @@ class BackendHandle:
     estimator: LoadEstimator
 
     def __post_init__(self) -> None:
-        self.cool_until = 0.0  # no request goes to it before this time: it failed one before its first token
+        self._cool_until = 0.0  # no request goes to it before this time: it failed one before its first token
         self.drains: set[Drain] = {Drain.CONFIG} if self.config.drained else set()  # none: it takes new work
+        self._cooling_changed: list[Callable[[], None]] = []
+        self._sends_priority = self.config.priority_scheduling and self.backend.capabilities.supports_priority
+
+    @property
+    def cool_until(self) -> float:
+        return self._cool_until
+
+    @cool_until.setter
+    def cool_until(self, when: float) -> None:
+        self._cool_until = when
+        for changed in self._cooling_changed:
+            changed()
+
+    def watch_cooling(self, changed: Callable[[], None]) -> None:
+        """Tell `changed()` whenever `cool_until` is set (the gates' reusable decisions rest on it)."""
+        self._cooling_changed.append(changed)
 
     @property
     def name(self) -> str:
@@ -65,5 +82,5 @@ class BackendHandle:
 
     @property
     def sends_priority(self) -> bool:
-        """Whether requests to this backend carry a numeric engine priority."""
-        return self.config.priority_scheduling and self.backend.capabilities.supports_priority
+        """Whether requests to this backend carry a numeric engine priority (fixed by its config and kind)."""
+        return self._sends_priority

@@ -1,10 +1,11 @@
 """Capacity and load shedding: the caps a model's queue holds to, and the retry hint a refusal carries.
 
 A request is refused before it is queued when the model or its user would hold more requests or more
-prompt bytes than configured. The hint tells the client when to come back: the time until a tenth of the
-backlog in its way can have left the queue, which is the later of two estimates (`dispatch_eta`): at the
-rate the scheduler has been dispatching lately, and, while no engine can take more, as running requests
-end (their remaining tokens at their engine's time per output token) and make room. Never less than the
+prompt bytes than configured, or its user would hold requests for more end users than configured. The
+hint tells the client when to come back: the time until a tenth of the backlog in its way can have left
+the queue, which is the later of two estimates (`dispatch_eta`): at the rate the scheduler has been
+dispatching lately, and, while no engine can take more, as running requests end (their remaining tokens
+at their engine's time per output token) and make room. Never less than the
 model's `min_retry_after_seconds`: a refusal while every slot is held by long answers says so, instead of
 inviting the client's retries within the second.
 """
@@ -59,10 +60,13 @@ class QueuedCounts(Protocol):
 
 
 class Capacity:
-    """One model's caps (`max_queued*` and `max_queued_bytes*`) and the prompt bytes its requests hold.
+    """One model's caps (`max_queued*`, `max_queued_bytes*`, `max_end_users_per_user`) and the prompt bytes
+    and end users its requests hold.
 
     Bytes are held from admission to the outcome (queued and running alike), so a flood of huge prompts is
-    bounded by memory, not by count; request counts are capped on the queue alone.
+    bounded by memory, not by count; request counts are capped on the queue alone; a user's end users are
+    counted from admission to the outcome, so the end users whose state a user makes the service keep are
+    bounded at every moment.
     """
 
     def __init__(self, model: ModelConfig, queues: QueuedCounts) -> None:
@@ -70,6 +74,7 @@ class Capacity:
         self._queues = queues
         self.held_bytes = 0  # prompt bytes of queued and running requests
         self._user_bytes: dict[str, int] = {}
+        self._end_users: dict[str, dict[str, int]] = {}  # user -> end user -> its queued and running requests
 
     def use(self, model: ModelConfig) -> None:
         """The model's caps from a reloaded configuration: they hold for the next admission (what is queued
@@ -112,11 +117,21 @@ class Capacity:
                 f"user {request.user} has {depth} requests queued for {model.name} (limit {model.max_queued_per_user})",
                 retry_after_seconds=hint(depth, users),
             )
+        end_users = self._end_users.get(request.user, {})
+        if request.end_user and request.end_user not in end_users and len(end_users) >= model.max_end_users_per_user:
+            raise QueueFull(
+                f"user {request.user} has requests of {len(end_users)} end users queued or running for "
+                f"{model.name} (limit {model.max_end_users_per_user}, max_end_users_per_user)",
+                retry_after_seconds=hint(max(1, queues.user_depth(request.user)), users),
+            )
 
     def hold(self, request: QueuedRequest) -> None:
         """An admitted request holds its prompt bytes until its outcome."""
         self.held_bytes += request.prompt_bytes
         self._user_bytes[request.user] = self._user_bytes.get(request.user, 0) + request.prompt_bytes
+        if request.end_user:
+            held = self._end_users.setdefault(request.user, {})
+            held[request.end_user] = held.get(request.end_user, 0) + 1
 
     def release(self, request: QueuedRequest) -> None:
         """The request reached its outcome: its bytes are free again."""
@@ -126,6 +141,14 @@ class Capacity:
             self._user_bytes[request.user] = left
         else:
             self._user_bytes.pop(request.user, None)
+        if request.end_user:
+            held = self._end_users[request.user]
+            if held[request.end_user] > 1:
+                held[request.end_user] -= 1
+            elif len(held) > 1:
+                del held[request.end_user]
+            else:
+                del self._end_users[request.user]
 
     def user_bytes(self, user: str) -> int:
         """Prompt bytes `user`'s queued and running requests hold."""

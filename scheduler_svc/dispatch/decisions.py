@@ -80,7 +80,11 @@ class Decisions:
             return False
         top = next(self._book.backlogged_bands())
         choice = BackendChoice(self._gates, top.priority_class, top.priority_class, now)
-        return any(choice.eligible(user) for user in top.flows)
+        busy = self._gates.users_in_flight  # every other user gets the answer for a user with nothing in flight
+        idle_users = len(top.flows) - sum(1 for user in busy if user in top.flows)
+        if idle_users and self._gates.any_open(top.priority_class, top.priority_class, None, now):
+            return True
+        return any(choice.eligible(user) for user in busy if user in top.flows)
 
     def _choose_band(self, now: float, broken: set[str]) -> tuple[Band, BackendChoice] | None:
         """The band to serve and the gates its request must pass, or None when nothing may go now: the
@@ -88,7 +92,7 @@ class Decisions:
         backlogged = [b for b in self._book.backlogged_bands() if b.priority_class.name not in broken]
         if not backlogged:
             return None
-        turn = self._bands.choose(backlogged, now, lambda cls: bool(self._gates.open(cls, cls, None, now)))
+        turn = self._bands.choose(backlogged, now, lambda cls: self._gates.any_open(cls, cls, None, now))
         if turn is None:
             return None
         band = backlogged[turn.index]

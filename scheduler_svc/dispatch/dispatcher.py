@@ -1,6 +1,7 @@
 """One model's dispatch, wired from named parts, each in its own module with one job:
 
     queue_book.QueueBook        what is queued, ticket by ticket, and whose position moved
+    end_users.EndUserShares     each tenant's end users, served fairly inside its share (nested policies)
     run_ledger.RunLedger        what is in flight, per backend and class
     decisions.Decisions         one decision pass: band -> user -> request -> backend, while the gates allow
     handover.Handover           a queued request handed to a backend, with all that changes with it
@@ -38,6 +39,7 @@ from scheduler_svc.dispatch.capacity import Capacity
 from scheduler_svc.dispatch.cluster_port import ClusterPort
 from scheduler_svc.dispatch.decisions import Decisions
 from scheduler_svc.dispatch.drain_estimate import DrainEstimate
+from scheduler_svc.dispatch.end_users import NESTED_PARAMS, EndUserShares
 from scheduler_svc.dispatch.failover import FailoverRule
 from scheduler_svc.dispatch.gate_history import GateHistory
 from scheduler_svc.dispatch.handover import Handover
@@ -110,10 +112,15 @@ class ModelDispatcher:
             metrics, model.name, series, by_class, CostAccounts(scheduling.cost_accounts).label
         )
         self._activity = ClassActivity(scheduling.classes)
+        nested_params = {**scheduling.policy_params, **NESTED_PARAMS}
         self._book = QueueBook(
             scheduling.classes,
             ORDERING_POLICIES.create(scheduling.ordering).key,
             lambda priority_class, size: by_class[priority_class].queue_depth.set(size),
+            EndUserShares(
+                lambda: FAIRNESS_POLICIES.create(scheduling.fairness, WeightResolver(), clock, params=nested_params),
+                prices,
+            ),
         )
         metrics.queued_demand.watch(model.name, self._book.bands, clock)
         self._ledger = RunLedger(handles, self._activity, series)
@@ -268,6 +275,11 @@ class ModelDispatcher:
         self._activity.touch(request.priority_class, self.clock.now())
         self.wake()
         return ticket
+
+    def observe_sends(self, listener: Callable[[Ticket], None]) -> None:
+        """Tell `listener` of every request handed to a backend, as it is (for a driver that runs the requests
+        itself on a virtual clock: `app.stepped`)."""
+        self._handover.observe(listener)
 
     def reload_problems(self, model: ModelConfig) -> list[str]:
         """Why `model`, the model's reloaded configuration, cannot be applied live (empty: it can); what

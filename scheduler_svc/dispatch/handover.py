@@ -1,7 +1,8 @@
 """The handover of a queued request to a backend, with everything that changes with it.
 
 Whoever decides that a request goes (a decision pass, a cluster leader's grant, a leader adopting a request
-that already runs) hands it over here: out of the queue book, charged to its band's fairness policy,
+that already runs) hands it over here: out of the queue book, charged to its band's fairness policy (and to
+its tenant's nested one, among its end users),
 counted in the backend's load estimate (with the engine priority it carries), assigned on its ticket,
 remembered by the backend policy (locality), entered in the run ledger, and counted in the drain rate and
 the dispatch metrics.
@@ -43,6 +44,12 @@ class Handover:
         self._counters = counters
         self._gate_logs = gate_logs
         self._drain = RateMeter()
+        self._listeners: list[Callable[[Ticket], None]] = []
+
+    def observe(self, listener: Callable[[Ticket], None]) -> None:
+        """Tell `listener` of every ticket handed over, once it is assigned and entered in the ledger (a
+        driver that runs requests itself, on a virtual clock, instead of the ticket's own run)."""
+        self._listeners.append(listener)
 
     def drain_rate(self, now: float) -> float:
         """Requests leaving the queue for the first time, per second lately (0: unknown)."""
@@ -52,9 +59,10 @@ class Handover:
         """Take a queued ticket out of its queue and assign it to `handle`, with all the accounting;
         `priority_of` gives the engine priority it carries there (asked after fairness charged it)."""
         request = ticket.request
-        self._book.take(ticket)
+        self._book.take(ticket, dispatched=True)
         try:
             self._fairness[request.priority_class].account.on_dispatched(request)
+            self._book.end_users.dispatched(request)
             priority = priority_of()
         except Exception:
             # Out of the queue and not sent: end it now, or its client would wait for nothing.
@@ -72,3 +80,5 @@ class Handover:
             logs = self._gate_logs
             gates = None if logs is None else logs[request.priority_class]
             ticket.trace.dispatched(now, handle.name, ticket.attempts, priority, gates)
+        for listener in self._listeners:
+            listener(ticket)

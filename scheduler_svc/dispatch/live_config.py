@@ -114,6 +114,7 @@ class LiveConfig:
         self._history = history
         self._gate_logs = gate_logs
         self.retiring_classes: set[str] = set()  # left the configuration, still holding queued or running work
+        self._removing = False  # a backend left the configuration and still drains (asked at every request's end)
         self.on_backend_gone: Callable[[BackendHandle], None] = lambda handle: None
         self._gate = model.gate  # what the backends' gates were built from
         for handle in gates.backends:
@@ -156,6 +157,7 @@ class LiveConfig:
 
     def _use_prices(self, prices: Prices) -> None:
         self._events.use_prices(prices)
+        self._book.end_users.use_prices(prices)
         for name, policy in self._fairness.items():
             users, groups = self._costing[name]
             policy.account.use_costing(prices, users, groups)
@@ -224,6 +226,8 @@ class LiveConfig:
         self._gate = model.gate
         order = {name: index for index, name in enumerate(configured)}  # the file's order, then the removed ones
         self._gates.backends.sort(key=lambda h: order.get(h.name, len(order)))
+        self._removing = any(Drain.REMOVED in h.drains for h in self._gates.backends)
+        self._gates.backends_changed()
 
     # -- drains ------------------------------------------------------------------------------------------------
     def backend(self, name: str) -> BackendHandle | None:
@@ -234,12 +238,14 @@ class LiveConfig:
         """No new request goes to `handle` from now on, for `source`; its running requests finish."""
         self._start_drain(handle, source)
         self._show_drains(handle)
+        self._gates.backends_changed()
         self._wake()
 
     def undrain(self, handle: BackendHandle, source: Drain) -> None:
         """`source` no longer holds `handle` back (another source may still: it takes work when none does)."""
         handle.drains.discard(source)
         self._show_drains(handle)
+        self._gates.backends_changed()
         self._wake()
 
     def _start_drain(self, handle: BackendHandle, source: Drain) -> None:
@@ -254,7 +260,7 @@ class LiveConfig:
     @property
     def retiring(self) -> bool:
         """Whether a class or a backend that left the configuration is still here."""
-        return bool(self.retiring_classes) or any(Drain.REMOVED in h.drains for h in self._gates.backends)
+        return bool(self.retiring_classes) or self._removing
 
     def retire_idle(self) -> None:
         """Let go of the classes and backends that left the configuration and hold nothing any more."""
@@ -263,12 +269,16 @@ class LiveConfig:
             if band.size or self._activity.running(name):
                 continue
             self._drop_class(name)
-        for handle in [h for h in self._gates.backends if Drain.REMOVED in h.drains and not h.estimator.in_flight]:
+        gone = [h for h in self._gates.backends if Drain.REMOVED in h.drains and not h.estimator.in_flight]
+        for handle in gone:
             self._gates.backends.remove(handle)
             self._ledger.remove_backend(handle.name)
             del self._series[handle.name]
             self._metrics.forget_backend(self._model.name, handle.name, [c.name for c in self._classes])
             self.on_backend_gone(handle)
+        if gone:
+            self._gates.backends_changed()
+            self._removing = any(Drain.REMOVED in h.drains for h in self._gates.backends)
 
     def _drop_class(self, name: str) -> None:
         self.retiring_classes.discard(name)

@@ -15,6 +15,7 @@ and its estimate of the engine's waiting queue stays an upper bound when we are 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from backends.base import Backend, BackendLoad
 from scheduler_svc.core.clock import Clock
@@ -77,6 +78,23 @@ class LoadEstimator:
         # every request in flight: of ours in flight, those the reading cannot show, and of those the unstarted.
         self._unseen = 0
         self._sent_unseen = 0
+        self._changed: list[Callable[[], None]] = []
+        self._user_count: list[Callable[[str, int], None]] = []
+
+    def watch(self, changed: Callable[[], None], user_count: Callable[[str, int], None]) -> None:
+        """Tell `changed()` after every event that may change what a gate decision reads here, and
+        `user_count(user, n)` when a user's requests in flight here become `n` (what its engine priority
+        rests on)."""
+        self._changed.append(changed)
+        self._user_count.append(user_count)
+
+    def _tell(self, user: str | None = None) -> None:
+        for changed in self._changed:
+            changed()
+        if user is not None:
+            count = self.user_in_flight.get(user, 0)
+            for told in self._user_count:
+                told(user, count)
 
     def dispatched(self, request_id: str, engine_priority: int | None = None, user: str | None = None) -> None:
         """A request was handed to the backend (with the engine priority it carries, for priority engines,
@@ -92,6 +110,7 @@ class LoadEstimator:
         self._sent_unseen += 1
         if engine_priority is not None:
             self._priority[request_id] = engine_priority
+        self._tell(user)
 
     def accepted(self, request_id: str, at: float) -> None:
         """The engine took the request at monotonic time `at` (its response started)."""
@@ -99,6 +118,7 @@ class LoadEstimator:
             self._forget_seen(request_id)
             self._in_flight[request_id] = at
             self._count_seen(request_id)
+            self._tell()
 
     def started(self, request_id: str, at: float | None = None) -> None:
         """The request produced its first token at `at` (or ended without one): it is no longer waiting.
@@ -114,6 +134,7 @@ class LoadEstimator:
         accepted_at = self._in_flight.get(request_id)
         if _seen_by(accepted_at, self.reading) and _after_reading(at, self.reading):
             self._started_since_reading += 1
+        self._tell()
 
     def finished(self, request_id: str, at: float | None = None) -> None:
         """The request is over at `at`, whatever the outcome."""
@@ -133,6 +154,7 @@ class LoadEstimator:
             self._ended.append((accepted_at, started_at, at))
         if _seen_by(accepted_at, self.reading) and _after_reading(at, self.reading):
             self._finished_since_reading += 1
+        self._tell(user)
 
     def configure_slots(self, configured: int, *, learn: bool) -> None:
         """The engine's slots as a reloaded config states them (0: learned when `learn`, else unknown)."""
@@ -147,6 +169,7 @@ class LoadEstimator:
         """
         if not reading.ok:
             self.last_failure = reading
+            self._tell()
             return
         if self.slots.observe(reading):  # any good reading says something true of the slots, even a late one
             self.engine_slots = self.slots.count
@@ -179,6 +202,7 @@ class LoadEstimator:
         self._unseen = self._sent_unseen = 0
         for rid in self._in_flight:
             self._count_seen(rid)
+        self._tell()
 
     def _count_seen(self, request_id: str) -> None:
         """Count an in-flight request in the unseen tallies, as the current reading sees it."""

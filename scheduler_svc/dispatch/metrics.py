@@ -353,6 +353,23 @@ class BackendSeries:
     estimated_waiting: Any
     draining: Any
     gate_causes: dict[str, GateCauseSeries] = field(default_factory=dict)  # priority class -> its causes
+    _gate_shown: list[tuple[bool, bool, int] | None] = field(default_factory=lambda: [None])
+
+    def show_gate(self, is_open: bool, fresh: bool, waiting: int) -> None:
+        """The gate's last decision for a user with nothing at the engine; only a change touches the gauges
+        (a decision pass may ask thousands of times a second)."""
+        shown = (is_open, fresh, waiting)
+        if shown == self._gate_shown[0]:
+            return
+        self._gate_shown[0] = shown
+        self.gate_open.set(1 if is_open else 0)
+        self.metrics_fresh.set(1 if fresh else 0)
+        self.estimated_waiting.set(waiting)
+
+    def show_left_out(self) -> None:
+        """The backend is not asked (it drains or cools down): its gate shows closed, the rest as it was."""
+        self._gate_shown[0] = None
+        self.gate_open.set(0)
 
 
 @dataclass(frozen=True)

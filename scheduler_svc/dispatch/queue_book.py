@@ -1,9 +1,10 @@
 """The queue book: what is queued for one model, ticket by ticket, and whose place in a queue moved.
 
 It holds the model's queues (`core.queues`: a band per priority class, a flow per user kept in the ordering
-policy's order) together with the ticket of every queued request, keeps each class's queue-depth gauge,
-and tells the position notifier which flows moved. It decides nothing: dispatch takes requests out of it
-and, after a failover, puts them back.
+policy's order, within it a queue per end user) together with the ticket of every queued request, keeps
+each class's queue-depth gauge, tells the position notifier which flows moved, and tells the tenants'
+nested fairness policies (`end_users`) what is queued and what leaves. It decides nothing: dispatch takes
+requests out of it and, after a failover, puts them back.
 """
 
 from __future__ import annotations
@@ -13,19 +14,23 @@ from collections.abc import Callable, Iterator, Sequence
 from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.core.queues import Band, Flow, ModelQueues, OrderKeyFn
 from scheduler_svc.core.ticket import Ticket
+from scheduler_svc.dispatch.end_users import EndUserShares
 from scheduler_svc.dispatch.positions import PositionNotifier
 
 
 class QueueBook:
-    """Every queued request of one model, with its ticket; `show_depth(class, size)` sets a class's gauge."""
+    """Every queued request of one model, with its ticket; `show_depth(class, size)` sets a class's gauge;
+    `end_users` chooses among a tenant's end users (without it: none are told apart)."""
 
     def __init__(
         self,
         classes: Sequence[PriorityClassConfig],
         order_key: OrderKeyFn,
         show_depth: Callable[[str, int], None] = lambda priority_class, size: None,
+        end_users: EndUserShares | None = None,
     ) -> None:
-        self._queues = ModelQueues(classes, order_key)
+        self.end_users = end_users if end_users is not None else EndUserShares()
+        self._queues = ModelQueues(classes, order_key, self.end_users.choose)
         self._tickets: dict[str, Ticket] = {}  # request id -> ticket, for every queued request
         self._positions = PositionNotifier(self._tickets)
         self._show_depth = show_depth
@@ -47,19 +52,22 @@ class QueueBook:
         request = ticket.request
         flow, newly_backlogged = self._queues.push(request, front=front)
         self._tickets[request.request_id] = ticket
+        self.end_users.queued(request, flow)
         if not flow.is_last(request):
             self._positions.moved(flow)
         self._show_depth(request.priority_class, self._queues.band(request.priority_class).size)
         return flow, newly_backlogged
 
-    def take(self, ticket: Ticket) -> bool:
-        """Take a still-queued request out (dispatched, cancelled, expired, shutting down); False when it is
-        not queued. The requests behind it moved up one: their streaming clients are told."""
+    def take(self, ticket: Ticket, *, dispatched: bool = False) -> bool:
+        """Take a still-queued request out (`dispatched`, or cancelled, expired, shutting down); False when it
+        is not queued. The requests behind it moved up one: their streaming clients are told."""
         request = ticket.request
         flow = self._queues.flow_of(request.request_id)
-        if self._queues.remove(request.request_id) is None:
+        if self._queues.remove(request.request_id, dispatched=dispatched) is None:
             return False
         del self._tickets[request.request_id]
+        if not dispatched:
+            self.end_users.left(request)
         self._show_depth(request.priority_class, self._queues.band(request.priority_class).size)
         if flow:
             self._positions.moved(flow)
@@ -75,12 +83,16 @@ class QueueBook:
         return 0 if flow is None else flow.position(ticket.request)
 
     def ahead(self, ticket: Ticket, position: int) -> int:
-        """About how many requests go before the ticket's, at `position` in its user's queue: every request of
-        the better bands, and each backlogged user of its band served in turn."""
-        band = self._queues.band(ticket.request.priority_class)
+        """About how many requests go before the ticket's, at `position` in its (end) user's queue: every
+        request of the better bands, and each backlogged user of its band served in turn (and in its user's
+        turns, each of that user's backlogged end users)."""
+        request = ticket.request
+        band = self._queues.band(request.priority_class)
         rank = band.priority_class.rank
         higher = sum(b.size for b in self._queues.bands if b.priority_class.rank < rank)
-        return higher + position * max(1, len(band.flows)) - 1
+        flow = band.flows.get(request.user)
+        end_users = 1 if flow is None else max(1, len(flow.end_user_flows))
+        return higher + position * max(1, len(band.flows)) * end_users - 1
 
     # -- read-only views for dispatch: the bands, a user's next request ---------------------------------------
     @property

@@ -95,6 +95,7 @@ class RequestEvents:
             reached = outcome is Outcome.COMPLETED or ticket.reached_engine
             account = self._fairness[ticket.request.priority_class].account
             account.on_finished(ticket.request, ticket.completion_tokens, reached_engine=reached)
+            self._book.end_users.finished(ticket.request, ticket.completion_tokens, reached_engine=reached)
             self._wake()
 
     def settled(self, ticket: Ticket) -> None:
@@ -147,6 +148,7 @@ class RequestEvents:
         """The engine generated `tokens` more tokens of the request."""
         request = ticket.request
         self._fairness[request.priority_class].account.on_generated(request, tokens)
+        self._book.end_users.generated(request, tokens)
         self._counters.cost(request, self._prices.cost(0, tokens))
         assert ticket.backend is not None
         self._counters.generated(request, ticket.backend.name, tokens)
@@ -177,6 +179,7 @@ class RequestEvents:
         ticket.requeued()  # first: from here a failure below leaves a ticket that close() can end cleanly
         fairness = self._fairness[request.priority_class]
         fairness.account.on_requeued(request)
+        self._book.end_users.requeued(request)
         flow, newly_backlogged = self._book.put(ticket, front=True)
         if newly_backlogged:
             fairness.account.on_backlogged(request.user, self._book.band(request.priority_class).flow_views)

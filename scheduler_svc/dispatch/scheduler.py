@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import structlog
 
-from backends.base import Backend, BackendLoad, HttpSettings
+from backends.base import Backend, BackendLoad, BackendSpec, HttpSettings
 from backends.registry import create_backend
 from scheduler_svc.config import BackendConfig, Config, ModelConfig
 from scheduler_svc.core.clock import Clock, MonotonicClock
@@ -56,20 +56,21 @@ SCRAPES_PER_BEAT = 10
 
 def default_backend_factory(model: ModelConfig, backend: BackendConfig) -> Backend:
     """Build the adapter for a configured engine."""
-    return create_backend(
-        kind=backend.kind,
+    http = HttpSettings(
+        metrics_path=backend.metrics_path,
+        metrics_timeout=model.gate.stale_after_seconds,
+        connect_timeout=backend.connect_timeout_seconds,
+        max_connections=backend.max_connections,
+        idle_connection_seconds=backend.idle_connection_seconds,
+    )
+    spec = BackendSpec(
         name=backend.name,
         url=backend.url,
         engine_model=backend.engine_model or model.name,
+        http=http,
         priority_scheduling=backend.priority_scheduling,
-        http=HttpSettings(
-            metrics_path=backend.metrics_path,
-            metrics_timeout=model.gate.stale_after_seconds,
-            connect_timeout=backend.connect_timeout_seconds,
-            max_connections=backend.max_connections,
-            idle_connection_seconds=backend.idle_connection_seconds,
-        ),
     )
+    return create_backend(backend.kind, spec)
 
 
 class Scheduler:

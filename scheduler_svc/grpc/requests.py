@@ -1,6 +1,6 @@
-"""The gRPC face's edge: a `GenerationParams` message (and the call's trace context, from its metadata) becomes
-the `ClientRequest` admission takes from either door (the HTTP door builds the same from its JSON body and
-headers)."""
+"""The gRPC face's edge: a `GenerationParams` message (and the call's trace context and end user, from its
+metadata) becomes the `ClientRequest` admission takes from either door (the HTTP door builds the same from its
+JSON body and headers)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from collections.abc import Iterable
 
 from backends.base import ChatMessage, TraceContext
 from llmsched.v1 import scheduler_pb2 as pb
+from scheduler_svc.core.admission import END_USER_HEADER
+from scheduler_svc.core.errors import InvalidField
+from scheduler_svc.core.identity import user_id_problem
 from scheduler_svc.core.request import ClientRequest
 from scheduler_svc.core.trace_context import TRACEPARENT, TRACESTATE, read_trace_context
 
@@ -16,7 +19,8 @@ Metadata = Iterable[tuple[str, str | bytes]]
 
 def client_request(params: pb.GenerationParams, metadata: Metadata | None = None) -> ClientRequest:
     """The request a gRPC caller sent, as admission takes it from either door: an optional field left unset is
-    None; a valid W3C `traceparent` (and `tracestate`) in `metadata` is its trace context."""
+    None; a valid W3C `traceparent` (and `tracestate`) in `metadata` is its trace context, and `x-end-user-id`
+    its end user (InvalidField when sent twice or binary)."""
     return ClientRequest(
         model=params.model,
         prompt=params.prompt,
@@ -33,7 +37,24 @@ def client_request(params: pb.GenerationParams, metadata: Metadata | None = None
         request_id=params.request_id,
         prompt_cache_key=params.prompt_cache_key,
         trace_context=trace_context(metadata) if metadata else None,
+        end_user=end_user(metadata) if metadata else "",
     )
+
+
+def end_user(metadata: Metadata) -> str:
+    """The end user the caller names in `x-end-user-id` ("" when none): taken once, never first-wins, as the
+    identity metadata is, and of a user id's form."""
+    found: str | None = None
+    for key, value in metadata:
+        if key == END_USER_HEADER:
+            if found is not None:
+                raise InvalidField(END_USER_HEADER, "metadata sent more than once")
+            if not isinstance(value, str):
+                raise InvalidField(END_USER_HEADER, "must be text metadata")
+            if problem := user_id_problem(value):
+                raise InvalidField(END_USER_HEADER, problem)
+            found = value
+    return found or ""
 
 
 def trace_context(metadata: Metadata) -> TraceContext | None:

@@ -179,6 +179,7 @@ class HttpDoor:
                 request_id=hdr.single(headers, hdr.REQUEST_ID_HEADER) or "",
                 priority_class=call.metadata_priority_class if priority_class is None else priority_class,
                 trace_context=hdr.trace_context(headers),
+                end_user=hdr.end_user(headers, call.request.end_user),
             )
             call_timeout = hdr.call_timeout_seconds(headers)
             timeout = hdr.timeout_seconds(headers)

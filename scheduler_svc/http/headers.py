@@ -1,5 +1,5 @@
-"""What the HTTP door reads from request headers: identity, request id, deadline, priority class, opt-ins, and
-the caller's W3C trace context.
+"""What the HTTP door reads from request headers: identity, request id, deadline, priority class, end user,
+opt-ins, and the caller's W3C trace context.
 
 Identity goes through the same `Authenticator` as gRPC metadata: with API keys, `Authorization: Bearer <key>`
 alone decides the user; with `auth.identity_from_client_cert`, the TLS client certificate; otherwise the
@@ -18,8 +18,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from backends.base import TraceContext
+from scheduler_svc.core.admission import END_USER_HEADER
 from scheduler_svc.core.auth import AUTH_HEADER, USER_HEADER, Authenticator, PeerInfo, http_wording
 from scheduler_svc.core.errors import InvalidField, Unauthenticated
+from scheduler_svc.core.identity import user_id_problem
 from scheduler_svc.core.trace_context import TRACEPARENT, TRACESTATE, read_trace_context
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -128,6 +130,19 @@ def trace_context(headers: Mapping[str, str]) -> TraceContext | None:
     if not parents:
         return None
     return read_trace_context([p if _utf8(p) else "" for p in parents], [s for s in states if _utf8(s)])
+
+
+def end_user(headers: Mapping[str, str], from_body: str) -> str:
+    """The end user the request is for: `x-end-user-id`, or the body's `user` (`from_body`); both given,
+    they must agree (a proxy's header never silently loses to the body, nor the body to it)."""
+    header = single(headers, END_USER_HEADER)
+    if header is None:
+        return from_body
+    if problem := user_id_problem(header):
+        raise InvalidField(END_USER_HEADER, problem)
+    if from_body and from_body != header:
+        raise InvalidField("user", f"differs from the {END_USER_HEADER} header: send one of them, or the same id")
+    return header
 
 
 def wants_queue_updates(headers: Mapping[str, str]) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from backends.base import ChatMessage
 from scheduler_svc.core.errors import InvalidField, MalformedRequest
+from scheduler_svc.core.identity import user_id_problem
 from scheduler_svc.core.request import ClientRequest
 
 Kind = Literal["chat", "completion"]
@@ -137,9 +138,12 @@ def parse_call(body: Mapping[str, Any], kind: Kind) -> Call:
     n = _integer(body, "n", 1, _INT32)
     if n is not None and n != 1:
         raise InvalidField("n", "only n = 1 is supported")
-    for name in ("user", "safety_identifier"):  # accepted, never identity (docs/http.md)
-        if len(_string(body, name) or "") > MAX_USER_CHARS:
-            raise InvalidField(name, f"at most {MAX_USER_CHARS} characters")
+    if len(_string(body, "safety_identifier") or "") > MAX_USER_CHARS:  # accepted, unused (docs/http.md)
+        raise InvalidField("safety_identifier", f"at most {MAX_USER_CHARS} characters")
+    end_user = _string(body, "user") or ""  # the end user, never the caller's identity (docs/http.md)
+    if end_user and (problem := user_id_problem(end_user)):
+        raise InvalidField("user", problem)
+    fields["end_user"] = end_user
     stream = _boolean(body, "stream") or False
     include_usage = _stream_options(body.get("stream_options"), stream)
     priority_class = _metadata(body.get("metadata")).get("priority_class", "")

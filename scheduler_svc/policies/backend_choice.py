@@ -30,6 +30,11 @@ class OpenBackend(Protocol):
         """What its gate decided on, for this candidate."""
         ...
 
+    @property
+    def load(self) -> tuple[int, int, int]:
+        """`load_of(inputs)`, worked out once with the gate's answer (policies sort backends by it)."""
+        ...
+
 
 B = TypeVar("B", bound=OpenBackend)
 
@@ -61,11 +66,15 @@ class BackendPolicy(Protocol):
         ...
 
 
-def load_order(backend: OpenBackend) -> tuple[int, int, int]:
+def load_of(inputs: GateInputs) -> tuple[int, int, int]:
     """Fewest requests the candidate would queue behind, then shortest estimated engine queue, then fewest
     in flight: least loaded first."""
-    inputs = backend.inputs
     return (inputs.waiting_ahead(), inputs.estimated_waiting(), inputs.in_flight)
+
+
+def load_order(backend: OpenBackend) -> tuple[int, int, int]:
+    """The backend's place in least-loaded order (`load_of` its gate's inputs)."""
+    return backend.load
 
 
 class LeastLoaded:

@@ -26,6 +26,7 @@ user alone on the dear model is compared with nobody there, yet its spend still 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from scheduler_svc.config import ModelConfig
@@ -50,6 +51,11 @@ class Counters:
     """Per-key (user or group) counters of one band: settled charges plus lifts, both only growing."""
 
     shared = False  # True: the charges are other bands' too, so only the idle TTL may forget them
+
+    def watch(self, changed: Callable[[str], None]) -> None:
+        """Tell `changed(key)` when a key's value changes by another band's doing (a shared spend); this
+        band's own charges and lifts are its own events, and its account knows them."""
+        return None
 
     def value(self, key: str) -> float:
         raise NotImplementedError
@@ -98,11 +104,17 @@ class LocalCounters(Counters):
 
 class SharedSpend:
     """`fairness_scope = "global"`: the spend of every user (or group) of one priority class, over all
-    models, with how many bands track each key (the entry goes with the last)."""
+    models, with how many bands track each key (the entry goes with the last). Every band's view is told
+    when another band charges a key: its backlog order files backlogged users by value, and a user may be
+    backlogged in a band that never charged it."""
 
     def __init__(self) -> None:
         self.spent: dict[str, float] = {}
         self._holders: dict[str, int] = {}
+        self._views: list[SharedCounters] = []  # one per band of the class (one per model)
+
+    def view(self, counters: SharedCounters) -> None:
+        self._views.append(counters)
 
     def hold(self, key: str) -> None:
         self._holders[key] = self._holders.get(key, 0) + 1
@@ -115,6 +127,12 @@ class SharedSpend:
             self._holders.pop(key, None)
             self.spent.pop(key, None)
 
+    def charge(self, key: str, cost: float, by: SharedCounters) -> None:
+        self.spent[key] = self.spent.get(key, 0.0) + cost
+        for view in self._views:
+            if view is not by:
+                view.changed(key)
+
 
 class SharedCounters(Counters):
     """One band's view of a class's shared spend: counter = shared spend + this band's own lift."""
@@ -124,6 +142,16 @@ class SharedCounters(Counters):
     def __init__(self, spend: SharedSpend) -> None:
         self._spend = spend
         self._lift: dict[str, float] = {}  # key -> lift in this band; presence = this band holds the key
+        self._watchers: list[Callable[[str], None]] = []
+        spend.view(self)
+
+    def watch(self, changed: Callable[[str], None]) -> None:
+        self._watchers.append(changed)
+
+    def changed(self, key: str) -> None:
+        """Another band charged `key`'s shared spend."""
+        for watcher in self._watchers:
+            watcher(key)
 
     def _held(self, key: str) -> None:
         if key not in self._lift:
@@ -135,7 +163,7 @@ class SharedCounters(Counters):
 
     def charge(self, key: str, cost: float) -> None:
         self._held(key)
-        self._spend.spent[key] = self._spend.spent.get(key, 0.0) + cost
+        self._spend.charge(key, cost, self)
 
     def lift(self, key: str, floor: float) -> None:
         self._held(key)

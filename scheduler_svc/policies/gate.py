@@ -8,6 +8,7 @@ engine's step time against its batch). The same gate serves every engine kind.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,6 +154,33 @@ class Gate(Protocol):
         ...
 
 
+class ReusableGate(Gate, Protocol):
+    """A gate whose decisions dispatch may reuse while nothing they rest on changed, so a decision pass
+    asks again only the gates of backends something happened to (`dispatch.openings`). It promises that
+    `decide` answers the same for the same inputs (the clock aside) as long as `revision` is unchanged
+    (`observe` changes it, and so does a `decide` that learned something that changes later answers), and
+    that the clock changes the answer only at the time `expires` gives."""
+
+    revision: int
+
+    def expires(self, inputs: GateInputs, decision: GateDecision) -> float | None:
+        """The clock time after which the same inputs may be decided otherwise (None: not before they
+        change)."""
+        ...
+
+
+class PriorityBoundGate(Protocol):
+    """A gate that can say, with one decision at a priority engine, how it would decide the same inputs for
+    a candidate carrying a worse (higher) engine priority: open for a priority below the bound, closed at
+    or above it. Dispatch then tells which users may go from their priorities alone (a user with requests in
+    flight at an engine carries a worse priority there), instead of asking the gate for each."""
+
+    def admits_below(self, inputs: GateInputs, decision: GateDecision, priority_class: PriorityClassConfig) -> float:
+        """For candidates whose priority is at least `inputs.candidate_priority`: the bound (inf: all are
+        admitted, -inf: none)."""
+        ...
+
+
 def _fallback(inputs: GateInputs, config: GateConfig, cls: PriorityClassConfig) -> GateDecision | None:
     """Without a fresh reading the gate cannot see the engine: allow a small number in flight only, and no
     more than the class's running limit (what we have in flight is then all we know the engine runs: a
@@ -215,6 +243,28 @@ def check_waiting(
     if inputs.candidate_priority is None:
         return f"waiting {ahead} >= target {target}"
     return f"waiting ahead of priority {inputs.candidate_priority} {ahead} >= target {target}"
+
+
+def waiting_admits_below(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> float:
+    """At a priority engine, the engine priorities `check_waiting` admits for these inputs: a candidate
+    whose priority is below the bound passes, one at or above it does not (inf: all pass, -inf: none).
+    Only what the engine serves before the candidate depends on its priority (`waiting_ahead`): of ours
+    waiting, those with a priority at most its own; so the check passes while fewer than the target less the
+    rest ahead (ours of unknown priority, other clients') have a priority at most the candidate's."""
+    waiting = inputs.estimated_waiting()
+    if cls.require_idle_engine:
+        return math.inf if waiting == 0 else -math.inf
+    target = cls.waiting_target or waiting_target(inputs, config)
+    if waiting < target:
+        return math.inf
+    ours_unknown = max(0, inputs.unstarted - len(inputs.unstarted_priorities))
+    foreign = max(0, waiting - inputs.unstarted)
+    room = target - ours_unknown - foreign  # ours with a priority at most the candidate's must stay below it
+    if room <= 0:
+        return -math.inf
+    if room > len(inputs.unstarted_priorities):
+        return math.inf
+    return float(inputs.unstarted_priorities[room - 1])
 
 
 def running_limit(inputs: GateInputs, cls: PriorityClassConfig) -> int:
@@ -342,18 +392,41 @@ class SignalGate:
             (GateCause.TPOT, self.tpot.check),
             (GateCause.KV_CACHE, check_kv_cache),
         )
+        self.revision = 0  # `ReusableGate`: what the checks learned (the step line, the waiting depth)
 
     def observe(self, reading: BackendLoad) -> None:
         self.tpot.observe(reading)
         self.waiting.depth.scraped(reading)
+        self.revision += 1
 
     def decide(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
         fallback = _fallback(inputs, self._config, priority_class)
         if fallback is not None:
             return fallback
         decision = self._decide_fresh(inputs, priority_class)
+        depth = self.waiting.depth.target
         self.waiting.learn(inputs, priority_class, decision)
+        if self.waiting.depth.target != depth:
+            self.revision += 1
         return decision
+
+    def expires(self, inputs: GateInputs, decision: GateDecision) -> float | None:
+        """A decision on a fresh reading holds until the reading goes stale; one without holds until the
+        inputs change (a new reading, a request sent or ended)."""
+        if not decision.fresh or inputs.reading is None:
+            return None
+        return inputs.reading.read_at + self._config.stale_after_seconds
+
+    def admits_below(self, inputs: GateInputs, decision: GateDecision, priority_class: PriorityClassConfig) -> float:
+        """`PriorityBoundGate`: only the waiting check reads the candidate's priority, and a worse priority
+        never lowers what queues ahead of it. So a closed gate stays closed for worse priorities; an open
+        one, having passed every other check, admits what the waiting check admits; without a fresh
+        reading no signal is read and the stale cap alone decides, for any priority."""
+        if not decision.fresh:
+            return math.inf if decision.open else -math.inf
+        if not decision.open:
+            return -math.inf
+        return waiting_admits_below(inputs, priority_class, self._config)
 
     def _decide_fresh(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
         for cause, check in self.checks:

@@ -19,7 +19,7 @@ from backends import (
 )
 from backends.adapters.tgi import TgiBackend
 from backends.adapters.vllm import VllmBackend
-from backends.base import Backend, GenerationEvent
+from backends.base import Backend, BackendSpec, GenerationEvent
 from backends.sim import SimConfig, running_simulator
 from tests.helpers import eventually
 
@@ -50,7 +50,7 @@ async def collect(events: AsyncIterator[GenerationEvent]) -> tuple[str, Finished
 async def test_streams_exactly_max_tokens_with_usage(flavor: str) -> None:
     async with running_simulator(SimConfig(flavor=flavor, **FAST)) as sim:  # type: ignore[arg-type]
         backend: Backend = (VllmBackend if flavor == "vllm" else TgiBackend)(
-            name="b", url=sim.url, engine_model="sim-model"
+            BackendSpec(name="b", url=sim.url, engine_model="sim-model")
         )
         try:
             text, finished = await collect(backend.generate(req(tokens=7)))
@@ -65,7 +65,9 @@ async def test_streams_exactly_max_tokens_with_usage(flavor: str) -> None:
 @pytest.mark.parametrize("flavor", ["vllm", "tgi"])
 async def test_chat_messages_use_the_chat_endpoint(flavor: str) -> None:
     async with running_simulator(SimConfig(flavor=flavor, **FAST)) as sim:  # type: ignore[arg-type]
-        backend = (VllmBackend if flavor == "vllm" else TgiBackend)(name="b", url=sim.url, engine_model="sim-model")
+        backend = (VllmBackend if flavor == "vllm" else TgiBackend)(
+            BackendSpec(name="b", url=sim.url, engine_model="sim-model")
+        )
         try:
             request = GenerationRequest(
                 request_id="c1",
@@ -80,8 +82,8 @@ async def test_chat_messages_use_the_chat_endpoint(flavor: str) -> None:
 
 async def test_vllm_priority_is_sent_only_when_configured() -> None:
     async with running_simulator(SimConfig(scheduling_policy="fcfs", **FAST)) as sim:
-        plain = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
-        wrong = VllmBackend(name="b", url=sim.url, engine_model="sim-model", priority_scheduling=True)
+        plain = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
+        wrong = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model", priority_scheduling=True))
         try:
             await collect(plain.generate(req("plain", engine_priority=5)))  # not configured: field left out
             # An fcfs engine accepts the field and ignores it, as vLLM 0.32 does: a misconfiguration is silent.
@@ -95,7 +97,7 @@ async def test_vllm_priority_is_sent_only_when_configured() -> None:
 async def test_vllm_load_reads_waiting_running_and_tpot_under_load() -> None:
     config = SimConfig(max_num_seqs=2, decode_base_ms=5.0, decode_per_seq_ms=1.0)
     async with running_simulator(config) as sim:
-        backend = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
+        backend = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
         try:
             flood = [asyncio.create_task(collect(backend.generate(req(f"f{i}", tokens=200)))) for i in range(6)]
             await eventually(lambda: (sim.engine.stats()["running"], sim.engine.stats()["waiting"]) == (2, 4))
@@ -118,7 +120,9 @@ async def test_closing_the_stream_at_any_event_aborts_the_request_in_the_engine(
     flavor: str, chat: bool, events_read: int
 ) -> None:
     async with running_simulator(SimConfig(flavor=flavor, decode_base_ms=20.0)) as sim:  # type: ignore[arg-type]
-        backend = (VllmBackend if flavor == "vllm" else TgiBackend)(name="b", url=sim.url, engine_model="sim-model")
+        backend = (VllmBackend if flavor == "vllm" else TgiBackend)(
+            BackendSpec(name="b", url=sim.url, engine_model="sim-model")
+        )
         try:
             request = req(tokens=500, messages=(ChatMessage("user", "hi"),)) if chat else req(tokens=500)
             events = backend.generate(request)
@@ -137,7 +141,7 @@ async def test_closing_the_stream_at_any_event_aborts_the_request_in_the_engine(
 async def test_tgi_error_inside_the_stream_is_unavailable() -> None:
     async with running_simulator(SimConfig(flavor="tgi", **FAST)) as sim:
         sim.faults.update({"stream_error_after_tokens": 2})
-        backend = TgiBackend(name="b", url=sim.url, engine_model="sim-model")
+        backend = TgiBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
         seen: list[GenerationEvent] = []
         try:
             with pytest.raises(BackendUnavailable, match="reported"):
@@ -151,7 +155,7 @@ async def test_tgi_error_inside_the_stream_is_unavailable() -> None:
 
 async def test_tgi_over_its_concurrency_cap_is_overloaded() -> None:
     async with running_simulator(SimConfig(flavor="tgi", max_concurrent_requests=1, decode_base_ms=20.0)) as sim:
-        backend = TgiBackend(name="b", url=sim.url, engine_model="sim-model")
+        backend = TgiBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
         try:
             first = backend.generate(req("a", tokens=100))
             await anext(first)
@@ -166,7 +170,7 @@ async def test_tgi_over_its_concurrency_cap_is_overloaded() -> None:
 async def test_engine_failures_are_unavailable(fault: dict[str, int]) -> None:
     async with running_simulator(SimConfig(**FAST)) as sim:
         sim.faults.update(fault)
-        backend = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
+        backend = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
         try:
             with pytest.raises(BackendUnavailable):
                 await collect(backend.generate(req(tokens=10)))
@@ -177,7 +181,7 @@ async def test_engine_failures_are_unavailable(fault: dict[str, int]) -> None:
 async def test_unreachable_engine_is_unavailable_and_its_load_not_ok() -> None:
     async with running_simulator(SimConfig(**FAST)) as sim:
         url = sim.url
-    backend = VllmBackend(name="b", url=url, engine_model="sim-model")  # nothing listens there any more
+    backend = VllmBackend(BackendSpec(name="b", url=url, engine_model="sim-model"))  # nothing listens there any more
     try:
         with pytest.raises(BackendUnavailable, match="cannot reach"):
             await collect(backend.generate(req()))
@@ -189,7 +193,7 @@ async def test_unreachable_engine_is_unavailable_and_its_load_not_ok() -> None:
 
 async def test_metrics_down_gives_a_failed_reading() -> None:
     async with running_simulator(SimConfig(**FAST)) as sim:
-        backend = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
+        backend = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
         try:
             assert (await backend.load()).ok
             sim.faults.update({"metrics_down": True})

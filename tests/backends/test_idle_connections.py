@@ -18,7 +18,7 @@ import pytest
 
 from backends import BackendUnavailable, Finished, GenerationRequest, SamplingParams
 from backends.adapters.vllm import VllmBackend
-from backends.base import HttpSettings
+from backends.base import BackendSpec, HttpSettings
 from backends.sim import SimConfig, running_simulator
 
 FAST = {"decode_base_ms": 1.0, "decode_per_seq_ms": 0.2}
@@ -81,7 +81,7 @@ async def finish(backend: VllmBackend, rid: str) -> Finished:
 
 async def test_a_connection_dropped_before_any_answer_is_retried_once_on_another() -> None:
     async with running_simulator(SimConfig(**FAST)) as sim, relay_to(sim.port, drop_first=1) as relay:
-        backend = VllmBackend(name="b", url=f"http://127.0.0.1:{relay.port}", engine_model="sim-model")
+        backend = VllmBackend(BackendSpec(name="b", url=f"http://127.0.0.1:{relay.port}", engine_model="sim-model"))
         try:
             finished = await finish(backend, "r1")
         finally:
@@ -93,7 +93,7 @@ async def test_a_connection_dropped_before_any_answer_is_retried_once_on_another
 
 async def test_a_second_drop_fails_the_request() -> None:
     async with running_simulator(SimConfig(**FAST)) as sim, relay_to(sim.port, drop_first=2) as relay:
-        backend = VllmBackend(name="b", url=f"http://127.0.0.1:{relay.port}", engine_model="sim-model")
+        backend = VllmBackend(BackendSpec(name="b", url=f"http://127.0.0.1:{relay.port}", engine_model="sim-model"))
         try:
             with pytest.raises(BackendUnavailable, match="cannot reach"):
                 await finish(backend, "r1")
@@ -106,7 +106,9 @@ async def test_idle_connections_are_closed_by_us_before_the_engine_closes_them()
     # The engine keeps idle connections for a minute here, so only our side can close this one.
     async with running_simulator(SimConfig(keep_alive_seconds=60.0, **FAST)) as sim, relay_to(sim.port) as relay:
         settings = HttpSettings(idle_connection_seconds=0.2)
-        backend = VllmBackend(name="b", url=f"http://127.0.0.1:{relay.port}", engine_model="sim-model", http=settings)
+        backend = VllmBackend(
+            BackendSpec(name="b", url=f"http://127.0.0.1:{relay.port}", engine_model="sim-model", http=settings)
+        )
         try:
             await finish(backend, "r1")
             await asyncio.wait_for(relay.client_closed.wait(), timeout=10.0)

@@ -8,6 +8,7 @@ import pytest
 
 from backends.adapters.llamacpp import LlamaCppBackend
 from backends.adapters.vllm import VllmBackend, cache_tokens
+from backends.base import BackendSpec
 from backends.metrics import MetricSamples
 
 DATA = Path(__file__).resolve().parents[1] / "engines" / "data"
@@ -25,7 +26,7 @@ def test_adapters_read_recorded_engine_metrics_and_the_filtered_parse_agrees(
     adapter: type[VllmBackend] | type[LlamaCppBackend], model: str, recording: str, waiting: int, running: int
 ) -> None:
     text = (DATA / recording).read_text()
-    backend = adapter(name="b", url="http://127.0.0.1:1", engine_model=model)
+    backend = adapter(BackendSpec(name="b", url="http://127.0.0.1:1", engine_model=model))
     load = backend._parse(MetricSamples.parse(text, adapter.METRICS), 1.0)
     assert (load.ok, load.waiting, load.running) == (True, waiting, running)
     full, filtered = MetricSamples.parse(text), MetricSamples.parse(text, adapter.METRICS)

@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from backends.adapters.vllm import VllmBackend
+from backends.base import BackendSpec
 from backends.metrics import MetricSamples
 from backends.sim import SimConfig, running_simulator
 
@@ -59,7 +60,7 @@ async def recorded(request: web.Request) -> web.Response:
 
 
 async def read_twice(url: str) -> tuple[VllmBackend, list[float | None]]:
-    backend = VllmBackend(name="b", url=url, engine_model="tiny-llama")
+    backend = VllmBackend(BackendSpec(name="b", url=url, engine_model="tiny-llama"))
     try:
         loads = [await backend.load(), await backend.load()]
     finally:
@@ -70,7 +71,7 @@ async def read_twice(url: str) -> tuple[VllmBackend, list[float | None]]:
 
 async def test_the_simulator_selects_and_the_adapter_reads_the_same_load_as_from_everything() -> None:
     async with running_simulator(SimConfig(model_name="tiny-llama")) as sim:
-        backend = VllmBackend(name="b", url=sim.url, engine_model="tiny-llama")
+        backend = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="tiny-llama"))
         try:
             selected = await backend.load()
             async with aiohttp.ClientSession() as session, session.get(sim.url + "/metrics") as response:
@@ -112,7 +113,7 @@ async def test_an_engine_in_trouble_is_not_taken_for_one_without_the_mount() -> 
         return web.Response(text="\n".join(line for line in RECORDED.splitlines() if line.startswith(names)) + "\n")
 
     async with engine({"/metrics": recorded, "/metrics/": selecting}) as (url, asked):
-        backend = VllmBackend(name="b", url=url, engine_model="tiny-llama")
+        backend = VllmBackend(BackendSpec(name="b", url=url, engine_model="tiny-llama"))
         try:
             failed = await backend.load()
             assert not failed.ok and failed.error == "HTTP 503"
@@ -126,7 +127,7 @@ async def test_an_engine_in_trouble_is_not_taken_for_one_without_the_mount() -> 
 
 
 async def test_an_unreachable_engine_is_not_taken_for_one_without_the_mount() -> None:
-    backend = VllmBackend(name="b", url=f"http://127.0.0.1:{free_port()}", engine_model="tiny-llama")
+    backend = VllmBackend(BackendSpec(name="b", url=f"http://127.0.0.1:{free_port()}", engine_model="tiny-llama"))
     try:
         load = await backend.load()
     finally:

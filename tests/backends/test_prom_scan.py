@@ -20,6 +20,7 @@ from backends._prom_scan import Samples, samples_named, whole_text_samples
 from backends.adapters.llamacpp import LlamaCppBackend
 from backends.adapters.tgi import TgiBackend
 from backends.adapters.vllm import VllmBackend
+from backends.base import BackendSpec
 from backends.metrics import MetricSamples
 from backends.sim import SimConfig, running_simulator
 
@@ -76,7 +77,7 @@ def test_the_adapters_read_the_same_load_as_with_prometheus_clients_parse() -> N
         text = (DATA / recording).read_text()
         names = adapter.METRICS
         assert names is not None
-        backend = adapter(name="b", url="http://127.0.0.1:1", engine_model=model)
+        backend = adapter(BackendSpec(name="b", url="http://127.0.0.1:1", engine_model=model))
         assert backend._parse(MetricSamples.parse(text, names), 1.0) == backend._parse(
             MetricSamples(reference(text, names)), 1.0
         )
@@ -86,7 +87,7 @@ async def test_the_simulators_tgi_text_reads_as_prometheus_client_reads_it() -> 
     """TGI's exporter writes counters without `_total` (prometheus-client renames them) and 35-bucket
     histograms; no real TGI recording exists here, so the simulator's imitation stands in."""
     async with running_simulator(SimConfig(flavor="tgi", decode_base_ms=1.0, decode_per_seq_ms=0.1)) as sim:
-        backend = TgiBackend(name="b", url=sim.url, engine_model="sim-model")
+        backend = TgiBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
         try:
             request = GenerationRequest(request_id="r", prompt="hi", params=SamplingParams(max_tokens=3))
             await asyncio.wait_for(_drain(backend, request), 10)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from backends import Finished, GenerationRequest, SamplingParams, TextDelta
 from backends.adapters.vllm import MAX_CHUNK_TOKENS, VllmBackend, tokens_per_chunk
+from backends.base import BackendSpec
 from backends.sim import SimConfig, running_simulator
 
 
@@ -37,7 +38,7 @@ async def stream(backend: VllmBackend, rid: str, tokens: int, delay: float) -> t
 
 async def test_a_busy_engine_sends_groups_and_every_token_is_counted() -> None:
     async with running_simulator(SimConfig(decode_base_ms=4.0, decode_per_seq_ms=0.0)) as sim:
-        backend = VllmBackend(name="b", url=sim.url, engine_model="sim-model")
+        backend = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
         try:
             await backend.load()  # the baseline of the engine's inter-token histogram
             ungrouped, _ = await stream(backend, "warm", 40, delay=0.2)  # no reading yet: one a chunk

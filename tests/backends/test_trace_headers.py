@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from backends import ChatMessage, GenerationRequest, SamplingParams, TraceContext, create_backend
+from backends.base import BackendSpec
 from backends.sim import SimConfig
 from backends.sim.app import create_app
 
@@ -53,7 +54,7 @@ async def recording(flavor: str) -> AsyncIterator[tuple[str, list[dict[str, str]
 )
 async def test_the_engine_request_carries_the_trace_context(kind: str, flavor: str, chat: bool) -> None:
     async with recording(flavor) as (url, seen):
-        backend = create_backend(kind=kind, name="b0", url=url, engine_model="sim-model")
+        backend = create_backend(kind, BackendSpec(name="b0", url=url, engine_model="sim-model"))
         try:
             for trace in (TRACE, None):
                 request = GenerationRequest(

@@ -53,7 +53,7 @@ def test_only_the_product_module_imports_the_service_and_the_adapters() -> None:
 
 def test_every_scenario_is_registered_once_with_its_definitions_in_docs_order() -> None:
     ids = [d.id for d in registry.DEFINITIONS]
-    assert ids == ["S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "C1", "C3", "C4", "C6", "CB", "CL", "CN", "R1"]
+    assert ids == ["S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "S9", "C1", "C3", "C4", "C6", "CB", "CL", "CN", "R1"]
     assert [s for s, n in Counter(ids).items() if n > 1] == []
     assert registry.BY_ID["S1"].produces == ("S1", "S2")
     assert registry.BY_ID["CL"].produces == ("CL", "CN")
@@ -63,7 +63,7 @@ def test_every_scenario_is_registered_once_with_its_definitions_in_docs_order() 
 
 
 def test_each_engine_runs_its_own_scenarios_by_default() -> None:
-    simulator = ["S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "C1", "C3", "C4", "C6", "CB", "CL", "CN"]
+    simulator = ["S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "S9", "C1", "C3", "C4", "C6", "CB", "CL", "CN"]
     assert registry.defaults("sim") == simulator
     assert registry.defaults("vllm") == ["S6", "S8", "R1"]
     assert registry.defaults("llamacpp") == ["R1"]

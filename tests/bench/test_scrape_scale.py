@@ -6,6 +6,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from backends.base import BackendSpec
 from backends.metrics import MetricSamples
 from bench.tools.scrape_scale import measuring, serving
 from bench.tools.scrape_scale import texts as engines
@@ -15,7 +16,7 @@ async def test_every_kind_reads_the_same_load_with_the_former_parse_and_the_scan
     texts = await engines.engine_texts()
     for kind in engines.KINDS:
         adapter = engines.ADAPTERS[kind]
-        backend = adapter(name="b", url="http://127.0.0.1:1", engine_model=engines.ENGINE_MODEL[kind])
+        backend = adapter(BackendSpec(name="b", url="http://127.0.0.1:1", engine_model=engines.ENGINE_MODEL[kind]))
         text, names = engines.text_read(kind, texts), adapter.METRICS
         before = backend._parse(measuring.prometheus_client_parse(text, names), 1.0)
         assert backend._parse(MetricSamples.parse(text, names), 1.0) == before

@@ -69,9 +69,12 @@ class Flood:
         return sum(t.done() for t in self.tasks.values())
 
     async def outcomes(self, timeout: float = 30.0) -> dict[str, object]:
-        async with asyncio.timeout(timeout):
-            results = await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        return dict(zip(self.tasks, results, strict=True))
+        """Every call's outcome; a call still open after `timeout` fails the test, naming it and its replica."""
+        _, pending = await asyncio.wait(self.tasks.values(), timeout=timeout)
+        if pending:
+            open_calls = sorted(f"{rid}@{self.owner[rid]}" for rid, task in self.tasks.items() if task in pending)
+            raise AssertionError(f"{len(open_calls)} call(s) still open after {timeout}s: {open_calls}")
+        return {rid: task.exception() or task.result() for rid, task in self.tasks.items()}
 
     def of(self, name: str) -> list[str]:
         return [rid for rid, owner in self.owner.items() if owner == name]

@@ -26,6 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.adapters.vllm import VllmBackend
+from backends.base import BackendSpec
 from backends.sim import SimConfig, SimServer, running_simulator
 from engines import EngineProcess
 from engines.wire import sse_data
@@ -284,7 +285,7 @@ async def test_metric_selection_by_name_under_the_metrics_mount(pair: Pair) -> N
     assert sample_names(real_bare.text) > set(sample_names(real.text))
     assert sample_names(sim_bare.text) > set(sample_names(sim.text))
 
-    backend = VllmBackend(name="real", url=pair.real, engine_model=pair.model)
+    backend = VllmBackend(BackendSpec(name="real", url=pair.real, engine_model=pair.model))
     try:
         load = await backend.load()
     finally:

@@ -243,6 +243,7 @@ class Scenario:
                     },
                     "max_queued": 60,
                     "max_queued_per_user": 8,
+                    "max_end_users_per_user": 4,
                     "max_prompt_bytes": 4096,
                     "max_queued_bytes": 1 << 20,
                     "max_queued_bytes_per_user": 1 << 18,

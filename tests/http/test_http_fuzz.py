@@ -83,7 +83,7 @@ _VALID: dict[str, st.SearchStrategy[Any]] = {
     "stream": st.booleans(),
     "n": st.just(1),
     "metadata": st.fixed_dictionaries({"priority_class": st.sampled_from(["interactive", "batch"])}),
-    "user": st.text(_ASCII, max_size=20),
+    "user": st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._@+:/-]{0,19}", fullmatch=True),  # an end user id
     "prompt_cache_key": st.text(_ASCII, max_size=20),
 }
 _FIELDS = [*_VALID, "model", "messages", "prompt", "stream_options", "max_completion_tokens", "logprobs", "tools"]

@@ -31,6 +31,7 @@ import grpc
 import pytest
 
 from backends.adapters.vllm import VllmBackend
+from backends.base import BackendSpec
 from backends.sim import SimConfig, running_simulator
 from backends.sim.journal import read_journal
 from llmsched.v1 import scheduler_pb2 as pb
@@ -317,7 +318,7 @@ async def test_forced_points_on_the_fake_clock_leave_nothing_in_the_simulator_jo
     totals: Counter[str] = Counter()
     sim_config = SimConfig(max_num_seqs=8, decode_base_ms=2.0, decode_per_seq_ms=0.2, journal=str(journal))
     async with running_simulator(sim_config) as sim, aiohttp.ClientSession() as session:
-        backend = VllmBackend(name="b0", url=sim.url, engine_model="sim-model")
+        backend = VllmBackend(BackendSpec(name="b0", url=sim.url, engine_model="sim-model"))
         try:
             for round_ in range(FORCED_ROUNDS):
                 rng = random.Random(SEED * 104_729 + round_)

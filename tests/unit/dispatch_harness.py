@@ -87,9 +87,10 @@ class Harness:
         priority_class: str = "",
         prompt: str = "p" * 40,
         timeout: float | None = None,
+        end_user: str = "",
     ) -> Ticket:
         """Queue a request as admission would: its deadline is the earlier of the call's (`timeout` from
-        now) and the class's queue TTL."""
+        now) and the class's queue TTL; `end_user`: the end user `user` sends it for."""
         rid = f"{user}-{next(self._ids)}"
         request = QueuedRequest(
             request_id=rid,
@@ -101,6 +102,7 @@ class Harness:
             params=SamplingParams(max_tokens=max_tokens),
             admitted_at=self.clock.now(),
             prompt_chars=len(prompt),
+            end_user=end_user,
         )
         priority_class = self.config.scheduling.priority_class(request.priority_class)
         assert priority_class is not None

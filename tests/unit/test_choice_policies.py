@@ -15,15 +15,18 @@ from scheduler_svc.dispatch.activity import ClassActivity
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.dispatch.metrics import SchedulerMetrics, backend_series
-from scheduler_svc.dispatch.openings import BackendChoice, BackendGates, EnginePriorities, Opening
+from scheduler_svc.dispatch.openings import BackendChoice, BackendGates, EnginePriorities
 from scheduler_svc.policies import (
     BACKEND_POLICIES,
     BAND_POLICIES,
     BandTurn,
+    GateDecision,
     GateInputs,
     LeastLoaded,
+    SignalGate,
     StrictRankBands,
 )
+from scheduler_svc.policies.backend_choice import load_of
 from tests.unit.dispatch_harness import CapGate, Harness
 
 TOP = PriorityClassConfig(name="interactive", rank=0)
@@ -70,6 +73,10 @@ def test_a_starving_band_gets_every_other_turn_under_the_top_gate() -> None:
 class FakeOpening:
     name: str
     inputs: GateInputs
+
+    @property
+    def load(self) -> tuple[int, int, int]:
+        return load_of(self.inputs)
 
 
 def inputs(
@@ -156,23 +163,85 @@ def test_open_leaves_out_closed_gates_and_cooling_backends() -> None:
     assert not states[("b1", "interactive")].open and "cooling down 2.0s" in states[("b1", "interactive")].reason
 
 
-def test_a_choice_works_out_each_distinct_answer_once_per_dispatch() -> None:
+class CountingGate(CapGate):
+    """A cap gate that counts the times it is asked and may declare itself reusable (`ReusableGate`)."""
+
+    def __init__(self, cap: int, reusable: bool) -> None:
+        super().__init__(cap)
+        self.asked = 0
+        if reusable:
+            self.revision = 0
+
+    def decide(self, inputs: GateInputs, priority_class: PriorityClassConfig) -> GateDecision:
+        self.asked += 1
+        return super().decide(inputs, priority_class)
+
+    def expires(self, inputs: GateInputs, decision: GateDecision) -> float | None:
+        return None
+
+
+def counting_gates(reusable: bool) -> tuple[BackendGates, list[CountingGate]]:
     g = gates(caps=(5, 5))
-    calls: list[str | None] = []
-    real_open = g.open
+    counting = [CountingGate(5, reusable) for _ in g.backends]
+    for handle, gate in zip(g.backends, counting, strict=True):
+        handle.gate = gate
+    return BackendGates(g.backends, ClassActivity([TOP]), g.priorities, g._series), counting
 
-    def counting_open(
-        gate_class: PriorityClassConfig, request_class: PriorityClassConfig, user: str | None, now: float
-    ) -> list[Opening]:
-        calls.append(user)
-        return real_open(gate_class, request_class, user, now)
 
-    g.open = counting_open  # type: ignore[method-assign]
+@pytest.mark.parametrize("reusable", [True, False])
+def test_a_choice_works_out_each_distinct_answer_once_per_dispatch(reusable: bool) -> None:
+    g, counting = counting_gates(reusable)
     choice = BackendChoice(g, TOP, TOP, 10.0)
     assert choice.eligible("a") and choice.eligible("b") and choice.eligible("a")
-    assert calls == ["a"]  # b has the same in-flight counts as a: the same answer
+    assert [gate.asked for gate in counting] == [1, 1]  # b has the same in-flight counts as a: the same answer
     g.backends[0].estimator.dispatched("r", user="c")
-    assert choice.eligible("c") and calls == ["a", "c"]
+    assert choice.eligible("c")  # c has a request at b0: another answer, which b1 (where it has none) gives
+    asked_again = [1, 0] if reusable else [1, 1]  # a reusable gate is asked again only where something happened
+    assert [gate.asked for gate in counting] == [1 + asked_again[0], 1 + asked_again[1]]
+    assert [o.name for o in choice.for_user("c")] == ["b0", "b1"]
+    assert g.users_in_flight == {"c": {0: 1}}
+
+
+def test_kept_answers_are_asked_again_only_after_an_event_at_their_backend() -> None:
+    g, counting = counting_gates(reusable=True)
+    assert [o.name for o in g.open(TOP, TOP, None, 10.0)] == ["b0", "b1"]
+    assert [o.name for o in g.open(TOP, TOP, "u", 11.0)] == ["b0", "b1"]
+    assert [gate.asked for gate in counting] == [1, 1], "nothing happened: the answers stand"
+    for i in range(5):
+        g.backends[1].estimator.dispatched(f"r{i}", user="u")
+    assert [o.name for o in g.open(TOP, TOP, None, 12.0)] == ["b0"]
+    assert [gate.asked for gate in counting] == [1, 2]
+    assert g.open(TOP, TOP, "u", 12.0) == g.open(TOP, TOP, "v", 12.0), "b1 is closed at any priority"
+    g.backends[0].cool_until = 14.0
+    assert g.open(TOP, TOP, None, 13.0) == []
+    assert [o.name for o in g.open(TOP, TOP, None, 14.0)] == ["b0"], "its cooldown is over at its time"
+    g.backends[1].estimator.finished("r0", 14.0)
+    assert [o.name for o in g.open(TOP, TOP, None, 14.0)] == ["b0", "b1"]
+
+
+def test_a_kept_answer_on_a_fresh_reading_goes_stale_at_its_time() -> None:
+    config = config_from_dict({"models": [{"name": "m", "backends": [{"name": "b0"}]}]})
+    model = config.models[0]
+    handle = BackendHandle(model.backends[0], FakeBackend(lambda _: None), SignalGate(model.gate), LoadEstimator())  # type: ignore[arg-type, return-value]
+    classes = config.scheduling.classes
+    metrics = SchedulerMetrics()
+    g = BackendGates(
+        [handle],
+        ClassActivity(classes),
+        EnginePriorities({c.name: c for c in classes}, 1),
+        {"b0": backend_series(metrics, "m", "b0")},
+    )
+    interactive = classes[0]
+    running = model.gate.fallback_max_in_flight  # as many running as a stale reading allows in flight
+    for i in range(running):
+        handle.estimator.dispatched(f"r{i}")
+        handle.estimator.accepted(f"r{i}", 99.0)
+        handle.estimator.started(f"r{i}", 99.5)
+    handle.record_reading(BackendLoad(ok=True, read_at=100.0, waiting=0, running=running, tpot_seconds=0.01))
+    stale_after = model.gate.stale_after_seconds
+    assert g.any_open(interactive, interactive, None, 100.0 + stale_after / 2)
+    assert g.any_open(interactive, interactive, None, 100.0 + stale_after), "still fresh at its limit"
+    assert not g.any_open(interactive, interactive, None, 100.0 + stale_after + 0.001), "stale: the cap holds"
 
 
 class WorstRankFirst:

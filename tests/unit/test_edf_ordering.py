@@ -48,7 +48,7 @@ async def test_a_newcomer_with_a_closer_deadline_moves_the_others_back_and_their
         urgent = h.submit("a", timeout=5.0)
         assert await asyncio.wait_for(first.wait_dispatched(None), 5) is False  # woken, still queued
         assert (urgent.position(), first.position(), second.position()) == (1, 2, 3)
-        assert second._woken.is_set() and not other._woken.is_set()  # b's queue did not move
+        assert second.woken and not other.woken  # b's queue did not move
     finally:
         updates.cancel()
 

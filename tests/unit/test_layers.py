@@ -17,6 +17,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from backends import errors as backend_errors
+from backends.base import BackendSpec
 from backends.registry import BACKEND_KINDS, adapter_class, create_backend
 from scheduler_svc.config import BackendConfig
 from scheduler_svc.core import errors
@@ -86,7 +87,7 @@ def test_the_registry_is_the_one_list_of_kinds() -> None:
     assert {adapter_class(kind).__name__ for kind in BACKEND_KINDS} == {"VllmBackend", "TgiBackend", "LlamaCppBackend"}
     assert "one of vllm, tgi, llamacpp" in BackendConfig.__dataclass_fields__["kind"].metadata["doc"]
     with pytest.raises(ValueError, match="unknown backend kind 'nope'"):
-        create_backend(kind="nope", name="b", url="http://127.0.0.1:1", engine_model="m")
+        create_backend("nope", BackendSpec(name="b", url="http://127.0.0.1:1", engine_model="m"))
 
 
 # What each exception answers: the code and reason of the error table, from the one mapping in grpc_errors.

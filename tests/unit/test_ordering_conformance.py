@@ -9,6 +9,7 @@ any request keeps all of this; the flow's oldest admission does not depend on th
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -216,3 +217,28 @@ def test_any_sequence_of_push_remove_and_select_keeps_the_contract(
         else:
             check(flow, reference)
             assert len(queues) == len(flow)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_bands_oldest_admission_is_the_least_of_its_flows_as_requests_come_and_go(
+    policy: OrderingPolicy, seed: int
+) -> None:
+    """The band reads its oldest admission from a heap of its flows (not a look at every flow): after every
+    push, push back at the front and removal it equals the least over the flows, and the heap stays compact."""
+    rng = random.Random(seed)
+    queues = ModelQueues([PriorityClassConfig()], policy.key)
+    band = queues.band("interactive")
+    queued: list[QueuedRequest] = []
+    for n in range(4000):
+        roll = rng.random()
+        if roll < 0.5 or not queued:
+            deadline = rng.choice([None, 50.0 + rng.random()])
+            r = request(n, rng.uniform(0, 100), deadline, user=f"u{rng.randrange(60)}")
+            queues.push(r, front=rng.random() < 0.1)
+            queued.append(r)
+        else:
+            gone = queued.pop(rng.randrange(len(queued)))
+            queues.remove(gone.request_id)
+        if band.size:
+            assert band.oldest_admission() == min(f.oldest_admission() for f in band.flows.values())
+    assert len(band._oldest) <= 2 * len(band.flows) + 16

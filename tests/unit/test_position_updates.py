@@ -19,8 +19,8 @@ async def test_only_clients_whose_queue_moved_are_woken() -> None:
         assert await asyncio.wait_for(a2.wait_dispatched(None), 5) is False  # woken, still queued
         assert a2.position() == 1
         # one pass nudges every moved flow at once: by now a3 was nudged and b's clients were not
-        assert a3._woken.is_set()
-        assert not b1._woken.is_set() and not b2._woken.is_set()
+        assert a3.woken
+        assert not b1.woken and not b2.woken
     finally:
         updates.cancel()
 
@@ -30,7 +30,7 @@ async def test_a_nudge_wakes_the_waiter_once_and_a_dispatch_still_gets_through()
     first, second = h.submit("a"), h.submit("a")
     second.nudge()
     assert await second.wait_dispatched(None) is False
-    assert not second._woken.is_set()  # re-armed: the next wait blocks until the next change
+    assert not second.woken  # re-armed: the next wait blocks until the next change
     waiting = asyncio.create_task(second.wait_dispatched(None))
     assert h.dispatch() == [first]
     first.close()

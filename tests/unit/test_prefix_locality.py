@@ -13,6 +13,7 @@ from scheduler_svc.app.settings import config_from_dict
 from scheduler_svc.config import ConfigError, LocalityConfig
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import BACKEND_POLICIES, Candidate, GateInputs, LeastLoaded, PrefixLocality
+from scheduler_svc.policies.backend_choice import load_of
 from scheduler_svc.policies.prefix_index import (
     CHARS_PER_TOKEN,
     ENTRY_BYTES,
@@ -130,6 +131,10 @@ def test_session_map_is_per_user_lru_and_bounded_in_bytes() -> None:
 class Open:
     name: str
     inputs: GateInputs
+
+    @property
+    def load(self) -> tuple[int, int, int]:
+        return load_of(self.inputs)
 
 
 def opening(name: str, in_flight: int = 0, waiting: int = 0, cache_tokens: int | None = None) -> Open:

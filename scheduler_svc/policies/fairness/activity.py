@@ -30,9 +30,10 @@ from scheduler_svc.policies.weights import WeightResolver
 class UserActivity:
     """A band's active users: what each runs, when each was last seen, and who may be forgotten.
 
-    The account gives four callbacks: whether an idle user may be forgotten by the safe rule, how to forget
-    it (`expired`: by the TTL; False when some of it must stay until the TTL), and what to drop when a user's
-    (or a group's) last running request ends."""
+    The account gives its callbacks: whether an idle user may be forgotten by the safe rule, how to forget
+    it (`expired`: by the TTL; False when some of it must stay until the TTL), what to drop when a user's
+    (or a group's) last running request ends, and what to look at again of each user the sweep meets (a user
+    whose queue emptied without an event, cancelled or expired, leaves the account's backlog order there)."""
 
     sweep_per_event = 2
     pruning = True  # tests turn it off to show that pruning changes no decision
@@ -44,6 +45,7 @@ class UserActivity:
     _forget: Callable[[str, bool], bool] = field(kw_only=True)
     _all_ended: Callable[[str], None] = field(kw_only=True, default=lambda user: None)
     _group_all_ended: Callable[[str], None] = field(kw_only=True, default=lambda group: None)
+    _refresh: Callable[[str], None] = field(kw_only=True, default=lambda user: None)
     flows: Mapping[str, FlowView] = field(init=False, factory=dict)  # the band's live backlogged flows (read-only)
     in_flight: dict[str, int] = field(init=False, factory=dict)  # user -> requests dispatched from this band, running
     group_in_flight: dict[str, int] = field(init=False, factory=dict)
@@ -109,6 +111,7 @@ class UserActivity:
         now = self._clock.now()
         for _ in range(min(self.sweep_per_event, len(self._last_seen))):
             user = next(iter(self._last_seen))
+            self._refresh(user)
             if not self._try_forget(user, now):
                 self._last_seen.move_to_end(user)
 

@@ -17,9 +17,9 @@ keeps that floor (per shared group too), raised each time a choice looks at the 
 band empties.
 
 The key a choice compares (settled + pending + reserved, by user and by group) changes only through this
-account's own events, each of which tells the account's watchers (`watch`): what an index of the band's users
-ordered by key needs to stay in step (under `fairness_scope = "global"`, other bands' charges move the shared
-settled part too).
+account's own events and, under `fairness_scope = "global"`, other bands' charges of the shared settled part
+(the counters say so, `Counters.watch`); each change reaches the band's backlog order (`backlog_index`: the
+users ordered by key, so a choice, a lift and a floor cost O(log n)) and the account's watchers (`watch`).
 
 Pruning, safe rule: an idle group whose settled counter is at or below the floor is forgotten (with its
 users), because any later return lifts it to at least that floor, which is what a forgotten group (counter
@@ -30,6 +30,7 @@ alone in its group is compared with nobody, so its own counter never decides any
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,6 +38,8 @@ from typing import Protocol
 from scheduler_svc.core.clock import Clock
 from scheduler_svc.policies.cost import Counters, LocalCounters, Prices
 from scheduler_svc.policies.fairness.activity import UserActivity
+from scheduler_svc.policies.fairness.backlog_index import BacklogIndex
+from scheduler_svc.policies.fairness.backlog_order import BacklogOrder, Choice
 from scheduler_svc.policies.fairness.base import Eligible
 from scheduler_svc.policies.interfaces import FlowView, RequestView
 from scheduler_svc.policies.weights import WeightResolver
@@ -128,6 +131,7 @@ class CounterAccount:
         *,
         reservations: Reservations | None = None,
         return_grace: float = 0.0,
+        order: BacklogOrder | None = None,
     ) -> None:
         self.weights = weights
         self._clock = clock
@@ -142,6 +146,7 @@ class CounterAccount:
             forget=self._forget,
             all_ended=self._all_ended,
             group_all_ended=self._group_all_ended,
+            refresh=self._refresh,
         )
         self.prices = Prices()
         # settled: charges of started requests, and lifts (the band's own, or a class-wide spend: cost.py)
@@ -153,8 +158,16 @@ class CounterAccount:
         self._floor = 0.0  # no group is lifted below this again
         self._member_floor: dict[str, float] = {}  # shared group -> no user of it is lifted below this again
         self._last_group: str | None = None  # the group whose dispatch left the band empty
-        self.ended_at: dict[str, float] = {}  # user -> when its last request ended, for the return grace
+        # user -> when its last request ended, for the return grace; oldest first
+        self.ended_at: OrderedDict[str, float] = OrderedDict()
         self._watchers: list[KeyWatcher] = []
+        self.order: BacklogOrder = order if order is not None else BacklogIndex()
+        self.order.attach(self)
+
+    def use_order(self, order: BacklogOrder) -> None:
+        """Answer the backlog's questions from `order` from now on (before any event)."""
+        self.order = order
+        order.attach(self)
 
     def use_reservations(self, reservations: Reservations) -> None:
         """Count `reservations` in the keys from now on (before any event)."""
@@ -165,23 +178,21 @@ class CounterAccount:
         self._watchers.append(watcher)
 
     def _moved(self, user: str | None, group: str | None) -> None:
+        self.order.moved(user, group)
         for watcher in self._watchers:
             watcher(user, group)
+
+    def _refresh(self, user: str) -> None:
+        self.order.refresh(user)
 
     # -- what a choice reads -------------------------------------------------------------------------------
     def view(self, flows: Mapping[str, FlowView]) -> CounterView:
         """The floors are raised to the least settled counters among the backlogged, as this choice sees them
         (every backlogged user counts, whichever can go now)."""
         self.activity.flows = flows
-        band_floor = float("inf")
-        member_floor: dict[str, float] = {}
-        for user in flows:
-            group = self.weights.group_of(user)
-            band_floor = min(band_floor, self._groups.value(group))
-            if self.weights.is_shared(group):
-                settled = self._users.value(user)
-                member_floor[group] = min(member_floor.get(group, settled), settled)
         assert flows, "a choice needs at least one backlogged flow"
+        self.order.seen(flows)
+        band_floor, member_floor = self.order.floors()
         self._floor = max(self._floor, band_floor)
         for group, floor in member_floor.items():
             self._member_floor[group] = max(self._member_floor.get(group, 0.0), floor)
@@ -202,30 +213,39 @@ class CounterAccount:
             key += reserved
         return key
 
+    def user_settled(self, user: str) -> float:
+        """The user's settled counter: what a peer becoming backlogged is lifted to."""
+        return self._users.value(user)
+
+    def group_settled(self, group: str) -> float:
+        return self._groups.value(group)
+
     def forget_ended(self, users: list[str]) -> None:
         """These users' return grace is over."""
         for user in users:
             del self.ended_at[user]
+            self.order.forgot_ended(user)
 
     # -- service -------------------------------------------------------------------------------------------
     def use_costing(self, prices: Prices, users: Counters, groups: Counters) -> None:
         self.prices = prices
         self._users, self._groups = users, groups
+        users.watch(lambda user: self._moved(user, None))  # other bands' charges of a shared spend
+        groups.watch(lambda group: self._moved(None, group))
 
     def on_backlogged(self, user: str, flows: Mapping[str, FlowView]) -> None:
         self.activity.flows = flows
+        self.order.backlogged(user, flows)
         group = self.weights.group_of(user)
-        others = [u for u in flows if u != user]
-        peers = [u for u in others if self.weights.group_of(u) == group]
-        if peers:  # users are compared only within their group
-            floor = min(self._users.value(u) for u in peers) - self._running_credit(user)
-            self._users.lift(user, floor)
+        peer_floor = self.order.peer_floor(user, group)
+        if peer_floor is not None:  # users are compared only within their group
+            self._users.lift(user, peer_floor - self._running_credit(user))
         else:  # the group just became backlogged
             if group in self._member_floor:
                 self._users.lift(user, self._member_floor[group])
-            groups = {self.weights.group_of(u) for u in others}
-            if groups:
-                floor = min(self._groups.value(g) for g in groups) - self._group_running_credit(group)
+            others_floor = self.order.other_groups_floor(user, group)
+            if others_floor is not None:
+                floor = others_floor - self._group_running_credit(group)
             else:
                 floor = self._band_floor()
                 self._last_group = None
@@ -261,16 +281,18 @@ class CounterAccount:
                 self._reserved.finished(request, generated)
         self._unpend(request, settle=reached_engine)
         if self.return_grace > 0:
+            self.ended_at.pop(request.user, None)
             self.ended_at[request.user] = self._clock.now()
+            self.order.ended(request.user)
+        self.activity.finished(request.user)  # may drop what only running requests need: keys move after it
         self._moved(request.user, self.weights.group_of(request.user))
-        self.activity.finished(request.user)
 
     def on_requeued(self, request: RequestView) -> None:
         if self._reserved is not None:
             self._reserved.released(request)
         self._unpend(request, settle=False)
-        self._moved(request.user, self.weights.group_of(request.user))
         self.activity.ended(request.user)
+        self._moved(request.user, self.weights.group_of(request.user))
 
     def counters(self) -> dict[str, float]:
         users = self._users.keys() | self._user_pending.keys()
@@ -343,7 +365,8 @@ class CounterAccount:
 
     def _forget(self, user: str, expired: bool) -> bool:
         self._users.forget(user)
-        self.ended_at.pop(user, None)
+        if self.ended_at.pop(user, None) is not None:
+            self.order.forgot_ended(user)
         group = self.weights.group_of(user)
         if self.activity.is_last_member(user):  # nothing of the group is left: a uniform shift of its users
             if group == self._last_group:
@@ -359,7 +382,7 @@ class CounterAccount:
 
 class LeastServed:
     """The counter policies' chooser: the eligible group with the smallest key, then its eligible user with
-    the smallest key (the longest backlogged on ties).
+    the smallest key (the longest backlogged on ties), read from the account's backlog order.
 
     Returning users (`CounterAccount.return_grace`): a user whose request ended less than the grace ago and
     that is behind the user this choice would pick is about to return (a closed-loop client sends its next
@@ -372,44 +395,17 @@ class LeastServed:
         self._hold_until: float | None = None
 
     def select(self, view: CounterView, eligible: Eligible | None) -> str | None:
-        best_group: tuple[float, str] | None = None
-        best_user: dict[str, tuple[float, str]] = {}
-        for user in view.flows:  # dict order: longest backlogged first, so strict < keeps the older on ties
-            if eligible is not None and not eligible(user):
-                continue
-            group = view.group_of(user)
-            key = view.user_key(user)
-            if group not in best_user or key < best_user[group][0]:
-                best_user[group] = (key, user)
-            group_key = view.group_key(group)
-            if best_group is None or group_key < best_group[0]:
-                best_group = (group_key, group)
-        if best_group is None:
+        choice = view.account.order.least_served(eligible)
+        if choice is None:
             return None
-        chosen = best_user[best_group[1]][1]
-        if view.recent_ends() and self._returning_first(view, chosen, best_group[0], best_user[best_group[1]][0]):
+        if view.recent_ends() and self._returning_first(view, choice):
             return None
-        return chosen
+        return choice.user
 
-    def _returning_first(self, view: CounterView, chosen: str, group_key: float, user_key: float) -> bool:
-        """Whether a user about to return is behind `chosen` (see the class docstring)."""
-        now = self._clock.now()
-        grace = view.account.return_grace
-        self._hold_until = None
-        chosen_group = view.group_of(chosen)
-        over = []
-        for user, ended in view.recent_ends().items():
-            if now >= ended + grace:
-                over.append(user)
-                continue
-            if user in view.flows:  # a candidate already
-                continue
-            group = view.group_of(user)
-            behind = view.user_key(user) < user_key if group == chosen_group else view.group_key(group) < group_key
-            if behind:
-                until = ended + grace
-                self._hold_until = until if self._hold_until is None else min(self._hold_until, until)
-        view.account.forget_ended(over)
+    def _returning_first(self, view: CounterView, choice: Choice) -> bool:
+        """Whether a user about to return is behind the choice (see the class docstring)."""
+        account = view.account
+        self._hold_until = account.order.returning_hold(choice, self._clock.now(), account.return_grace)
         return self._hold_until is not None
 
     def wake_at(self) -> float | None:
@@ -434,18 +430,4 @@ class LeastServed:
         chosen = self.select(view, eligible)
         if chosen is None or bound <= 0:
             return [] if chosen is None else [chosen]
-        group_of = view.group_of
-        allowed = [u for u in view.flows if eligible is None or eligible(u)]
-        group_floor = view.group_key(group_of(chosen))  # select took the least served group
-        user_floor: dict[str, float] = {}
-        for user in allowed:
-            group = group_of(user)
-            user_floor[group] = min(user_floor.get(group, float("inf")), view.user_key(user))
-        others = [
-            u
-            for u in allowed
-            if u != chosen
-            and view.group_key(group_of(u)) <= group_floor + bound
-            and view.user_key(u) <= user_floor[group_of(u)] + bound
-        ]
-        return [chosen, *others]
+        return view.account.order.within(chosen, eligible, bound)

@@ -45,12 +45,15 @@ class TurnAccount:
         self._given_back: str | None = None  # a user whose failed-over request just returned its turn
 
     def view(self, flows: Mapping[str, FlowView]) -> TurnView:
+        """Users whose requests were cancelled or expired leave the ring as they reach its front (leaving it
+        moves nobody else, and one that returns joins at the end either way), so a choice costs O(1)
+        amortised however many users wait."""
         self.activity.flows = flows
         self._given_back = None  # a turn given back is kept only until the next choice
-        gone = [user for user in self._ring if user not in flows]  # their requests were cancelled or expired
-        for user in gone:
-            del self._ring[user]
-        return TurnView(flows, self._ring)
+        ring = self._ring
+        while ring and (first := next(iter(ring))) not in flows:
+            del ring[first]
+        return TurnView(flows, ring)
 
     def took_turn(self, user: str) -> None:
         if len(self.activity.flows[user]) > 1:

@@ -1,0 +1,122 @@
+"""End users over real sockets: gRPC's `x-end-user-id` metadata and the HTTP door's OpenAI `user` field or
+`x-end-user-id` header name the end user a tenant sends a request for; its siblings are not queued behind
+its flood; a malformed or doubled id is a clear refusal, one end user too many is RESOURCE_EXHAUSTED / 429."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from prometheus_client import generate_latest
+
+from clients import pb, pb_grpc
+from scheduler_svc.app.server import SchedulerServer
+from tests.helpers import ControlledEngine, client_for, make_config, serving
+from tests.http.support import chat, http_serving
+
+ONE_AT_A_TIME = {"fallback_max_in_flight": 1}  # no metrics from the engine: one request in flight
+
+
+def _stream(channel: grpc.aio.Channel, tag: str, *metadata: tuple[str, str]) -> Any:
+    request = pb.StreamRequest(params=pb.GenerationParams(model="m", prompt=tag, request_id=tag))
+    return pb_grpc.SchedulerServiceStub(channel).Stream(request, metadata=(("x-user-id", "acme"), *metadata))
+
+
+async def _started_order(engine: ControlledEngine, count: int) -> list[str]:
+    """Release each request as it starts, one at a time; the order the engine got them."""
+    for n in range(1, count + 1):
+        await engine.wait_for(lambda n=n: len(engine.started) >= n)  # type: ignore[misc]
+        engine.release(engine.started[n - 1])
+    return engine.started[:count]
+
+
+@pytest.mark.parametrize("named", [True, False])
+async def test_grpc_metadata_names_the_end_user_and_its_sibling_passes_the_flood(named: bool) -> None:
+    engine = ControlledEngine(tokens=2, metrics_ok=False)
+    config = make_config(gate=ONE_AT_A_TIME, scheduling={"fairness": "round_robin"})
+    async with serving(config, engine.factory()) as server, grpc.aio.insecure_channel(server.address) as channel:
+        flood = ("x-end-user-id", "flood") if named else ("x-other", "")
+        calls = [_stream(channel, "f0", flood)]
+        await engine.wait_for(lambda: len(engine.started) == 1)
+        for i in range(1, 5):
+            calls.append(_stream(channel, f"f{i}", flood))
+            await calls[-1].read()  # queued
+        calls.append(_stream(channel, "bob", ("x-end-user-id", "bob") if named else ("x-other", "")))
+        await calls[-1].read()
+        order = await _started_order(engine, 6)
+        for call in calls:
+            await _finish(call)
+    # with end users, at most one more of the flood's queued requests goes before bob's; without, all of them
+    assert order.index("bob") <= 2 if named else order.index("bob") == 5, order
+
+
+async def _finish(call: Any) -> Any:
+    """Read a call to its end; its last message."""
+    last = None
+    while (message := await call.read()) is not grpc.aio.EOF:
+        last = message
+    return last
+
+
+async def _refusal(server: SchedulerServer, *metadata: tuple[str, str]) -> tuple[grpc.StatusCode, str]:
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in _stream(channel, "x", *metadata):
+                pass
+    return err.value.code(), err.value.details() or ""
+
+
+async def test_grpc_refuses_a_malformed_or_doubled_end_user_and_one_too_many() -> None:
+    engine = ControlledEngine(tokens=2, metrics_ok=False)
+    config = make_config(
+        models=[
+            {
+                "name": "m",
+                "max_end_users_per_user": 1,
+                "gate": ONE_AT_A_TIME,
+                "backends": [{"name": "b0", "url": "http://127.0.0.1:1", "engine_model": "sim-model"}],
+            }
+        ],
+    )
+    async with serving(config, engine.factory()) as server:
+        code, details = await _refusal(server, ("x-end-user-id", "bob smith"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "x-end-user-id: invalid user id" in details
+        code, details = await _refusal(server, ("x-end-user-id", "bob"), ("x-end-user-id", "eve"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "sent more than once" in details
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            held = _stream(channel, "held", ("x-end-user-id", "bob"))
+            await engine.wait_for(lambda: len(engine.started) == 1)
+            code, details = await _refusal(server, ("x-end-user-id", "carol"))
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_end_users_per_user" in details
+            async with client_for(server, user="acme") as client:  # the Python client's `end_user`
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await client.submit("m", "x", end_user="carol")
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            engine.release()
+            await _finish(held)
+        async with grpc.aio.insecure_channel(server.address) as channel:  # bob's request ended: carol's turn
+            engine.auto_release = True
+            assert (await _finish(_stream(channel, "carol", ("x-end-user-id", "carol")))).HasField("finished")
+
+
+async def test_http_takes_the_openai_user_field_or_the_header_and_refuses_what_is_not_an_id() -> None:
+    engine = ControlledEngine(tokens=2, auto_release=True)
+    async with http_serving(engine.factory()) as (server, base), aiohttp.ClientSession() as session:
+
+        async def post(body: dict[str, Any], **headers: str) -> tuple[int, Any]:
+            sent = {"x-user-id": "acme", **headers}
+            async with session.post(base + "/v1/chat/completions", json=body, headers=sent) as response:
+                return response.status, await response.json()
+
+        assert (await post(chat(user="user-42")))[0] == 200
+        assert (await post(chat(), **{"x-end-user-id": "user-42"}))[0] == 200
+        assert (await post(chat(user="user-42"), **{"x-end-user-id": "user-42"}))[0] == 200
+        status, body = await post(chat(user="user 42"))
+        assert status == 400 and body["error"]["param"] == "user" and "invalid user id" in body["error"]["message"]
+        status, body = await post(chat(user="user-42"), **{"x-end-user-id": "user-43"})
+        assert status == 400 and body["error"]["param"] == "user" and "differs" in body["error"]["message"]
+        status, body = await post(chat(), **{"x-end-user-id": "-x"})
+        assert status == 400 and body["error"]["param"] == "x-end-user-id"
+        assert b"user-42" not in generate_latest(server.scheduler.metrics.registry)
