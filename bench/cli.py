@@ -57,7 +57,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     real.add_argument("--rounds", type=int, default=3, help="rounds (every setup once per round)")
     real.add_argument("--setups", default="", help="only these setup keys (sched,oracle,fifo,sched_off,sched_base; "
                       "on request: sched_scrape_01, sched_asyncio, sched_every_token, sched_paced, sched_read_paced, "
-                      "sched_off_target_1, sched_off_fixed)")  # fmt: skip
+                      "sched_off_target_1, sched_off_fixed, and a user's first config: first_minimal, "
+                      "first_minimal_slots, first_example, first_minimal_base)")  # fmt: skip
     real.add_argument("--flood", type=int, default=0, help="the flood's size (default: the workload's 64)")
     real.add_argument("--baseline-src", type=Path, help="a source tree for the sched_base setup, side by side")
     cluster = parser.add_argument_group("the cluster scenarios")

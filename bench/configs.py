@@ -8,6 +8,8 @@ subprocess dying at start-up.
 from __future__ import annotations
 
 import json
+import tomllib
+from pathlib import Path
 from typing import Any
 
 from bench.engines import Engine
@@ -84,6 +86,40 @@ def for_engine(engine: Engine, **settings: Any) -> Toml:
     gate told its batch size unless `settings` says otherwise."""
     settings.setdefault("max_num_seqs", engine.max_num_seqs)
     return scheduler_config(engine_url=engine.url, model=SCHEDULED_MODEL, engine_model=engine.model, **settings)
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "configs" / "example.toml"
+
+
+def minimal_config(*, engine_url: str, model: str, engine_model: str, max_num_seqs: int = 0) -> Toml:
+    """A user's first config: only the model and one vLLM backend started with `--scheduling-policy
+    priority` (with `max_num_seqs` when given); everything else is the service's defaults. The listeners are
+    the harness's ports."""
+    backend: Toml = {"name": "engine-0", "url": engine_url, "engine_model": engine_model, "priority_scheduling": True}
+    if max_num_seqs:
+        backend["max_num_seqs"] = max_num_seqs
+    return {
+        "server": {"listen": "127.0.0.1:{GRPC_PORT}", "metrics_listen": "127.0.0.1:{METRICS_PORT}"},
+        "models": [{"name": model, "backends": [{"kind": "vllm", **backend}]}],
+    }
+
+
+def example_config(*, engine_url: str, model: str, engine_model: str, max_num_seqs: int) -> Toml:
+    """configs/example.toml as shipped, pointed at one priority vLLM: the listeners on the harness's ports,
+    the model and backend renamed to the engine's, and a `max_num_seqs` the example sets replaced by the
+    engine's own (the example states the simulator's)."""
+    config = tomllib.loads(EXAMPLE.read_text())
+    server = config["server"]
+    server["listen"], server["metrics_listen"] = "127.0.0.1:{GRPC_PORT}", "127.0.0.1:{METRICS_PORT}"
+    if server.get("http_listen"):
+        server["http_listen"] = "127.0.0.1:{HTTP_PORT}"
+    (shipped,) = config["models"]
+    (backend,) = shipped["backends"]
+    shipped["name"] = model
+    backend.update(url=engine_url, engine_model=engine_model, priority_scheduling=True, kind="vllm")
+    if backend.get("max_num_seqs"):
+        backend["max_num_seqs"] = max_num_seqs
+    return config
 
 
 def with_http_door(config: Toml) -> Toml:

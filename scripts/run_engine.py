@@ -45,10 +45,9 @@ require_idle_engine = true
 [[models]]
 name = "{model}"
 max_tokens_limit = 900
-
-[models.gate]
-waiting_target = 3
-priority_waiting_target = 6         # at vLLM's priority queue (latecomers jump it): keeps its slots full
+# The gate's waiting targets are the defaults: at vLLM's priority queue (latecomers jump it) 1.5 x the
+# engine's slots, which the scheduler learns from the engine's metrics (configuration.md, "Derived from
+# the engine").
 
 [[models.backends]]
 name = "{kind}-0"

@@ -53,8 +53,10 @@ def make_config(
     server: dict[str, Any] | None = None,
     scrape_interval: float = 0.05,
     engine_model: str = "sim-model",
+    backend: dict[str, Any] | None = None,
 ) -> Config:
-    """A config on free ports with one model "m" and one backend "b0" unless told otherwise."""
+    """A config on free ports with one model "m" and one backend "b0" (with `backend`'s fields) unless told
+    otherwise."""
     raw: dict[str, Any] = {
         "server": {
             "listen": "127.0.0.1:0",
@@ -76,6 +78,7 @@ def make_config(
                         "url": backend_url,
                         "engine_model": engine_model,
                         "scrape_interval_seconds": scrape_interval,
+                        **(backend or {}),
                     }
                 ],
             }

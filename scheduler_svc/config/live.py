@@ -62,6 +62,7 @@ LIVE: frozenset[str] = frozenset(
         "models[].output_token_cost",
         "models[].backends",
         "models[].backends[].max_num_seqs",
+        "models[].backends[].learn_max_num_seqs",
         "models[].backends[].scrape_interval_seconds",
         "models[].backends[].drained",
     }

@@ -271,13 +271,15 @@ class GateConfig:
         "queue behind there: only what the engine serves before it counts, so a latecomer whose priority "
         "beats the queued work jumps it whatever its depth. A deeper queue than `waiting_target` there keeps "
         "the engine's slots full when its HTTP front end hands requests in late (a busy API server), at no "
-        "cost to those who jump it. 0: `waiting_target`. A class's own `waiting_target` wins over both.",
+        "cost to those who jump it. 0: derived from the engine's slots (its max_num_seqs, configured or "
+        "learned): 1.5 x the slots, rounded up, at least `waiting_target` (6 at 4 slots); `waiting_target` "
+        "while the slots are unknown. A class's own `waiting_target` wins over both.",
         bounds=">= 0",
     )
     waiting_target_adapt_seconds: float = _field(
         2.0,
         "At an engine without priorities everything in its queue is ahead of the next arrival, so the gate "
-        "keeps that queue only as deep as the engine's slots need (known max_num_seqs only): from "
+        "keeps that queue only as deep as the engine's slots need (max_num_seqs known or learned): from "
         "`waiting_target` one lower after this many seconds of readings with every slot busy, one higher "
         "(up to `waiting_target`) when a reading shows a slot freed with nothing waiting while the gate held "
         "work back. 0: always `waiting_target`.",
@@ -314,9 +316,19 @@ class BackendConfig:
     )
     max_num_seqs: int = _field(
         0,
-        "The engine's batch size (vLLM --max-num-seqs, llama.cpp -np, TGI's max batch), which engines do "
-        "not export. When set, requests the engine can still admit into free slots do not count as "
-        "waiting, so short requests keep a large batch full (0: unknown, every unstarted request counts).",
+        "The engine's batch size, its slots (vLLM --max-num-seqs, llama.cpp -np, TGI's max batch), which "
+        "engines do not export. Known, requests the engine can still admit into free slots do not count as "
+        "waiting (short requests keep a large batch full), the FIFO queue depth adapts, and a priority "
+        "engine's waiting target follows it. 0: learned from the engine's metrics (learn_max_num_seqs).",
+        bounds=">= 0",
+    )
+    learn_max_num_seqs: bool = _field(
+        True,
+        "With max_num_seqs = 0, learn the slots from the engine's metrics: once a reading shows requests "
+        "waiting while its KV cache is not full (the engine had no free slot), the most requests any "
+        "reading showed running; it only grows, and never exceeds the true count. Until then (a fresh "
+        "engine, never saturated) the slots are unknown and every request without a first token counts as "
+        "waiting, which never over-fills the engine. false: unknown for good.",
     )
     metrics_path: str = _field("/metrics", "Path of the engine's Prometheus metrics.")
     scrape_interval_seconds: float = _field(0.2, "How often the engine's metrics are read.", bounds="> 0")
@@ -481,7 +493,11 @@ class ModelConfig:
 class SchedulingConfig:
     """How queued requests are chosen."""
 
-    fairness: str = _field("round_robin", "Fairness policy between users of a band.")
+    fairness: str = _field(
+        "vtc",
+        "Fairness policy between users of a band (see `llmsched policies`): vtc (tokens by weight, the "
+        "recommended), vtc_basic, weighted_round_robin or round_robin.",
+    )
     ordering: str = _field(
         "fcfs",
         "Ordering policy within one user's queue of a class: fcfs (arrival order) or edf (earliest deadline "

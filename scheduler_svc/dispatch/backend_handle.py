@@ -11,10 +11,14 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
+
 from backends.base import Backend, BackendLoad
 from scheduler_svc.config import BackendConfig
 from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.policies.gate import Gate
+
+log = structlog.get_logger(__name__)
 
 
 class Drain(enum.StrEnum):
@@ -68,8 +72,12 @@ class BackendHandle:
         return max(0.0, self.cool_until - now)
 
     def record_reading(self, reading: BackendLoad) -> None:
-        """A scrape of the backend: the estimator sets it against what was sent, the gate learns from it."""
+        """A scrape of the backend: the estimator sets it against what was sent (and may learn the engine's
+        slots from it), the gate learns from it."""
+        slots = self.estimator.engine_slots
         self.estimator.record_reading(reading)
+        if self.estimator.engine_slots != slots:
+            log.info("engine_slots_learned", backend=self.name, slots=self.estimator.engine_slots, before=slots)
         self.gate.observe(reading)
 
     @property

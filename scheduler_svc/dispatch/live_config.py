@@ -215,7 +215,7 @@ class LiveConfig:
                 continue
             handle.drains.discard(Drain.REMOVED)
             handle.config = backend
-            handle.estimator.engine_slots = backend.max_num_seqs
+            handle.estimator.configure_slots(backend.max_num_seqs, learn=backend.learn_max_num_seqs)
             if new_gates and handle not in added:
                 handle.gate = GATE_POLICIES.create(model.gate.policy, model.gate)
             if backend.drained:

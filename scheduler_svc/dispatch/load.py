@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from backends.base import Backend, BackendLoad
 from scheduler_svc.core.clock import Clock
+from scheduler_svc.dispatch.engine_slots import EngineSlots
 from scheduler_svc.policies.gate import GateInputs
 
 # An engine answers the HTTP request a moment before its scheduler holds the request (vLLM starts the
@@ -53,8 +54,10 @@ class LoadEstimator:
     stale reading never holds back work that would go straight into an empty slot.
     """
 
-    def __init__(self, engine_slots: int = 0) -> None:
-        self.engine_slots = engine_slots  # the engine's batch size when configured, else 0
+    def __init__(self, engine_slots: int = 0, *, learn_slots: bool = False) -> None:
+        # the engine's batch size: configured, else learned from its readings when `learn_slots`, else 0
+        self.slots = EngineSlots(engine_slots, learn=learn_slots)
+        self.engine_slots = self.slots.count
         self.reading: BackendLoad | None = None
         self.last_failure: BackendLoad | None = None
         self.in_flight = 0
@@ -153,6 +156,11 @@ class LoadEstimator:
             self._finished_since_reading += 1
         self._tell(user)
 
+    def configure_slots(self, configured: int, *, learn: bool) -> None:
+        """The engine's slots as a reloaded config states them (0: learned when `learn`, else unknown)."""
+        self.slots.reconfigure(configured, learn)
+        self.engine_slots = self.slots.count
+
     def record_reading(self, reading: BackendLoad) -> None:
         """Take in a scrape. A good one replaces the last; a failed one is kept apart, so one lost scrape
         changes nothing while the last good reading simply ages until the gate calls it stale.
@@ -163,6 +171,8 @@ class LoadEstimator:
             self.last_failure = reading
             self._tell()
             return
+        if self.slots.observe(reading):  # any good reading says something true of the slots, even a late one
+            self.engine_slots = self.slots.count
         if self.reading is not None and reading.read_at < self.reading.read_at:
             return  # an older scrape answering after a newer one
         self.reading = reading

@@ -122,7 +122,7 @@ class Scheduler:
             config=backend,
             backend=self._backend_factory(model, backend),
             gate=GATE_POLICIES.create(model.gate.policy, model.gate),
-            estimator=LoadEstimator(engine_slots=backend.max_num_seqs),
+            estimator=LoadEstimator(engine_slots=backend.max_num_seqs, learn_slots=backend.learn_max_num_seqs),
         )
 
     def _build_dispatcher(self, model: ModelConfig, config: Config) -> ModelDispatcher:

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from backends.base import BackendLoad
-from scheduler_svc.config import GateConfig, PriorityClassConfig
+from scheduler_svc.config import GateConfig, PriorityClassConfig, derived
 from scheduler_svc.policies.registry import Registry
 from scheduler_svc.policies.step_model import StepTimeModel
 from scheduler_svc.policies.waiting_depth import WaitingDepth
@@ -204,10 +204,11 @@ GateCheck = Callable[[GateInputs, PriorityClassConfig, GateConfig], "str | None"
 
 
 def waiting_target(inputs: GateInputs, config: GateConfig) -> int:
-    """The gate's waiting target for this candidate: `priority_waiting_target` at a priority engine when
-    set, else `waiting_target`."""
-    if inputs.candidate_priority is not None and config.priority_waiting_target:
-        return config.priority_waiting_target
+    """The gate's waiting target for this candidate: at a priority engine `priority_waiting_target`,
+    configured or derived from the engine's slots (`derived.priority_waiting_target`), else
+    `waiting_target`."""
+    if inputs.candidate_priority is not None:
+        return derived.priority_waiting_target(config, inputs.engine_slots)
     return config.waiting_target
 
 
@@ -223,7 +224,8 @@ def check_waiting(
     waiting in our queue for the engine's queue to drain below the target. The queue stays bounded: a
     request goes only while fewer than the target are ahead of it. There the target is the gate's
     `priority_waiting_target` when set: deeper, so that a front end that hands requests in late never
-    leaves a slot empty, and harmless to whoever jumps the queue. At a FIFO engine `fifo_target`, when
+    leaves a slot empty, and harmless to whoever jumps the queue (derived from the engine's slots unless
+    configured). At a FIFO engine `fifo_target`, when
     given, stands for `waiting_target` (the depth the gate learned, see `WaitingSignal`).
     """
     if cls.require_idle_engine:

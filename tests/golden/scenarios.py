@@ -85,6 +85,7 @@ def _backend(name: str, kind: str, priority: bool, max_num_seqs: int, scrape_sec
         "engine_model": "golden-engine-model",
         "priority_scheduling": priority,
         "max_num_seqs": max_num_seqs,
+        "learn_max_num_seqs": False,  # b2's batch size stays unknown, as the traces were recorded
         "metrics_path": "/metrics",
         "scrape_interval_seconds": scrape_seconds,
         "connect_timeout_seconds": 5.0,

@@ -126,8 +126,8 @@ async def test_a_failing_band_is_counted_logged_once_and_turns_health_until_it_r
 ) -> None:
     engine = ControlledEngine(auto_release=True)
     classes = [{"name": "interactive", "rank": 0}, {"name": "batch", "rank": 1}]
-    config = make_config(
-        scheduling={"classes": classes, "default_class": "interactive"},
+    config = make_config(  # round robin: its chooser is the one broken below
+        scheduling={"classes": classes, "default_class": "interactive", "fairness": "round_robin"},
         server={"unhealthy_after_failed_passes": 2},
     )
     async with serving(config, engine.factory()) as server, client_for(server) as client:

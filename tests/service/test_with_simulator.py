@@ -48,7 +48,14 @@ async def test_s1_latecomers_are_served_long_before_the_flood_drains(monkeypatch
     monkeypatch.setattr(Ticket, "assign", recording_assign)
     monkeypatch.setattr(ModelDispatcher, "enqueue", recording_enqueue)
     async with running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim:
-        config = make_config(backend_url=sim.url, gate={"waiting_target": target})
+        # round robin, whose bound on the latecomer's wait this checks; the engine's slots unknown, as a bound
+        # on its queue holds only then (known slots let a request bound for a slot freed mid-step wait a step)
+        config = make_config(
+            backend_url=sim.url,
+            gate={"waiting_target": target},
+            scheduling={"fairness": "round_robin"},
+            backend={"learn_max_num_seqs": False},
+        )
         async with serving(config) as server, client_for(server, user="A") as a, client_for(server, user="B") as b:
             flood = [
                 asyncio.create_task(a.submit("m", f"flood {i}", max_tokens=40, ignore_eos=True)) for i in range(40)

@@ -58,7 +58,7 @@ def test_a_policy_parameter_is_read_from_its_table_and_a_typo_is_refused() -> No
 def test_minimal_config_gets_documented_defaults() -> None:
     config = config_from_dict(MINIMAL)
     assert config.models[0].gate.waiting_target == 3
-    assert config.scheduling.fairness == "round_robin"
+    assert config.scheduling.fairness == "vtc"
     assert config.server.listen == "127.0.0.1:50051"
 
 

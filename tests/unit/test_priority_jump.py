@@ -50,7 +50,7 @@ def test_other_clients_waiting_requests_count_as_ahead_of_anyone() -> None:
 
 
 def test_the_gate_opens_for_a_better_priority_only_and_never_for_batch() -> None:
-    gate = SignalGate(GateConfig(waiting_target=2))
+    gate = SignalGate(GateConfig(waiting_target=2, priority_waiting_target=2))
     base = _fields(_ledger_with_a_flood().gate_inputs(100.1))
     flood_next = type(_ledger_with_a_flood().gate_inputs(100.1))(**{**base, "candidate_priority": 6})
     latecomer = type(flood_next)(**{**base, "candidate_priority": 0})
@@ -63,7 +63,8 @@ def test_the_gate_opens_for_a_better_priority_only_and_never_for_batch() -> None
 def test_a_priority_engine_takes_its_own_deeper_target_and_a_fifo_engine_keeps_the_plain_one() -> None:
     """`priority_waiting_target` lets the flood's own next request queue deeper at a priority engine (two
     wait, target 3), while the same reading at a FIFO engine (no candidate priority) holds at 2; a class's
-    own target still wins over both."""
+    own target still wins over both. Left at 0 it is derived from the engine's slots (6 at 4), and is
+    `waiting_target` while they are unknown."""
     gate = SignalGate(GateConfig(waiting_target=2, priority_waiting_target=3))
     base = _fields(_ledger_with_a_flood().gate_inputs(100.1))
     flood_next = type(_ledger_with_a_flood().gate_inputs(100.1))(**{**base, "candidate_priority": 6})
@@ -72,7 +73,10 @@ def test_a_priority_engine_takes_its_own_deeper_target_and_a_fifo_engine_keeps_t
     assert gate.decide(flood_next, CLS).open
     assert not gate.decide(at_fifo_engine, CLS).open
     assert not gate.decide(flood_next, PriorityClassConfig(waiting_target=2)).open
-    assert not SignalGate(GateConfig(waiting_target=2)).decide(flood_next, CLS).open  # 0: waiting_target
+    derived = SignalGate(GateConfig(waiting_target=2))
+    assert flood_next.engine_slots == 4 and derived.decide(flood_next, CLS).open  # 2 ahead, target 6
+    slots_unknown = type(flood_next)(**{**_fields(flood_next), "engine_slots": 0, "waiting_bound": None})
+    assert not derived.decide(slots_unknown, CLS).open  # 2 ahead, target 2
 
 
 def _fields(inputs: object) -> dict[str, object]:

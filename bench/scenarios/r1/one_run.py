@@ -14,7 +14,14 @@ import grpc
 
 from bench import harness
 from bench.clients import Client, DirectClient, RunClock, ScheduledClient
-from bench.configs import SCHEDULED_MODEL, STANDARD_CLASS, scheduler_config, validated_toml
+from bench.configs import (
+    SCHEDULED_MODEL,
+    STANDARD_CLASS,
+    example_config,
+    minimal_config,
+    scheduler_config,
+    validated_toml,
+)
 from bench.records import RequestRecord
 from bench.scenarios.r1.engine import RealEngine, client_session, direct_once
 from bench.scenarios.r1.sampling import Sample, engine_sampler, gate_sampler
@@ -24,6 +31,12 @@ from engines import layout
 
 
 def _config(engine: RealEngine, setup: Setup) -> str:
+    if setup.first_config:
+        where = {"engine_url": engine.url, "model": SCHEDULED_MODEL, "engine_model": engine.model}
+        if setup.first_config == "example":
+            return validated_toml(example_config(**where, max_num_seqs=SLOTS))
+        slots = SLOTS if setup.first_config == "minimal_slots" else 0
+        return validated_toml(minimal_config(**where, max_num_seqs=slots))
     config = scheduler_config(
         engine_url=engine.url,
         model=SCHEDULED_MODEL,
@@ -58,7 +71,8 @@ async def run_once(engine: RealEngine, setup: Setup, plan: Plan, baseline_src: P
         if setup.scheduled:
             wrapper: list[str] = []
             if setup.baseline and baseline_src is not None:
-                wrapper = ["env", f"PYTHONPATH={baseline_src}", sys.executable]
+                # -P: the other tree's packages, not those of the working directory (this checkout) first
+                wrapper = ["env", f"PYTHONPATH={baseline_src}", sys.executable, "-P"]
             sched = await stack.enter_async_context(harness.scheduler_process(_config(engine, setup), wrapper))
             channel = await stack.enter_async_context(grpc.aio.insecure_channel(sched.target))
             stub = pb_grpc.SchedulerServiceStub(channel)

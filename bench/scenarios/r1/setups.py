@@ -11,7 +11,7 @@ from bench.product import SHIPPED_SCRAPE_INTERVAL
 
 SLOTS = 4
 GATE_TARGET = 3
-PRIORITY_GATE_TARGET = 6  # as configs/example.toml ships it: the queue a latecomer jumps at a priority engine
+PRIORITY_GATE_TARGET = 6  # the queue a latecomer jumps at a priority engine: what the gate derives at 4 slots
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Setup:
     waiting_target: int = GATE_TARGET  # the gate's waiting target (at an engine without priorities, all it has)
     adapt_seconds: float | None = None  # its gate.waiting_target_adapt_seconds (None: the shipped default)
     scrape_interval: float = SHIPPED_SCRAPE_INTERVAL  # how often the scheduler reads the engine's metrics
+    first_config: str = ""  # a user's first config instead of the bench's: minimal, minimal_slots, example
 
 
 SCHED = Setup("sched", "scheduler, engine priorities on", True, engine_priorities=True)
@@ -90,8 +91,28 @@ SCHED_SCRAPE_01 = Setup(
     True,
     scrape_interval=0.1,
 )
+# A user's first config against a priority vLLM, each as written, with none of the bench's own settings
+FIRST_MINIMAL = Setup(
+    "first_minimal", "minimal config (model + priority vLLM backend)", True, True, first_config="minimal"
+)
+FIRST_MINIMAL_SLOTS = Setup(
+    "first_minimal_slots", "minimal config + max_num_seqs = 4", True, True, first_config="minimal_slots"
+)
+FIRST_EXAMPLE = Setup("first_example", "configs/example.toml", True, True, first_config="example")
+FIRST_MINIMAL_BASE = Setup(
+    "first_minimal_base",
+    "minimal config, scheduler from --baseline-src",
+    True,
+    True,
+    baseline=True,
+    first_config="minimal",
+)
 # run only when --setups names them
 ON_REQUEST = (
+    FIRST_MINIMAL,
+    FIRST_MINIMAL_SLOTS,
+    FIRST_EXAMPLE,
+    FIRST_MINIMAL_BASE,
     SCHED_SCRAPE_01,
     SCHED_ASYNCIO,
     SCHED_EVERY_TOKEN,
@@ -100,6 +121,12 @@ ON_REQUEST = (
     SCHED_OFF_TARGET_1,
     SCHED_OFF_FIXED,
 )
+
+
+def result_suffix(setups: list[Setup]) -> str:
+    """What a run's result id adds after the workload: a run of a user's first configs is a result of its own
+    (`R1 vllm, gpu_host, flood, first configs`), so its record never stands in for the standard setups'."""
+    return ", first configs" if any(s.first_config for s in setups) else ""
 
 
 def setups_for(engine: str, baseline: bool) -> list[Setup]:

@@ -10,7 +10,7 @@ from bench.results import ScenarioResult, Table
 from bench.scenarios.common import divide, jsonable, median, seconds
 from bench.scenarios.r1.figures import median_and_p90, nearest_rank, run_figures
 from bench.scenarios.r1.gates import gate_summary
-from bench.scenarios.r1.setups import SLOTS, Setup, Workload
+from bench.scenarios.r1.setups import SLOTS, Setup, Workload, result_suffix
 from bench.scenarios.r1.targets import targets
 from engines.layout import Layout
 
@@ -36,7 +36,7 @@ def summarise(
 ) -> ScenarioResult:
     """The table, targets and notes for one layout and workload over all its rounds."""
     figs = [{key: run_figures(run) for key, run in rnd.items()} for rnd in rounds]
-    title = f"{engine}, {lay.name}, {workload.name}"
+    title = f"{engine}, {lay.name}, {workload.name}{result_suffix(setups)}"
     result = ScenarioResult(f"R1 {title}", f"real engine, {lay.label}", workload.describe(), engine)
     oracle_key = "oracle" if any(s.key == "oracle" for s in setups) else None
     table = Table(
