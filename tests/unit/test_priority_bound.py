@@ -61,7 +61,7 @@ def test_the_bound_from_one_decision_matches_the_gate_at_every_worse_priority(
 
 
 def test_a_full_queue_of_better_requests_closes_worse_ones_and_admits_better_ones() -> None:
-    config = GateConfig(waiting_target=2)
+    config = GateConfig(waiting_target=2, priority_waiting_target=2)  # stated: 0 would derive 12 from 8 slots
     reading = BackendLoad(ok=True, read_at=NOW - 0.1, waiting=3, running=8)
     inputs = GateInputs(
         reading=reading,
