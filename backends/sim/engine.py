@@ -185,7 +185,7 @@ class EngineSnapshot:
 def step_seconds(config: SimConfig, batch: int, prefill_tokens: int) -> tuple[float, float]:
     """How long one engine step takes: its decode part (`decode_base_ms + decode_per_seq_ms` per request in
     the batch) and its prefill part (`prefill_per_token_ms` per prompt token prefilled in it), in seconds.
-    The one timing rule of the simulator, shared by models of it that skip ahead (bench/scale/)."""
+    The one timing rule of the simulator, shared by models of it that skip ahead (bench/scenarios/s9/)."""
     decode = (config.decode_base_ms + config.decode_per_seq_ms * batch) / 1000.0
     return decode, config.prefill_per_token_ms * prefill_tokens / 1000.0
 

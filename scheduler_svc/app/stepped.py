@@ -1,6 +1,6 @@
 """The service's core on a clock its caller moves: admission, queues, dispatchers, policies and gates, with
 no event loop, no sockets and no sleeps, for simulations that run hours of traffic in minutes (the scale
-bench, bench/scale/).
+bench's S9); its clock and inert adapters also serve the golden dispatch traces.
 
 `SteppedCore` is the `Scheduler` of a configuration, each backend an inert adapter (its requests are run by
 the caller). The caller plays the engines and the clients and tells the core what happens, in time order:

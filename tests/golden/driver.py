@@ -44,10 +44,9 @@ from typing import Any
 
 from backends.base import BackendLoad, ChatMessage
 from backends.errors import BackendError, BackendOverloaded, BackendRejectedRequest, BackendUnavailable
-from backends.fake import FakeBackend
-from backends.registry import capabilities
 from scheduler_svc.app.settings import config_from_dict
-from scheduler_svc.config import BackendConfig, Config, ModelConfig
+from scheduler_svc.app.stepped import SteppedClock, inert_backend
+from scheduler_svc.config import Config
 from scheduler_svc.core.admission import build_request
 from scheduler_svc.core.errors import SchedulerError
 from scheduler_svc.core.request import ClientRequest
@@ -73,31 +72,6 @@ ENGINE_ERRORS: dict[str, type[BackendError]] = {
     "overloaded": BackendOverloaded,  # HTTP 429 / 503: failover too
     "rejected": BackendRejectedRequest,  # HTTP 4xx about the request itself: it fails as it is
 }
-
-
-class _VirtualClock:
-    """The core's clock, moved only by the driver."""
-
-    def __init__(self) -> None:
-        self._now = START
-
-    def now(self) -> float:
-        return self._now
-
-    def move_to(self, when: float) -> None:
-        self._now = max(self._now, when)
-
-
-async def _never(_: object) -> Any:  # pragma: no cover - the driver reports the engine's events itself
-    raise AssertionError("the golden driver does not run generations")
-    yield
-
-
-def _fake_backend(model: ModelConfig, backend: BackendConfig) -> FakeBackend:
-    """A backend with the configured kind's capabilities, as the kind's adapter would have them."""
-    caps = capabilities(backend.kind)
-    caps = dataclasses.replace(caps, supports_priority=caps.supports_priority and backend.priority_scheduling)
-    return FakeBackend(_never, name=backend.name, capabilities=caps)
 
 
 class _Outcomes:
@@ -130,9 +104,9 @@ class GoldenDriver:
         self.config = config_from_dict(raw_config)
         (model,) = self.config.models
         self._model = model.name
-        self._clock = _VirtualClock()
+        self._clock = SteppedClock(START)
         self._scheduler = Scheduler(
-            self.config, backend_factory=_fake_backend, clock=self._clock, metrics=SchedulerMetrics()
+            self.config, backend_factory=inert_backend, clock=self._clock, metrics=SchedulerMetrics()
         )
         self._dispatcher = self._scheduler.dispatchers[model.name]
         self._dispatcher.cluster.observe(_Outcomes(self))

@@ -3,7 +3,7 @@
 Each answer is a walk over the band's flows in backlog order, as the counter policies were first written:
 O(n) in the users backlogged. The service uses the index (`backlog_index`); this one states what the index
 must answer, step by step (tests/unit/test_backlog_index.py), and is the baseline of the scale bench
-(bench/scale/).
+(bench/scenarios/s9/).
 """
 
 from __future__ import annotations
