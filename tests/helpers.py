@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
+import subprocess
 import time
 import tomllib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from backends.base import Backend, BackendLoad, Finished, GenerationEvent, GenerationRequest, TextDelta
 from backends.fake import FakeBackend
@@ -231,3 +232,23 @@ async def eventually(
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not reached within {timeout}s")
         await asyncio.sleep(every)
+
+
+@dataclass
+class ChildProcessService:
+    """The service in a child process of a test, whose memory is its own; its stderr kept in `log`."""
+
+    process: subprocess.Popen[str]
+    log: IO[str]
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.process.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS for the service")
+
+    def server_log(self) -> str:
+        """What the service wrote to stderr (tracebacks of anything it did not handle)."""
+        self.log.seek(0)
+        return self.log.read()[-6000:]

@@ -10,14 +10,14 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 
 from backends.base import Backend
 from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.config import BackendConfig, ModelConfig
-from tests.helpers import REPO_ROOT, make_config, serving
+from tests.helpers import REPO_ROOT, ChildProcessService, make_config, serving
 
 HTTP_ON = {"http_listen": "127.0.0.1:0"}
 
@@ -48,25 +48,11 @@ async def sse_lines(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
 
 
 @dataclass
-class ChildService:
+class ChildService(ChildProcessService):
     """The test service in a process of its own (tests/service/fuzz_server.py), HTTP door on."""
 
-    process: subprocess.Popen[str]
-    log: IO[str]
     grpc_address: str
     http_address: str
-
-    def rss_bytes(self) -> int:
-        with open(f"/proc/{self.process.pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS for the service")
-
-    def server_log(self) -> str:
-        """What the service wrote to stderr (tracebacks of anything it did not handle)."""
-        self.log.seek(0)
-        return self.log.read()[-6000:]
 
 
 @contextmanager

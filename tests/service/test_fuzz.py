@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -38,6 +38,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clients import pb
+from tests.helpers import ChildProcessService
 
 T = TypeVar("T")
 SERVICE = "/llmsched.v1.SchedulerService"
@@ -52,28 +53,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
-class LiveService:
+class LiveService(ChildProcessService):
     """The service in a child process, and a channel to it on an event loop in a background thread."""
 
-    process: subprocess.Popen[str]
-    log: IO[str]
     loop: asyncio.AbstractEventLoop
     channel: grpc.aio.Channel
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def rss_bytes(self) -> int:
-        with open(f"/proc/{self.process.pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS for the service")
-
-    def server_log(self) -> str:
-        """What the service wrote to stderr (tracebacks of anything it did not handle)."""
-        self.log.seek(0)
-        return self.log.read()[-6000:]
 
 
 @contextmanager
