@@ -31,12 +31,18 @@ def _engine(request: pytest.FixtureRequest, name: str) -> EngineProcess:
     return eng
 
 
+# The stream killed midway must outlast a starved client: on 2 cores vLLM's CPU threads can hold the test's
+# event loop back while a 900-token answer finishes, so vLLM gets its model's whole context to fill.
+KILL_STREAM_CONTEXT = 4096
+KILL_STREAM_TOKENS = {"vllm_engine": KILL_STREAM_CONTEXT - 16, "llamacpp_engine": 900}
+
+
 def _dedicated(name: str) -> EngineProcess:
     """A fresh instance of the engine (not yet started) for a test that kills it. The session's engines
     are shared by the tests after this module, and on a vLLM killed and restarted here a later flood
     through the scheduler read 0 running and 0 waiting at every /metrics while its generated-tokens
     counter moved (seen in fresh-clone CI runs; not reproduced with kill and restart alone)."""
-    return vllm_process() if name == "vllm_engine" else llamacpp_process()
+    return vllm_process(max_model_len=KILL_STREAM_CONTEXT) if name == "vllm_engine" else llamacpp_process()
 
 
 def _chunks(raw: str) -> list[dict[str, Any]]:
@@ -144,13 +150,19 @@ async def test_kill_mid_stream_then_restart_same_port(request: pytest.FixtureReq
     """Killing the engine cuts an open stream; restart() brings it back on the same port."""
     _engine(request, engine_name)  # installed (or the test fails with the install command)
     with _dedicated(engine_name) as eng:
-        await _kill_mid_stream_then_restart(eng)
+        await _kill_mid_stream_then_restart(eng, KILL_STREAM_TOKENS[engine_name])
 
 
-async def _kill_mid_stream_then_restart(eng: EngineProcess) -> None:
+async def _kill_mid_stream_then_restart(eng: EngineProcess, max_tokens: int) -> None:
     port = eng.port
     # ignore_eos: a random-weight model may end its answer after a token or two, before the kill
-    payload = {"model": eng.served_model_name, "prompt": "hello", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    payload = {
+        "model": eng.served_model_name,
+        "prompt": "hello",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
     got: list[bytes] = []
     conn = aiohttp.TCPConnector(force_close=True)
     with pytest.raises((aiohttp.ClientError, asyncio.TimeoutError)):
@@ -161,7 +173,7 @@ async def _kill_mid_stream_then_restart(eng: EngineProcess) -> None:
             assert resp.status == 200
             async for line in resp.content:
                 got.append(line)
-                if len(got) == 3:
+                if len(got) == 1:
                     await asyncio.to_thread(eng.kill)
                 assert b"[DONE]" not in line, "stream completed although the engine was killed"
             raise aiohttp.ClientPayloadError("stream ended without [DONE]")
