@@ -51,7 +51,6 @@ from scheduler_svc.core.admission import build_request
 from scheduler_svc.core.errors import SchedulerError
 from scheduler_svc.core.request import ClientRequest
 from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
-from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.metrics import SchedulerMetrics
 from scheduler_svc.dispatch.scheduler import Scheduler
 from scheduler_svc.policies import (
@@ -109,6 +108,7 @@ class GoldenDriver:
             self.config, backend_factory=inert_backend, clock=self._clock, metrics=SchedulerMetrics()
         )
         self._dispatcher = self._scheduler.dispatchers[model.name]
+        self._dispatcher.observe_sends(self._dispatched)
         self._dispatcher.cluster.observe(_Outcomes(self))
         self._handles = {h.name: h for h in self._dispatcher.backends}
         self._tickets: dict[str, Ticket] = {}  # label -> ticket, in admission order
@@ -209,7 +209,6 @@ class GoldenDriver:
         self._tickets[label] = ticket
         if request.deadline is not None:
             self._deadlines[label] = ticket
-        self._watch_dispatches(ticket)
         self._settle()
         return True
 
@@ -300,27 +299,23 @@ class GoldenDriver:
         assert ticket.state is TicketState.DISPATCHED, f"{label} is {ticket.state.value}, not at an engine"
         return ticket
 
-    def _watch_dispatches(self, ticket: Ticket) -> None:
-        """Record each dispatch of the ticket as its run would see it: when the dispatcher assigns it."""
-        assign = ticket.assign
+    def _dispatched(self, ticket: Ticket) -> None:
+        """Record a dispatch as the ticket's run would see it: once the dispatcher hands the ticket over."""
         label = ticket.request.request_id
-
-        def assigned(backend: BackendHandle, now: float, engine_priority: int | None = None) -> None:
-            assign(backend, now, engine_priority)
-            ticket.sent_at = now  # the run sends the request to the engine at once
-            self._shown.discard(label)
-            request = ticket.request
-            self._record(
-                "dispatch",
-                label,
-                user=request.user,
-                cls=request.priority_class,
-                backend=backend.name,
-                prio=engine_priority,
-                attempt=ticket.attempts,
-            )
-
-        ticket.assign = assigned  # type: ignore[method-assign]
+        backend = ticket.backend
+        assert backend is not None and ticket.dispatched_at is not None
+        ticket.sent_at = ticket.dispatched_at  # the run sends the request to the engine at once
+        self._shown.discard(label)
+        request = ticket.request
+        self._record(
+            "dispatch",
+            label,
+            user=request.user,
+            cls=request.priority_class,
+            backend=backend.name,
+            prio=ticket.engine_priority,
+            attempt=ticket.attempts,
+        )
 
     def _record(self, kind: str, label: str, **fields: Any) -> None:
         self._record_event({"ev": kind, "req": label, **fields})

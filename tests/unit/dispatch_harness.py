@@ -79,6 +79,12 @@ class Harness:
         self.assignments: list[tuple[Ticket, set[str]]] = []  # each dispatch with the band's other backlogged users
         self.tokens_by_user: dict[str, int] = defaultdict(int)
         self._ids = itertools.count()
+        self.dispatcher.observe_sends(self._handed_over)
+
+    def _handed_over(self, ticket: Ticket) -> None:
+        """Record a dispatch with the band's other backlogged users as they were when it was chosen."""
+        self.assignments.append((ticket, self.waiting_users(ticket.request.priority_class, but=ticket)))
+        self._sent.append(ticket)
 
     def submit(
         self,
@@ -111,14 +117,6 @@ class Harness:
         request.deadline = min(deadlines, default=None)
         ticket = self.dispatcher.enqueue(request)
         self.tickets[rid] = ticket
-        assign = ticket.assign
-
-        def recording_assign(backend: BackendHandle, now: float, priority: int | None = None) -> None:
-            self.assignments.append((ticket, self.waiting_users(ticket.request.priority_class, but=ticket)))
-            self._sent.append(ticket)
-            assign(backend, now, priority)
-
-        ticket.assign = recording_assign  # type: ignore[method-assign]
         return ticket
 
     def waiting_users(self, priority_class: str, but: Ticket | None = None) -> set[str]:

@@ -67,6 +67,7 @@ class Rig:
         )
         self.tickets: list[Ticket] = []
         self.sent: list[tuple[str, str]] = []  # (request id, backend), every dispatch in order
+        self._observed: set[int] = set()  # the dispatchers told to report their sends (a reload adds some)
 
     def submit(self, user: str, priority_class: str = "", model: str = "m", max_tokens: int = 4) -> Ticket:
         rid = f"{user}-{len(self.tickets)}"
@@ -78,21 +79,22 @@ class Rig:
             build_request(message, user=user, config=config, now=self.clock.now(), timeout=None)
         )
         self.tickets.append(ticket)
-        assign = ticket.assign
-
-        def recording_assign(backend: Any, now: float, priority: int | None = None) -> None:
-            self.sent.append((rid, backend.name))
-            assign(backend, now, priority)
-
-        ticket.assign = recording_assign  # type: ignore[method-assign]
         return ticket
 
     def decide(self, model: str = "m") -> list[Ticket]:
         """One decision pass; the tickets it sent, in order."""
         start = len(self.sent)
-        self.scheduler.dispatchers[model].decide()
+        dispatcher = self.scheduler.dispatchers[model]
+        if id(dispatcher) not in self._observed:
+            self._observed.add(id(dispatcher))
+            dispatcher.observe_sends(self._handed_over)
+        dispatcher.decide()
         by_id = {t.request.client_request_id: t for t in self.tickets}
         return [by_id[rid] for rid, _ in self.sent[start:]]
+
+    def _handed_over(self, ticket: Ticket) -> None:
+        assert ticket.backend is not None
+        self.sent.append((ticket.request.client_request_id, ticket.backend.name))
 
     def step(self) -> None:
         """Every running request generates a token; those at their max_tokens end."""
