@@ -76,14 +76,38 @@ class TicketHost(Protocol):
 
 
 class Ticket:
-    """One admitted request's lifecycle: queued -> dispatched -> done."""
+    """One admitted request's lifecycle: queued -> dispatched -> done.
 
-    # Its trace, with `[tracing]` configured: set on the instance by admission then, and read through this
-    # class default otherwise (no per-ticket cost while tracing is off).
-    trace: RequestTrace | None = None
+    Slotted: one is held for every queued request, and slots save about 50 bytes of each against a dict."""
+
+    __slots__ = (
+        "_close_reason",
+        "_host",
+        "_woken",
+        "_woken_early",
+        "accepted_at",
+        "attempts",
+        "backend",
+        "completion_tokens",
+        "cut_outcome",
+        "cut_reason",
+        "dispatched_at",
+        "dispatched_wall",
+        "engine_priority",
+        "finished_at",
+        "first_token_at",
+        "outcome",
+        "request",
+        "runner",
+        "sent_at",
+        "state",
+        "trace",
+        "watches_position",
+    )
 
     def __init__(self, request: QueuedRequest, host: TicketHost) -> None:
         self.request = request
+        self.trace: RequestTrace | None = None  # with `[tracing]` configured: set by admission
         self.state = TicketState.QUEUED
         self.outcome: Outcome | None = None
         self.backend: AssignedBackend | None = None
