@@ -55,12 +55,18 @@ def create_app(config: SimConfig | None = None) -> web.Application:
         TgiApi(config, engine, faults, tgi_metrics).add_routes(app)
         # TGI's Messages API is OpenAI-compatible chat; the shapes are the ones the vLLM flavour serves.
         app.router.add_post("/v1/chat/completions", VllmApi(config, engine, faults).chat_completions)
+    app.router.add_get("/health", _healthy)
     ControlApi(engine, faults, metrics, selecting_mount=config.flavor == "vllm").add_routes(app)
     app[ENGINE_KEY] = engine
     app[FAULTS_KEY] = faults
     app.on_startup.append(_start_engine)
     app.on_shutdown.append(_stop_engine)
     return app
+
+
+async def _healthy(request: web.Request) -> web.Response:
+    """`GET /health` as both engines answer it: 200 with an empty body."""
+    return web.Response(status=200)
 
 
 async def _start_engine(app: web.Application) -> None:

@@ -54,11 +54,6 @@ async def _abort_when_client_leaves(request: web.Request, handle: RequestHandle)
             return
 
 
-async def healthy(request: web.Request) -> web.Response:
-    """`GET /health` as both engines answer it: 200 with an empty body."""
-    return web.Response(status=200)
-
-
 def dumps(payload: Any) -> str:
     """Compact JSON, as pydantic and serde write it."""
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)

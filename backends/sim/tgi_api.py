@@ -21,15 +21,7 @@ from backends.sim.config import SimConfig
 from backends.sim.engine import FinishReason, GenerateParams, RequestHandle, SimEngine
 from backends.sim.faults import Faults
 from backends.sim.metrics import TgiMetrics
-from backends.sim.streaming import (
-    ClientGone,
-    StreamFault,
-    dumps,
-    healthy,
-    injected_refusal,
-    open_event_stream,
-    token_events,
-)
+from backends.sim.streaming import ClientGone, StreamFault, dumps, injected_refusal, open_event_stream, token_events
 from backends.sim.tokens import Token, count_tokens
 
 _MAX_STOP_SEQUENCES = 4  # TGI's --max-stop-sequences default
@@ -148,10 +140,9 @@ class TgiApi:
     _in_flight: int = field(init=False, default=0)
 
     def add_routes(self, app: web.Application) -> None:
-        """Register TGI's endpoints on `app`."""
+        """Register TGI's endpoints on `app` (`/health`, the same for both engines, is `create_app`'s)."""
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/generate_stream", self.generate_stream)
-        app.router.add_get("/health", healthy)
         app.router.add_get("/info", self.info)
 
     async def info(self, request: web.Request) -> web.Response:

@@ -15,15 +15,7 @@ from aiohttp import web
 from backends.sim.config import SimConfig
 from backends.sim.engine import RequestHandle, SimEngine
 from backends.sim.faults import Faults
-from backends.sim.streaming import (
-    ClientGone,
-    StreamFault,
-    dumps,
-    healthy,
-    injected_refusal,
-    open_event_stream,
-    token_events,
-)
+from backends.sim.streaming import ClientGone, StreamFault, dumps, injected_refusal, open_event_stream, token_events
 from backends.sim.tokens import StopBufferedText
 from backends.sim.vllm_protocol import (
     ApiError,
@@ -70,11 +62,10 @@ class VllmApi:
         self._fingerprint = system_fingerprint(config)
 
     def add_routes(self, app: web.Application) -> None:
-        """Register vLLM's endpoints on `app`."""
+        """Register vLLM's endpoints on `app` (`/health`, the same for both engines, is `create_app`'s)."""
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", healthy)
 
     async def models(self, request: web.Request) -> web.Response:
         """The one served model."""

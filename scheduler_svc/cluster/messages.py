@@ -276,7 +276,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
     )
 
 
-_PLAIN_SCHEDULER = {
+_REBUILT_FROM_MESSAGE: dict[str, type[scheduler_errors.SchedulerError] | type[backend_errors.BackendError]] = {
     cls.__name__: cls
     for cls in (
         scheduler_errors.InternalError,
@@ -288,11 +288,6 @@ _PLAIN_SCHEDULER = {
         scheduler_errors.AlreadyExists,
         scheduler_errors.QueueTimeout,
         scheduler_errors.ShuttingDown,
-    )
-}
-_BACKEND = {
-    cls.__name__: cls
-    for cls in (
         backend_errors.BackendError,
         backend_errors.BackendUnavailable,
         backend_errors.BackendOverloaded,
@@ -300,6 +295,7 @@ _BACKEND = {
         backend_errors.BackendProtocolError,
     )
 }
+"""Our errors that take only a message, by class name (the others carry a field `rebuild_error` fills in)."""
 
 
 def rebuild_error(info: ErrorInfo) -> scheduler_errors.SchedulerError | backend_errors.BackendError:
@@ -309,8 +305,6 @@ def rebuild_error(info: ErrorInfo) -> scheduler_errors.SchedulerError | backend_
         return cls(info.message, retry_after_seconds=info.retry_after or 1.0)
     if info.kind == "PromptTooLarge":
         return scheduler_errors.PromptTooLarge(info.message, limit=0)
-    if (scheduler_cls := _PLAIN_SCHEDULER.get(info.kind)) is not None:
-        return scheduler_cls(info.message)
-    if (backend_cls := _BACKEND.get(info.kind)) is not None:
-        return backend_cls(info.message)
+    if (plain_cls := _REBUILT_FROM_MESSAGE.get(info.kind)) is not None:
+        return plain_cls(info.message)
     return backend_errors.BackendError(info.message) if info.backend else scheduler_errors.InternalError(info.message)
