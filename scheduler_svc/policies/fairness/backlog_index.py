@@ -34,7 +34,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from scheduler_svc.policies.fairness.backlog_order import Choice, CounterKeys
+from scheduler_svc.policies.fairness.backlog_order import AttachedKeys, Choice
 from scheduler_svc.policies.fairness.base import Eligible
 from scheduler_svc.policies.interfaces import FlowView
 
@@ -70,11 +70,11 @@ class _Recent:
         self.user_entries: dict[str, _SettledEntry] = {}
 
 
-class BacklogIndex:
+class BacklogIndex(AttachedKeys):
     """`BacklogOrder` from kept orders (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._keys: CounterKeys | None = None
+        super().__init__()
         self._flows: Mapping[str, FlowView] = {}
         self._position = 0
         self._group_of: dict[str, str] = {}  # filed users -> their group
@@ -86,14 +86,6 @@ class BacklogIndex:
         self._recent_by_key: SortedList = SortedList()  # (group key, group) of those groups
         self._stale_groups: list[str] = []  # met by a walk with nobody backlogged: refiled by `_tidy`
         self._stale_users: list[tuple[str, str]] = []  # (group, member) met by a walk that left: dropped by `_tidy`
-
-    @property
-    def keys(self) -> CounterKeys:
-        assert self._keys is not None, "attach() first"
-        return self._keys
-
-    def attach(self, keys: CounterKeys) -> None:
-        self._keys = keys
 
     def filed_users(self) -> int:
         """Users filed (backlogged, or left and not met since): what the index holds."""

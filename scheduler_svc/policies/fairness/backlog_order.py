@@ -58,6 +58,21 @@ class Choice:
     user_key: float
 
 
+class AttachedKeys:
+    """The account an order reads its keys from, given once by `attach` (the account is built first)."""
+
+    def __init__(self) -> None:
+        self._keys: CounterKeys | None = None
+
+    @property
+    def keys(self) -> CounterKeys:
+        assert self._keys is not None, "attach() first"
+        return self._keys
+
+    def attach(self, keys: CounterKeys) -> None:
+        self._keys = keys
+
+
 class BacklogOrder(Protocol):
     """The band's backlogged users as the counter policies compare them. The account tells it of every
     event that may change what it holds (`backlogged`, `moved`, `ended`, `forgot_ended`); a user whose

@@ -10,25 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from scheduler_svc.policies.fairness.backlog_order import Choice, CounterKeys
+from scheduler_svc.policies.fairness.backlog_order import AttachedKeys, Choice
 from scheduler_svc.policies.fairness.base import Eligible
 from scheduler_svc.policies.interfaces import FlowView
 
 
-class BacklogScan:
+class BacklogScan(AttachedKeys):
     """`BacklogOrder` by walking the flows; keeps nothing but the flows it was shown."""
 
     def __init__(self) -> None:
-        self._keys: CounterKeys | None = None
+        super().__init__()
         self._flows: Mapping[str, FlowView] = {}
-
-    @property
-    def keys(self) -> CounterKeys:
-        assert self._keys is not None, "attach() first"
-        return self._keys
-
-    def attach(self, keys: CounterKeys) -> None:
-        self._keys = keys
 
     def backlogged(self, user: str, flows: Mapping[str, FlowView]) -> None:
         self._flows = flows
