@@ -64,6 +64,7 @@ class Flood:
     tasks: dict[str, asyncio.Task[object]]
     owner: dict[str, str]
     long: set[str]
+    replicas: dict[str, Replica]
 
     def done(self) -> int:
         return sum(t.done() for t in self.tasks.values())
@@ -73,7 +74,9 @@ class Flood:
         _, pending = await asyncio.wait(self.tasks.values(), timeout=timeout)
         if pending:
             open_calls = sorted(f"{rid}@{self.owner[rid]}" for rid, task in self.tasks.items() if task in pending)
-            raise AssertionError(f"{len(open_calls)} call(s) still open after {timeout}s: {open_calls}")
+            holders = sorted({self.owner[rid] for rid, task in self.tasks.items() if task in pending})
+            logs = "\n".join(f"--- {name}'s log:\n{self.replicas[name].log_tail()}" for name in holders)
+            raise AssertionError(f"{len(open_calls)} call(s) still open after {timeout}s: {open_calls}\n{logs}")
         return {rid: task.exception() or task.result() for rid, task in self.tasks.items()}
 
     def of(self, name: str) -> list[str]:
@@ -107,7 +110,7 @@ async def flood(
             tasks[rid] = asyncio.create_task(call)
             owner[rid] = replicas[r].name
         try:
-            yield Flood(tasks, owner, long)
+            yield Flood(tasks, owner, long, {r.name: r for r in replicas})
         finally:
             for task in tasks.values():
                 task.cancel()
