@@ -403,6 +403,13 @@ class LocalityConfig:
         "choice. Needs a locality-aware backend_policy.",
         bounds=">= 0",
     )
+    max_candidates: int = _field(
+        64,
+        "D-LPM: the most users one decision weighs, the least served within deficit_bound first, so a "
+        "decision costs the same however many users are within the bound (each is a prefix lookup at "
+        "every open backend).",
+        bounds=">= 1",
+    )
 
 
 @dataclass(frozen=True)

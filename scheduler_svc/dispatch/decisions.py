@@ -38,6 +38,7 @@ class Decisions:
     _bands: BandPolicy
     _backend_policy: BackendPolicy
     _deficit_bound: float
+    _candidates: int  # D-LPM: the most users one decision weighs
     _send: Send = field(kw_only=True)
     _expire: Callable[[Ticket], None] = field(kw_only=True)
     _may_dispatch: Callable[[], bool] = field(kw_only=True)
@@ -103,7 +104,7 @@ class Decisions:
         expired requests), None when no backlogged user may go."""
         fairness = self._fairness[band.priority_class.name]
         if self._deficit_bound > 0:
-            users = fairness.offer(band.flow_views, backends.eligible, self._deficit_bound)
+            users = fairness.offer(band.flow_views, backends.eligible, self._deficit_bound, self._candidates)
         else:
             user = fairness.select(band.flow_views, backends.eligible)
             users = [] if user is None else [user]

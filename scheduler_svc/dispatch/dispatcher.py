@@ -176,6 +176,7 @@ class ModelDispatcher:
             BAND_POLICIES.create(scheduling.band_policy),
             backend_policy,
             model.locality.deficit_bound,
+            model.locality.max_candidates,
             send=self._handover.send,
             expire=self._events.expire,
             may_dispatch=self._may_dispatch,

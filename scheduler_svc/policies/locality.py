@@ -15,10 +15,12 @@ goes to the least loaded, and among equally loaded backends to the one rememberi
 (SGLang's router does the same), so new prompts spread over the caches instead of piling on the first.
 
 D-LPM (Cao et al., "Locality-aware Fair Scheduling in LLM Serving", 2025): when the model sets
-`locality.deficit_bound`, the fairness policy offers every user it allows now (`Fairness.offer`:
-counters within the bound of the smallest), and this policy sends, of their next requests, the one with
-the longest prefix match at its best backend; equal matches go in the fairness policy's order, so with no
-match anywhere the fairness policy's own choice goes. The fairness bound this keeps is stated on `offer`.
+`locality.deficit_bound`, the fairness policy offers the users it allows now (`Fairness.offer`:
+counters within the bound of the smallest; at most `locality.max_candidates`, the least served first, so a
+decision's prefix lookups do not grow with the users backlogged), and this policy sends, of their next
+requests, the one with the longest prefix match at its best backend; equal matches go in the fairness
+policy's order, so with no match anywhere the fairness policy's own choice goes. The fairness bound this
+keeps is stated on `offer`.
 """
 
 from __future__ import annotations

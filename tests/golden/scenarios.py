@@ -267,6 +267,7 @@ class Scenario:
                         "max_load_factor": 1.5,
                         "load_slack": 1,
                         "deficit_bound": DEFICIT_BOUND[self.fairness] if self.locality == "dlpm" else 0.0,
+                        "max_candidates": 64,
                     },
                 }
             ],

@@ -76,9 +76,26 @@ class CheckedOrder:
         self._same("least_served", answer, self.scan.least_served(eligible))
         return answer
 
-    def within(self, chosen: str, eligible: Eligible | None, bound: float) -> list[str]:
-        answer = self.index.within(chosen, eligible, bound)
-        self._same(f"within({chosen}, {bound})", answer, self.scan.within(chosen, eligible, bound))
+    def within(self, chosen: str, eligible: Eligible | None, bound: float, limit: int) -> list[str]:
+        """Below the limit, the same users; at it (which of equal keys is taken is left open), as many, all
+        within the bound, `chosen` first, with the same group keys as the scan's least served."""
+        answer = self.index.within(chosen, eligible, bound, limit)
+        everyone = self.scan.within(chosen, eligible, bound, 10**9)  # no limit
+        scanned = self.scan.within(chosen, eligible, bound, limit)
+        what = f"within({chosen}, {bound}, {limit})"
+        if len(everyone) <= limit:
+            self._same(what, answer, scanned)
+            return answer
+        group_key = self.scan.keys.group_key
+        group_of = self.scan.keys.weights.group_of
+        self._same(f"{what}: how many", len(answer), len(scanned))
+        self._same(f"{what}: first", answer[0], chosen)
+        self._same(f"{what}: within the bound", set(answer) <= set(everyone), True)
+        self._same(
+            f"{what}: group keys",
+            sorted(group_key(group_of(u)) for u in answer),
+            sorted(group_key(group_of(u)) for u in scanned),
+        )
         return answer
 
     def returning_hold(self, choice: Choice, now: float, grace: float) -> float | None:

@@ -105,7 +105,8 @@ class TwoBands:
         eligible = None if self.rng.random() < 0.3 else (lambda user: user not in blocked)
         policy = self.policies[band]
         if self.rng.random() < 0.5:
-            users = policy.offer(flows, eligible, self.rng.choice([0.5, 3.0, 40.0, 900.0]))
+            bound = self.rng.choice([0.5, 3.0, 40.0, 900.0])
+            users = policy.offer(flows, eligible, bound, self.rng.choice([1, 2, 3, 64]))
             user = self.rng.choice(users) if users else None
         else:
             user = policy.select(flows, eligible)

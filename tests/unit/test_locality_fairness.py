@@ -89,7 +89,7 @@ def test_offer_with_no_bound_is_select(name: str) -> None:
     served = 0
     for _ in range(30):
         chosen = selecting.policy.select(selecting.band.flow_views)
-        offered = offering.policy.offer(offering.band.flow_views, None, 0.0)
+        offered = offering.policy.offer(offering.band.flow_views, None, 0.0, 64)
         # vtc may hold a choice for a user whose queue just emptied (its return grace): both say so alike
         assert offered == ([] if chosen is None else [chosen])
         if chosen is None:
@@ -111,7 +111,7 @@ def test_offer_puts_selects_choice_first_and_offers_only_eligible_users(name: st
             b.add("abcd"[i % 4], prompt_chars=40 + 10 * (i % 4))
     for allowed in eligible:
         chosen = twin.policy.select(twin.band.flow_views, allowed.__contains__)
-        offered = band.policy.offer(band.band.flow_views, allowed.__contains__, 1e9)
+        offered = band.policy.offer(band.band.flow_views, allowed.__contains__, 1e9, 10_000)
         if chosen is None:
             assert offered == []
             continue
@@ -126,24 +126,49 @@ def test_offer_puts_selects_choice_first_and_offers_only_eligible_users(name: st
 @settings(max_examples=40, deadline=None)
 @given(
     bound=st.sampled_from([0.0, 1.0, 50.0, 300.0]),
+    limit=st.sampled_from([2, 3, 10_000]),
     sizes=st.lists(st.tuples(st.integers(1, MAX_PROMPT_CHARS), st.integers(1, MAX_TOKENS)), min_size=4, max_size=4),
     picks=st.lists(st.integers(0, 3), min_size=40, max_size=120),
 )
 def test_any_choice_among_the_offered_keeps_counters_within_the_bound(
-    name: str, bound: float, sizes: list[tuple[int, int]], picks: list[int]
+    name: str, bound: float, limit: int, sizes: list[tuple[int, int]], picks: list[int]
 ) -> None:
     band = Band(make(name))
     users = "abcd"
     for user, (chars, tokens) in zip(users, sizes, strict=True):
         for _ in range(3):
             band.add(user, chars, tokens)
-    limit = bound + max_charge(name)
+    spread_bound = bound + max_charge(name)
     for pick in picks:
-        offered = band.policy.offer(band.band.flow_views, None, bound)
+        offered = band.policy.offer(band.band.flow_views, None, bound, limit)
+        assert len(offered) <= limit
         user = offered[pick % len(offered)]  # the adversary: any offered user may be sent
         request = band.serve(user)
         band.add(user, len(request.prompt or ""), request.max_tokens)  # everyone stays backlogged
         counters = band.policy.account.counters()
         keys = [counters.get(u, 0.0) for u in users]  # a user never charged has no entry yet
         spread = max(keys) - min(keys)
-        assert spread <= limit + 1e-9, f"{name}: spread {spread} over bound {bound} + one charge"
+        assert spread <= spread_bound + 1e-9, f"{name}: spread {spread} over bound {bound} + one charge"
+
+
+@pytest.mark.parametrize("name", COUNTER_POLICIES)
+def test_offer_weighs_at_most_the_limit_the_least_served_first(name: str) -> None:
+    """With more users within the bound than the limit, the offer holds `limit` of them: the policy's choice
+    and then the least served, in backlog order (so a decision costs the same with thousands in the window)."""
+    band = Band(make(name))
+    users = [f"u{i:03d}" for i in range(120)]
+    for user in users:
+        band.add(user)
+        band.add(user)
+    for user in users[::3]:  # a third of them served once: ahead of the others
+        band.serve(user)
+    counters = band.policy.account.counters()
+    limit = 9
+    offered = band.policy.offer(band.band.flow_views, None, 1e9, limit)
+    everyone = band.policy.offer(band.band.flow_views, None, 1e9, 10_000)
+    assert len(everyone) == len(users) and len(offered) == limit
+    assert offered[0] == everyone[0]
+    others = offered[1:]
+    assert others == [u for u in everyone if u in set(others)], "not in backlog order"
+    left_out = set(everyone) - set(offered)
+    assert max(counters.get(u, 0.0) for u in others) <= min(counters.get(u, 0.0) for u in left_out)

@@ -210,13 +210,13 @@ class BacklogIndex(AttachedKeys):
                 return Choice(user_entry[2], group, group_key, user_entry[0])
         raise AssertionError("a group with an eligible member has no eligible member in its key order")
 
-    def within(self, chosen: str, eligible: Eligible | None, bound: float) -> list[str]:
+    def within(self, chosen: str, eligible: Eligible | None, bound: float, limit: int) -> list[str]:
         self._tidy()
         keys = self.keys
-        limit = keys.group_key(keys.weights.group_of(chosen)) + bound
+        ceiling = keys.group_key(keys.weights.group_of(chosen)) + bound
         found: list[tuple[int, str]] = []
         for entry, group in self._walk_groups(self._by_key, 2):
-            if not entry[0] <= limit:
+            if not entry[0] <= ceiling or len(found) >= limit - 1:
                 break
             filed = self._groups[group]
             if not filed.shared:
@@ -230,7 +230,7 @@ class BacklogIndex(AttachedKeys):
                     if eligible is not None and not eligible(user_entry[2]):
                         continue
                     floor = user_entry[0] + bound
-                if not user_entry[0] <= floor:
+                if not user_entry[0] <= floor or len(found) >= limit - 1:
                     break
                 user = user_entry[2]
                 if user != chosen and (eligible is None or eligible(user)):

@@ -126,10 +126,11 @@ class BacklogOrder(Protocol):
         the one backlogged first (None: nobody is eligible)."""
         ...
 
-    def within(self, chosen: str, eligible: Eligible | None, bound: float) -> list[str]:
-        """`chosen`, then in backlog order every other eligible user whose group key is within `bound` of
+    def within(self, chosen: str, eligible: Eligible | None, bound: float, limit: int) -> list[str]:
+        """`chosen`, then in backlog order the other eligible users whose group key is within `bound` of
         `chosen`'s group key and whose key is within `bound` of the least key among its group's eligible
-        users."""
+        users: at most `limit` users in all, the least served first (by group key, then by key within a
+        group; which of equal keys is taken is not specified)."""
         ...
 
     def returning_hold(self, choice: Choice, now: float, grace: float) -> float | None:

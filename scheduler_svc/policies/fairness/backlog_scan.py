@@ -81,7 +81,7 @@ class BacklogScan(AttachedKeys):
         user_key, user = best_user[best_group[1]]
         return Choice(user, best_group[1], best_group[0], user_key)
 
-    def within(self, chosen: str, eligible: Eligible | None, bound: float) -> list[str]:
+    def within(self, chosen: str, eligible: Eligible | None, bound: float, limit: int) -> list[str]:
         keys = self.keys
         group_of = keys.weights.group_of
         allowed = [u for u in self._flows if eligible is None or eligible(u)]
@@ -97,6 +97,17 @@ class BacklogScan(AttachedKeys):
             and keys.group_key(group_of(u)) <= group_floor + bound
             and keys.user_key(u) <= user_floor[group_of(u)] + bound
         ]
+        if len(others) >= limit:  # the least served: by group key, then by key (ties in backlog order)
+            position = {user: i for i, user in enumerate(self._flows)}
+            first_member: dict[str, int] = {}
+            for user in self._flows:
+                first_member.setdefault(group_of(user), position[user])
+            least = sorted(
+                others,
+                key=lambda u: (keys.group_key(group_of(u)), first_member[group_of(u)], keys.user_key(u), position[u]),
+            )
+            kept = set(least[: limit - 1])
+            others = [u for u in others if u in kept]
         return [chosen, *others]
 
     def returning_hold(self, choice: Choice, now: float, grace: float) -> float | None:

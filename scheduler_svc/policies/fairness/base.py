@@ -102,11 +102,11 @@ class Chooser(Protocol):
         among the users it accepts, None when it accepts none (an ineligible user keeps its place)."""
         ...
 
-    def offer(self, view: Any, eligible: Eligible | None, bound: float) -> list[str]:
+    def offer(self, view: Any, eligible: Eligible | None, bound: float, limit: int) -> list[str]:
         """The users whose next request may go now without breaking the policy's fairness bound by more
         than `bound` (D-LPM's candidates, `locality.py`): `select`'s choice first, then the other eligible
-        users within `bound` of it, in backlog order; empty when none is eligible. A policy with no
-        counters offers `select`'s choice alone."""
+        users within `bound` of it, in backlog order, at most `limit` in all (the least served of them);
+        empty when none is eligible. A policy with no counters offers `select`'s choice alone."""
         ...
 
     def wake_at(self) -> float | None:
@@ -137,9 +137,10 @@ class Fairness:
             self.account.took_turn(chosen)
         return chosen
 
-    def offer(self, flows: Mapping[str, FlowView], eligible: Eligible | None = None, bound: float = 0.0) -> list[str]:
-        """The users that may go now within `bound` of the policy's own choice (see `Chooser.offer`)."""
-        users = self.chooser.offer(self.account.view(flows), eligible, bound)
+    def offer(self, flows: Mapping[str, FlowView], eligible: Eligible | None, bound: float, limit: int) -> list[str]:
+        """The users that may go now within `bound` of the policy's own choice, at most `limit` (see
+        `Chooser.offer`)."""
+        users = self.chooser.offer(self.account.view(flows), eligible, bound, limit)
         if users:
             self.account.took_turn(users[0])
         return users

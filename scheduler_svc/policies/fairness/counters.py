@@ -417,7 +417,7 @@ class LeastServed:
             self._hold_until = None
         return self._hold_until
 
-    def offer(self, view: CounterView, eligible: Eligible | None, bound: float) -> list[str]:
+    def offer(self, view: CounterView, eligible: Eligible | None, bound: float, limit: int) -> list[str]:
         """D-LPM's candidates: `select`'s choice, then every eligible user whose group's key is within `bound`
         of the smallest eligible group's and whose own key is within `bound` of the smallest eligible one of
         its group.
@@ -428,6 +428,6 @@ class LeastServed:
         bound, `bound = 0`): the gap can grow only by a dispatch to the user ahead, which needs it to be at
         most `bound` ahead. `tests/unit/test_locality_fairness.py` checks it under Hypothesis."""
         chosen = self.select(view, eligible)
-        if chosen is None or bound <= 0:
+        if chosen is None or bound <= 0 or limit <= 1:
             return [] if chosen is None else [chosen]
-        return view.account.order.within(chosen, eligible, bound)
+        return view.account.order.within(chosen, eligible, bound, limit)

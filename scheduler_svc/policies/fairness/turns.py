@@ -110,7 +110,7 @@ class FirstInTurn:
             raise LookupError("select() called with backlogged flows that were never announced")
         return None
 
-    def offer(self, view: TurnView, eligible: Eligible | None, bound: float) -> list[str]:
+    def offer(self, view: TurnView, eligible: Eligible | None, bound: float, limit: int) -> list[str]:
         """Round robin keeps no deficit to trade for locality: its own choice alone."""
         chosen = self.select(view, eligible)
         return [] if chosen is None else [chosen]
