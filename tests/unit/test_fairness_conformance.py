@@ -274,18 +274,28 @@ def test_the_stated_service_bound_holds_on_a_multi_slot_engine(
 
 
 def test_vtc_waits_for_a_user_about_to_return_at_most_the_grace() -> None:
-    """A user whose request just ended and who is behind is waited for (a closed-loop client sends its next
-    request at once), so the dispatch its ending triggers does not hand the slot to the user ahead; the
-    wait ends at the grace (`wake_at`), and then the user ahead goes."""
+    """A user whose request just ended, who is behind, and who came back within the grace after its previous
+    answer (a closed-loop client sends its next request at once) is waited for, so the dispatch its ending
+    triggers does not hand the slot to the user ahead; the wait ends at the grace (`wake_at`), and then the
+    user ahead goes. A user not seen to return promptly is not waited for, nor one that let the grace pass."""
     clock = FakeClock()
     p = FAIRNESS_POLICIES.create("vtc", WeightResolver(), clock, params={"vtc_return_grace_seconds": 0.05})
     h = Harness(p)
-    h.add("ahead", 3, max_tokens=100)
+    h.add("ahead", 5, max_tokens=100)
     h.add("behind", 1, max_tokens=10)
+    while "behind" in h.band.flows:
+        h.serve()
+    assert p.select(h.band.flow_views) == "ahead", "waited for a user never seen to return"
+    clock.advance(0.01)
+    h.add("behind", 1, max_tokens=10)  # back within the grace: from now on it is waited for
     while "behind" in h.band.flows:
         h.serve()
     assert p.select(h.band.flow_views) is None, "did not wait for the user that is behind"
     assert p.wake_at() == pytest.approx(clock.now() + 0.05)
     clock.advance(0.05)
     assert p.select(h.band.flow_views) == "ahead"
-    h.add("behind", 1, max_tokens=10)  # back within the grace: it goes first
+    clock.advance(0.01)
+    h.add("behind", 1, max_tokens=10)  # after the grace: no longer a prompt returner
+    while "behind" in h.band.flows:
+        h.serve()
+    assert p.select(h.band.flow_views) == "ahead", "waited for a user that let the grace pass"

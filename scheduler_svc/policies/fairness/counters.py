@@ -158,8 +158,13 @@ class CounterAccount:
         self._floor = 0.0  # no group is lifted below this again
         self._member_floor: dict[str, float] = {}  # shared group -> no user of it is lifted below this again
         self._last_group: str | None = None  # the group whose dispatch left the band empty
-        # user -> when its last request ended, for the return grace; oldest first
+        # user -> when its last request ended, for the return grace, of the users that return promptly; oldest
+        # first (what a choice may wait for)
         self.ended_at: OrderedDict[str, float] = OrderedDict()
+        # every user's last end within the grace, oldest first, and the users whose latest return to the band
+        # came within the grace after an end: closed-loop clients, the only ones a choice waits for
+        self._recent_ends: OrderedDict[str, float] = OrderedDict()
+        self.returns_promptly: set[str] = set()
         self._watchers: list[KeyWatcher] = []
         self.order: BacklogOrder = order if order is not None else BacklogIndex()
         self.order.attach(self)
@@ -235,6 +240,8 @@ class CounterAccount:
 
     def on_backlogged(self, user: str, flows: Mapping[str, FlowView]) -> None:
         self.activity.flows = flows
+        if self.return_grace > 0:
+            self._learn_return(user)
         self.order.backlogged(user, flows)
         group = self.weights.group_of(user)
         peer_floor = self.order.peer_floor(user, group)
@@ -281,9 +288,7 @@ class CounterAccount:
                 self._reserved.finished(request, generated)
         self._unpend(request, settle=reached_engine)
         if self.return_grace > 0:
-            self.ended_at.pop(request.user, None)
-            self.ended_at[request.user] = self._clock.now()
-            self.order.ended(request.user)
+            self._ended(request.user)
         self.activity.finished(request.user)  # may drop what only running requests need: keys move after it
         self._moved(request.user, self.weights.group_of(request.user))
 
@@ -304,6 +309,43 @@ class CounterAccount:
         return self.activity.tracked_users()
 
     # -- bookkeeping ---------------------------------------------------------------------------------------
+    def _ended(self, user: str) -> None:
+        """A request of the user ended: a choice may wait for its return if it returned promptly last time."""
+        now = self._clock.now()
+        self._drop_old_ends(now)
+        self._recent_ends.pop(user, None)
+        self._recent_ends[user] = now
+        if user in self.returns_promptly:
+            self.ended_at.pop(user, None)
+            self.ended_at[user] = now
+            self.order.ended(user)
+
+    def _learn_return(self, user: str) -> None:
+        """The user's flow fills again: if within the grace after one of its requests ended, it is a client
+        that returns promptly (closed loop: the next request right after an answer)."""
+        now = self._clock.now()
+        ended = self._recent_ends.pop(user, None)
+        if ended is not None:
+            if now < ended + self.return_grace:
+                self.returns_promptly.add(user)
+            else:
+                self.returns_promptly.discard(user)
+        self._drop_old_ends(now)
+
+    def _drop_old_ends(self, now: float) -> None:
+        """Ends whose grace is over: a user that let it pass with nothing queued did not return promptly, and
+        choices stop waiting for it (waiting for a client that returns at random, an open-loop one like most
+        of a large population, holds a slot idle for nothing)."""
+        ends = self._recent_ends
+        flows = self.activity.flows
+        while ends:
+            user, ended = next(iter(ends.items()))
+            if now < ended + self.return_grace:
+                break
+            del ends[user]
+            if user not in flows:
+                self.returns_promptly.discard(user)
+
     def _unpend(self, request: RequestView, settle: bool) -> None:
         """The request's pending charge is settled (first token, or it ended) or refunded (failover)."""
         cost = self._pending.pop(request.request_id, None)
@@ -365,6 +407,8 @@ class CounterAccount:
 
     def _forget(self, user: str, expired: bool) -> bool:
         self._users.forget(user)
+        self._recent_ends.pop(user, None)
+        self.returns_promptly.discard(user)
         if self.ended_at.pop(user, None) is not None:
             self.order.forgot_ended(user)
         group = self.weights.group_of(user)
@@ -384,11 +428,11 @@ class LeastServed:
     """The counter policies' chooser: the eligible group with the smallest key, then its eligible user with
     the smallest key (the longest backlogged on ties), read from the account's backlog order.
 
-    Returning users (`CounterAccount.return_grace`): a user whose request ended less than the grace ago and
-    that is behind the user this choice would pick is about to return (a closed-loop client sends its next
-    request right after an answer); the choice then waits for it, at most the grace (`wake_at` says when to
-    choose again). Without this the dispatch that the ending itself triggers always beats the user's next
-    request, and a slot goes to whoever is ahead."""
+    Returning users (`CounterAccount.return_grace`): a user whose request ended less than the grace ago, that
+    is behind the user this choice would pick, and that came back within the grace last time is about to
+    return (a closed-loop client sends its next request right after an answer); the choice then waits for
+    it, at most the grace (`wake_at` says when to choose again). Without this the dispatch that the ending
+    itself triggers always beats the user's next request, and a slot goes to whoever is ahead."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock

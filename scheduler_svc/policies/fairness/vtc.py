@@ -25,7 +25,9 @@ of its requests wakes the dispatcher at once, before the client's next request a
 place in the engine's queue would go to the user ahead, for a whole 1,000-token lifetime; so a choice
 waits up to `vtc_return_grace_seconds` (0.2 s) for a user whose request just ended and who
 is behind the one it would pick (`wake_at` tells the dispatcher when to choose again; each ending makes
-choices wait at most the grace, and only while its user is behind). (2) Its return would count as
+choices wait at most the grace, and only while its user is behind). Only a user seen to return within
+the grace after its previous answer is waited for: most of a large population sends at random (open
+loop), and waiting for each of them held a slot idle in 16% of engine steps (S9's hour). (2) Its return would count as
 becoming backlogged and lift it to the floor, wiping out what it is owed; so a user with requests
 running keeps up to two look-aheads of tokens per running request below the floor (idle users are
 lifted to it). S4 measures the shares: bench/scenarios/s4.py, docs/benchmarks.md.
@@ -65,9 +67,10 @@ class VtcParams(FairnessParams):
     )
     vtc_return_grace_seconds: float = setting(
         0.2,
-        "vtc: how long a choice may wait for a user whose request just ended and who is behind the user "
-        "it would pick (a closed-loop client sends its next request right after an answer; without the "
-        "wait, the dispatch the ending triggers hands the slot to whoever is ahead). 0: never wait.",
+        "vtc: how long a choice may wait for a user whose request just ended, who is behind the user it "
+        "would pick, and who came back within this time after its previous answer (a closed-loop client "
+        "sends its next request right after an answer; without the wait, the dispatch the ending triggers "
+        "hands the slot to whoever is ahead). 0: never wait.",
         bounds="0 to 1",
     )
 
