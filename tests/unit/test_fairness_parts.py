@@ -83,16 +83,19 @@ def test_a_wait_for_a_returning_user_is_over_at_its_time_even_if_no_choice_is_ma
     flows = queues.band("interactive").flow_views
     for user in ("ahead", "behind"):
         policy.account.on_backlogged(user, flows)
-    served = queues.remove("ahead-0")  # ahead has been served far more: behind is behind it
-    assert served is not None
-    policy.account.on_dispatched(served)
-    policy.account.on_generated(served, 400)
-    policy.account.on_finished(served, 400)
-    behind = queues.remove("behind-0")
-    assert behind is not None
-    policy.account.on_dispatched(behind)
-    policy.account.on_generated(behind, 4)
-    policy.account.on_finished(behind, 4)  # behind's answer ended: it is about to return
+
+    def serve(rid: str, tokens: int) -> None:
+        served = queues.remove(rid)
+        assert served is not None
+        policy.account.on_dispatched(served)
+        policy.account.on_generated(served, tokens)
+        policy.account.on_finished(served, tokens)
+
+    serve("behind-0", 4)
+    queues.push(request("behind-1", "behind"))  # back within the grace: behind returns promptly
+    policy.account.on_backlogged("behind", flows)
+    serve("ahead-0", 400)  # ahead has been served far more: behind is behind it
+    serve("behind-1", 4)  # behind's answer ended: it is about to return
     assert policy.select(flows) is None and policy.wake_at() == clock.now() + 0.05
     for rid in ("ahead-1", "ahead-2"):  # the band empties (ahead's client left): no choice is made again
         queues.remove(rid)
