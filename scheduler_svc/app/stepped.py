@@ -31,6 +31,7 @@ from scheduler_svc.core.admission import build_request
 from scheduler_svc.core.errors import SchedulerError
 from scheduler_svc.core.request import ClientRequest
 from scheduler_svc.core.ticket import Outcome, Ticket
+from scheduler_svc.dispatch.dispatcher import ModelDispatcher
 from scheduler_svc.dispatch.metrics import SchedulerMetrics
 from scheduler_svc.dispatch.request_events import RequestEvents
 from scheduler_svc.dispatch.scheduler import Scheduler
@@ -83,6 +84,54 @@ def inert_backend(model: ModelConfig, backend: BackendConfig) -> Backend:
     caps = capabilities(backend.kind)
     caps = dataclasses.replace(caps, supports_priority=caps.supports_priority and backend.priority_scheduling)
     return FakeBackend(_not_run, name=backend.name, capabilities=caps)
+
+
+def pass_while_woken(dispatcher: ModelDispatcher, now: float, armed: float | None) -> float | None:
+    """What a model's dispatch loop does once woken (`loop.DispatchLoop.run`): pass while woken, then arm the
+    wake-up its fairness policies ask for; one asked for a time already past makes the loop pass again at
+    once, once. Returns the armed wake-up (`armed` itself when nothing woke the loop)."""
+    loop = dispatcher.loop
+    repeated = False
+    while loop.take_wake():
+        dispatcher.decide()
+        armed = loop.choose_again_at()
+        if armed is not None and armed <= now:
+            armed = None
+            if not repeated:
+                repeated = True
+                loop.wake()
+    return armed
+
+
+def report_tokens(events: RequestEvents, ticket: Ticket, count: int, now: float) -> None:
+    """The engine streamed `count` more tokens of a running request, as its run reports them (the first of
+    them marks the request's first token)."""
+    if ticket.first_token_at is None:
+        ticket.first_token_at = now
+        events.on_first_token(ticket)
+    ticket.completion_tokens += count
+    events.on_generated(ticket, count)
+
+
+def good_reading(
+    now: float,
+    *,
+    waiting: int,
+    running: int,
+    tpot_seconds: float | None = None,
+    kv_cache_usage: float | None = None,
+    cache_tokens: int | None = None,
+) -> BackendLoad:
+    """A successful scrape of an engine's metrics, taken `now`, as the metrics monitor records it."""
+    return BackendLoad(
+        ok=True,
+        read_at=now,
+        waiting=waiting,
+        running=running,
+        tpot_seconds=tpot_seconds,
+        kv_cache_usage=kv_cache_usage,
+        cache_tokens=cache_tokens,
+    )
 
 
 class SteppedCore:
@@ -139,17 +188,7 @@ class SteppedCore:
         pass again at once, once). Returns the requests handed to backends."""
         now = self.now()
         for name, dispatcher in self.scheduler.dispatchers.items():
-            loop = dispatcher.loop
-            repeated = False
-            while loop.take_wake():
-                dispatcher.decide()
-                due = loop.choose_again_at()
-                if due is not None and due <= now:
-                    due = None
-                    if not repeated:
-                        repeated = True
-                        loop.wake()
-                self._wake_at[name] = due
+            self._wake_at[name] = pass_while_woken(dispatcher, now, self._wake_at.get(name))
         sent, self._sent = self._sent, []
         return sent
 
@@ -175,18 +214,12 @@ class SteppedCore:
     def accepted(self, request_id: str) -> None:
         """The engine took the request (its response started)."""
         ticket = self._tickets[request_id]
-        ticket.accepted_at = self.now()
         self._events(ticket).on_accepted(ticket)
 
     def tokens(self, request_id: str, count: int) -> None:
         """The engine streamed `count` more tokens (the first of them marks the request's first token)."""
         ticket = self._tickets[request_id]
-        events = self._events(ticket)
-        if ticket.first_token_at is None:
-            ticket.first_token_at = self.now()
-            events.on_first_token(ticket)
-        ticket.completion_tokens += count
-        events.on_generated(ticket, count)
+        report_tokens(self._events(ticket), ticket, count, self.now())
 
     def finished(self, request_id: str) -> None:
         """The engine finished the request."""
@@ -204,9 +237,8 @@ class SteppedCore:
         cache_tokens: int | None = None,
     ) -> None:
         """A good scrape of the engine's metrics, taken now."""
-        load = BackendLoad(
-            ok=True,
-            read_at=self.now(),
+        load = good_reading(
+            self.now(),
             waiting=waiting,
             running=running,
             tpot_seconds=tpot_seconds,

@@ -45,7 +45,7 @@ from typing import Any
 from backends.base import BackendLoad, ChatMessage
 from backends.errors import BackendError, BackendOverloaded, BackendRejectedRequest, BackendUnavailable
 from scheduler_svc.app.settings import config_from_dict
-from scheduler_svc.app.stepped import SteppedClock, inert_backend
+from scheduler_svc.app.stepped import SteppedClock, good_reading, inert_backend, pass_while_woken, report_tokens
 from scheduler_svc.config import Config
 from scheduler_svc.core.admission import build_request
 from scheduler_svc.core.errors import SchedulerError
@@ -165,17 +165,7 @@ class GoldenDriver:
 
     def _settle(self) -> None:
         """What the dispatch loop does once woken: a pass, then the wake-up the fairness policies ask for."""
-        dispatcher = self._dispatcher
-        loop = dispatcher.loop
-        repeated = False
-        while loop.take_wake():
-            dispatcher.decide()
-            self._wake_at = loop.choose_again_at()
-            if self._wake_at is not None and self._wake_at <= self._clock.now():
-                self._wake_at = None  # the real loop passes again at once, and again while it stays past due
-                if not repeated:
-                    repeated = True
-                    loop.wake()
+        self._wake_at = pass_while_woken(self._dispatcher, self._clock.now(), self._wake_at)
 
     # -- clients ----------------------------------------------------------------------------------------
     def admit(
@@ -225,12 +215,7 @@ class GoldenDriver:
 
     def tokens(self, label: str, count: int) -> None:
         """The engine streamed `count` more tokens of the request (the first marks its first token)."""
-        ticket = self._running(label)
-        if ticket.first_token_at is None:
-            ticket.first_token_at = self._clock.now()
-            self._dispatcher.events.on_first_token(ticket)
-        ticket.completion_tokens += count
-        self._dispatcher.events.on_generated(ticket, count)
+        report_tokens(self._dispatcher.events, self._running(label), count, self._clock.now())
         self._shown.add(label)
         self._settle()
 
@@ -265,9 +250,8 @@ class GoldenDriver:
         cache_tokens: int | None = None,
     ) -> None:
         """A good scrape of the engine's metrics, taken now."""
-        load = BackendLoad(
-            ok=True,
-            read_at=self._clock.now(),
+        load = good_reading(
+            self._clock.now(),
             waiting=waiting,
             running=running,
             tpot_seconds=tpot_seconds,
