@@ -18,6 +18,7 @@ from scheduler_svc.core.queues import ModelQueues
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import FAIRNESS_POLICIES, Fairness, WeightResolver
 from scheduler_svc.policies.cost import CounterScope, Prices
+from scheduler_svc.policies.fairness.counters import CounterAccount
 from tests.golden.record import trace_path, trace_text
 from tests.golden.scenarios import SCENARIOS
 from tests.unit import prompt_share_policy
@@ -62,8 +63,8 @@ class TwoBands:
             policy_made = FAIRNESS_POLICIES.create(policy, weights, self.clock, params=params)
             order = CheckedOrder()
             account = policy_made.account
-            account.order = order  # type: ignore[attr-defined]
-            order.attach(account)  # type: ignore[arg-type]
+            assert isinstance(account, CounterAccount)
+            account.use_order(order)
             prices = Prices(3.0, 10.0) if model == "dear" else Prices(0.5, 1.0)
             account.use_costing(prices, scope.counters("interactive", "user"), scope.counters("interactive", "group"))
             self.policies.append(policy_made)

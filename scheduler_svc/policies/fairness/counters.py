@@ -103,17 +103,6 @@ class CounterView:
     flows: Mapping[str, FlowView]
     account: CounterAccount
 
-    def group_of(self, user: str) -> str:
-        return self.account.weights.group_of(user)
-
-    def user_key(self, user: str) -> float:
-        """The user's service as the choice compares it, within its group."""
-        return self.account.user_key(user)
-
-    def group_key(self, group: str) -> float:
-        """The group's service as the choice compares it."""
-        return self.account.group_key(group)
-
     def recent_ends(self) -> Mapping[str, float]:
         """User -> when its last request ended, for users a choice may wait for (see `LeastServed`)."""
         return self.account.ended_at
@@ -131,7 +120,6 @@ class CounterAccount:
         *,
         reservations: Reservations | None = None,
         return_grace: float = 0.0,
-        order: BacklogOrder | None = None,
     ) -> None:
         self.weights = weights
         self._clock = clock
@@ -166,7 +154,7 @@ class CounterAccount:
         self._recent_ends: OrderedDict[str, float] = OrderedDict()
         self.returns_promptly: set[str] = set()
         self._watchers: list[KeyWatcher] = []
-        self.order: BacklogOrder = order if order is not None else BacklogIndex()
+        self.order: BacklogOrder = BacklogIndex()  # `use_order` answers from another (the scan, a check)
         self.order.attach(self)
 
     def use_order(self, order: BacklogOrder) -> None:
