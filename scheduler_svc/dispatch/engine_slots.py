@@ -29,8 +29,7 @@ class EngineSlots:
     """The slot count of one engine: configured, or learned from its readings (0 while unknown)."""
 
     def __init__(self, configured: int = 0, learn: bool = False) -> None:
-        self._configured = configured
-        self._learn = learn and not configured
+        self.reconfigure(configured, learn)
         self._most_running = 0  # the most requests a good reading showed running
         self._saturated = False  # a reading showed work waiting while the KV cache had room
 
