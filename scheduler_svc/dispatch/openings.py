@@ -67,18 +67,16 @@ class EnginePriorities:
         self._classes = classes
         self.per_inflight = per_inflight
 
-    def base(self, priority_class: str) -> int:
-        """The class's own engine priority (a request of a user with nothing at the engine)."""
-        return self._classes[priority_class].engine_priority
+    def at(self, priority_class: str, in_flight: int) -> int:
+        """For a request of this class whose user has `in_flight` requests at the engine already."""
+        return self._classes[priority_class].engine_priority + self.per_inflight * in_flight
 
     def of(self, priority_class: str, user: str | None, handle: BackendHandle) -> int | None:
         """For a request of this class and user (None: a user with nothing there); None when the backend
         takes no priorities."""
         if not handle.sends_priority:
             return None
-        base = self._classes[priority_class].engine_priority
-        in_flight = handle.estimator.user_in_flight.get(user, 0) if user is not None else 0
-        return base + self.per_inflight * in_flight
+        return self.at(priority_class, handle.estimator.user_in_flight.get(user, 0) if user is not None else 0)
 
 
 class BackendGates:
@@ -98,7 +96,8 @@ class BackendGates:
         self._series = series
         self._history = history  # with tracing on: each band-level change, for traced queue waits
         self._authority: DispatchAuthority = LOCAL  # its in-flight cap closes a backend like a gate would
-        self._watched: set[int] = set()  # the handles (by id) whose events reach `_event`
+        # the handles whose events reach `_event`, by id; holding each keeps its id from going to a later one
+        self._watched: dict[int, BackendHandle] = {}
         self.backends_changed()
 
     def backends_changed(self) -> None:
@@ -117,7 +116,7 @@ class BackendGates:
                 for user, count in handle.estimator.user_in_flight.items():
                     self._user_count(i, user, count)
             if id(handle) not in self._watched:
-                self._watched.add(id(handle))
+                self._watched[id(handle)] = handle
                 handle.estimator.watch(partial(self._event, handle), partial(self._user_event, handle))
                 handle.watch_cooling(partial(self._event, handle))
 
@@ -228,8 +227,8 @@ class BackendGates:
         if len(kept) > len(where) or not kept_set.open_indexes.issubset(where):
             return True  # a backend open to a user with nothing there holds nothing of this one's
         if self.priorities.per_inflight >= 0:  # where each bound is known, the user's priority alone decides
-            base, per, bounds = self.priorities.base(request_class.name), self.priorities.per_inflight, kept_set.bounds
-            if any(base + per * count < bounds[i] for i, count in where.items()):
+            at, cls, bounds = self.priorities.at, request_class.name, kept_set.bounds
+            if any(at(cls, count) < bounds[i] for i, count in where.items()):
                 return True
             where = {i: count for i, count in where.items() if i in kept_set.unbounded}
         return any(
@@ -253,12 +252,11 @@ class BackendGates:
         patches = self._patches.get(question)
         if patches is None:
             patches = self._patches[question] = {}
-        base = self.priorities.base(request_class.name)
-        per = self.priorities.per_inflight
+        at, cls, per = self.priorities.at, request_class.name, self.priorities.per_inflight
         answers = self._sets[question].answers
         revisions = self._revision
         for index, count in where.items():
-            priority = base + per * count
+            priority = at(cls, count)
             answer = answers[index]
             if answer is not None and answer.admits_below is not None and per >= 0 and priority >= answer.admits_below:
                 yield index, None
