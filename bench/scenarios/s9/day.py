@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bench.product import SimConfig
+from bench.product import SimConfig, step_seconds
 from bench.scenarios.s9.measures import DayMeasures
 from bench.scenarios.s9.simulation import Call, Simulation
 
@@ -64,7 +64,7 @@ class DayParams:
 
     def capacity_per_second(self) -> float:
         """Requests a second the engines serve with full batches (decode only): the load's yardstick."""
-        step = (self.decode_base_ms + self.decode_per_seq_ms * self.max_num_seqs) / 1000.0
+        step, _ = step_seconds(self.sim, self.max_num_seqs, 0)
         mean_answer = sum(tokens * share for tokens, share in ANSWER_MIX)
         return self.engines * self.max_num_seqs / step / mean_answer
 
@@ -182,8 +182,3 @@ def run_setup(p: DayParams, fifo: bool) -> dict[str, Any]:
         decision_cpu_us_per_request=sim.decision_cpu_ns / max(1, measures.arrived) / 1000,
     )
     return figures
-
-
-def run(p: DayParams) -> dict[str, dict[str, Any]]:
-    """vtc and FIFO on the same arrivals."""
-    return {setup: run_setup(p, fifo) for setup, fifo in (("vtc", False), ("FIFO", True))}

@@ -83,8 +83,6 @@ class Simulation:
             for key, sim in self.engines.items()
         }
         self.decision_cpu_ns = 0
-        self.passes = 0
-        self.calls = 0
         for model in self.config.models:
             interval = min(b.scrape_interval_seconds for b in model.backends)
             for i, backend in enumerate(model.backends):  # spread over the interval, as the monitor does
@@ -134,7 +132,6 @@ class Simulation:
 
     # -- clients ------------------------------------------------------------------------------------------
     def _arrive(self, call: Call, then: Callable[[], None]) -> None:
-        self.calls += 1
         try:
             request_id = self.core.admit(
                 model=call.model,
@@ -158,7 +155,6 @@ class Simulation:
         sent = step()
         spent = time.process_time_ns() - started
         self.decision_cpu_ns += spent
-        self.passes += 1
         for observer in self.observers:
             observer.passed(spent, len(sent), self.now())
         return sent
