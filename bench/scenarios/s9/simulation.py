@@ -85,7 +85,7 @@ class Simulation:
         self.decision_cpu_ns = 0
         for model in self.config.models:
             interval = min(b.scrape_interval_seconds for b in model.backends)
-            for i, backend in enumerate(model.backends):  # spread over the interval, as the monitor does
+            for i, backend in enumerate(model.backends):  # each model's engines spread evenly over its interval
                 offset = interval * i / len(model.backends)
                 self.at(self.start + offset, self._scraper(model.name, backend.name, backend.scrape_interval_seconds))
 
