@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from backends.base import SamplingParams
 from scheduler_svc.config import PriorityClassConfig, WeightsConfig
 from scheduler_svc.core.clock import FakeClock
 from scheduler_svc.core.queues import ModelQueues
@@ -23,6 +22,7 @@ from tests.golden.record import trace_path, trace_text
 from tests.golden.scenarios import SCENARIOS
 from tests.unit import prompt_share_policy
 from tests.unit.checked_order import CheckedOrder, checking
+from tests.unit.queued import queue_request
 
 COUNTER_POLICIES = ["test_prompt_share", "vtc", "vtc_basic", "weighted_round_robin"]
 
@@ -78,19 +78,17 @@ class TwoBands:
 
     def add(self, band: int, user: str) -> None:
         self._n += 1
-        request = QueuedRequest(
+        prompt = "p" * self.rng.randint(1, 400)
+        max_tokens = self.rng.randint(1, 60)
+        queue_request(
+            self.queues[band],
+            self.policies[band],
             f"{user}-{self._n}",
-            "m",
             user,
-            "interactive",
-            "p" * self.rng.randint(1, 400),
-            None,
-            SamplingParams(max_tokens=self.rng.randint(1, 60)),
-            self.clock.now(),
+            prompt=prompt,
+            max_tokens=max_tokens,
+            admitted_at=self.clock.now(),
         )
-        _, newly = self.queues[band].push(request)
-        if newly:
-            self.policies[band].account.on_backlogged(user, self.queues[band].band("interactive").flow_views)
 
     def cancel_one(self, band: int) -> None:
         flows = self.flows(band)

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.base import SamplingParams
 from scheduler_svc.config import PriorityClassConfig, WeightsConfig
 from scheduler_svc.core.clock import FakeClock
 from scheduler_svc.core.queues import ModelQueues
@@ -19,6 +18,7 @@ from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import FAIRNESS_POLICIES, Fairness, WeightResolver
 from scheduler_svc.policies.cost import LocalCounters, Prices
 from tests.unit import prompt_share_policy
+from tests.unit.queued import queue_request
 
 POLICIES = sorted([*FAIRNESS_POLICIES.describe(), prompt_share_policy.NAME])  # the shipped ones and a test one
 
@@ -42,19 +42,15 @@ class Harness:
     def add(self, user: str, count: int = 1, max_tokens: int = 16) -> None:
         for _ in range(count):
             self._n += 1
-            request = QueuedRequest(
-                request_id=f"{user}-{self._n}",
-                model="m",
-                user=user,
-                priority_class="interactive",
+            queue_request(
+                self.queues,
+                self.policy,
+                f"{user}-{self._n}",
+                user,
                 prompt="p",
-                messages=None,
-                params=SamplingParams(max_tokens=max_tokens),
+                max_tokens=max_tokens,
                 admitted_at=float(self._n),
             )
-            _, newly = self.queues.push(request)
-            if newly:
-                self.policy.account.on_backlogged(user, self.band.flow_views)
 
     def serve(self) -> QueuedRequest:
         user = self.policy.select(self.band.flow_views)

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.base import SamplingParams
 from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.core.clock import FakeClock
 from scheduler_svc.core.queues import ModelQueues
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import FAIRNESS_POLICIES, Fairness, WeightResolver
 from tests.unit import prompt_share_policy
+from tests.unit.queued import queue_request
 
 POLICIES = sorted([*FAIRNESS_POLICIES.describe(), prompt_share_policy.NAME])  # the shipped ones and a test one
 
@@ -56,19 +56,15 @@ class Band:
 
     def add(self, user: str, prompt_chars: int = 40, max_tokens: int = 8) -> None:
         self._n += 1
-        request = QueuedRequest(
+        queue_request(
+            self.queues,
+            self.policy,
             f"{user}-{self._n}",
-            "m",
             user,
-            "interactive",
-            "x" * prompt_chars,
-            None,
-            SamplingParams(max_tokens=max_tokens),
-            float(self._n),
+            prompt="x" * prompt_chars,
+            max_tokens=max_tokens,
+            admitted_at=float(self._n),
         )
-        _, newly = self.queues.push(request)
-        if newly:
-            self.policy.account.on_backlogged(user, self.band.flow_views)
 
     def serve(self, user: str) -> QueuedRequest:
         request = self.band.flows[user].head()
