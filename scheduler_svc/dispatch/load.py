@@ -171,10 +171,13 @@ class LoadEstimator:
             self.last_failure = reading
             self._tell()
             return
-        if self.slots.observe(reading):  # any good reading says something true of the slots, even a late one
+        learned = self.slots.observe(reading)  # any good reading says something true of the slots, even a late one
+        if learned:
             self.engine_slots = self.slots.count
         if self.reading is not None and reading.read_at < self.reading.read_at:
-            return  # an older scrape answering after a newer one
+            if learned:  # an older scrape answering after a newer one: only what it taught of the slots counts
+                self._tell()
+            return
         self.reading = reading
         after = reading.read_at
         self._ended = [e for e in self._ended if e[2] > after]

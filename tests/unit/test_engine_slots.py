@@ -95,3 +95,19 @@ def test_a_reload_keeps_what_the_readings_taught_and_applies_configured_slots() 
     assert estimator.engine_slots == 4
     estimator.configure_slots(0, learn=False)
     assert estimator.engine_slots == 0
+
+
+def test_slots_learned_from_a_late_reading_tell_the_watchers() -> None:
+    """An older scrape answering after a newer one leaves the reading as it was, but the slots it teaches
+    change the gate's answers: kept answers must be asked again."""
+    estimator = LoadEstimator(learn_slots=True)
+    told: list[int] = []
+    estimator.watch(lambda: told.append(estimator.engine_slots), lambda user, count: None)
+    estimator.record_reading(reading(running=3, waiting=0, at=2.0))
+    assert told == [0]
+    estimator.record_reading(reading(running=4, waiting=2, at=1.0))  # late: taken before the one above
+    assert estimator.engine_slots == 4
+    assert told == [0, 4], "the watchers hear of the learned slots"
+    assert estimator.reading is not None and estimator.reading.read_at == 2.0, "the newer reading stands"
+    estimator.record_reading(reading(running=2, waiting=1, at=1.5))  # late and teaches nothing
+    assert told == [0, 4]
