@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
@@ -48,6 +48,7 @@ class GateInputs:
     unstarted_priorities: tuple[int, ...] = ()  # the engine priorities those carry, sorted (priority engines)
     candidate_priority: int | None = None  # the engine priority the request asked about would carry
     holding_work: bool = False  # the dispatcher asks for work it holds (introspection does not): gates may learn
+    _waiting: int = field(default=-1, init=False, repr=False, compare=False)  # `estimated_waiting`, once worked out
 
     def reading_age(self) -> float | None:
         """Seconds since the reading was taken, None when there is none."""
@@ -83,8 +84,11 @@ class GateInputs:
         """The engine's waiting queue now, as best we know: last reading corrected by what happened since.
 
         With the engine's slot count known and a reading that showed nothing waiting (the engine was
-        admitting freely), requests that fit into its free slots are not counted as waiting.
+        admitting freely), requests that fit into its free slots are not counted as waiting. Worked out once
+        (a decision reads it several times: each check, the load order, the gauges).
         """
+        if self._waiting >= 0:
+            return self._waiting
         seen = self.reading.waiting if self.reading is not None and self.reading.ok else 0
         waiting = max(0, seen - self.started_since_reading) + self.sent_unseen
         if self.engine_slots and seen == 0 and self.reading is not None:
@@ -95,7 +99,10 @@ class GateInputs:
             # ours without a first token beyond the slots ours with one leave free are waiting, whatever a
             # reading says (a vLLM front end was seen reading 0 waiting through a whole queued flood)
             waiting = max(waiting, self.unstarted - max(0, self.engine_slots - self.started_in_flight))
-        return waiting if self.waiting_bound is None else min(waiting, self.waiting_bound)
+        if self.waiting_bound is not None:
+            waiting = min(waiting, self.waiting_bound)
+        object.__setattr__(self, "_waiting", waiting)  # frozen: the memo is the one field set after init
+        return waiting
 
     def waiting_ahead(self) -> int:
         """Of the engine's waiting queue, the requests it would serve before the candidate.

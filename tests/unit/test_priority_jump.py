@@ -8,6 +8,8 @@ priority field would give it. These tests drive the dispatcher on a fake clock w
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from backends.base import BackendLoad
@@ -80,7 +82,7 @@ def test_a_priority_engine_takes_its_own_deeper_target_and_a_fifo_engine_keeps_t
 
 
 def _fields(inputs: object) -> dict[str, object]:
-    return {name: getattr(inputs, name) for name in inputs.__slots__}  # type: ignore[attr-defined]
+    return {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs) if f.init}
 
 
 def _flood_then_latecomers(priority_scheduling: bool, fairness: str, health: LoopHealth | None = None) -> Harness:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -141,7 +142,7 @@ def test_a_class_without_a_limit_inherits_an_active_better_classs_limit() -> Non
 
 
 def _fields(inputs: Any) -> dict[str, Any]:
-    return {name: getattr(inputs, name) for name in inputs.__slots__}
+    return {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs) if f.init}
 
 
 def test_batch_is_held_to_interactives_tpot_while_interactive_is_active() -> None:

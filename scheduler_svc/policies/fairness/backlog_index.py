@@ -325,12 +325,14 @@ class BacklogIndex(AttachedKeys):
         if not filed.shared:
             return  # a group of one: its own entry is the user's
         keys = self.keys
+        position = filed.members[user]
+        entries = ((keys.user_key(user), position, user), (keys.user_settled(user), position, user))
         old = filed.user_entries.get(user)
+        if old == entries:
+            return
         if old is not None:
             filed.by_key.remove(old[0])
             filed.by_settled.remove(old[1])
-        position = filed.members[user]
-        entries = ((keys.user_key(user), position, user), (keys.user_settled(user), position, user))
         filed.by_key.add(entries[0])
         filed.by_settled.add(entries[1])
         filed.user_entries[user] = entries
@@ -347,35 +349,47 @@ class BacklogIndex(AttachedKeys):
         filed = self._groups.get(group)
         if filed is None:
             return
-        if filed.entry is not None:
-            self._by_key.remove(filed.entry)
-            assert filed.settled_entry is not None
-            self._by_settled.remove(filed.settled_entry)
-            filed.entry = filed.settled_entry = None
         first = self._first_live(filed)
         if first is None:
+            if filed.entry is not None:
+                assert filed.settled_entry is not None
+                self._by_key.remove(filed.entry)
+                self._by_settled.remove(filed.settled_entry)
             del self._groups[group]
             self._shared.pop(group, None)
             return
         keys = self.keys
-        filed.entry = (keys.group_key(group), filed.members[first], group)
-        filed.settled_entry = (keys.group_settled(group), group)
-        self._by_key.add(filed.entry)
-        self._by_settled.add(filed.settled_entry)
+        entry = (keys.group_key(group), filed.members[first], group)
+        settled_entry = (keys.group_settled(group), group)
+        if entry != filed.entry:  # an entry that did not change stays where it is filed
+            if filed.entry is not None:
+                self._by_key.remove(filed.entry)
+            self._by_key.add(entry)
+            filed.entry = entry
+        if settled_entry != filed.settled_entry:
+            if filed.settled_entry is not None:
+                self._by_settled.remove(filed.settled_entry)
+            self._by_settled.add(settled_entry)
+            filed.settled_entry = settled_entry
 
     def _refile_recent_user(self, recent: _Recent, user: str) -> None:
         group = self.keys.weights.group_of(user)
         if not self.keys.weights.is_shared(group):
             return
+        entry = (self.keys.user_key(user), user)
         old = recent.user_entries.get(user)
+        if old == entry:
+            return
         if old is not None:
             recent.by_key.remove(old)
-        entry = (self.keys.user_key(user), user)
         recent.by_key.add(entry)
         recent.user_entries[user] = entry
 
     def _refile_recent_group(self, recent: _Recent, group: str) -> None:
+        entry = (self.keys.group_key(group), group)
+        if entry == recent.entry:
+            return
         if recent.entry is not None:
             self._recent_by_key.remove(recent.entry)
-        recent.entry = (self.keys.group_key(group), group)
-        self._recent_by_key.add(recent.entry)
+        recent.entry = entry
+        self._recent_by_key.add(entry)
