@@ -111,7 +111,8 @@ class UserActivity:
         now = self._clock.now()
         for _ in range(min(self.sweep_per_event, len(self._last_seen))):
             user = next(iter(self._last_seen))
-            self._refresh(user)
+            if user not in self.flows:  # what is looked at again is a queue that emptied: a backlogged one did not
+                self._refresh(user)
             if not self._try_forget(user, now):
                 self._last_seen.move_to_end(user)
 
