@@ -293,6 +293,11 @@ class ModelDispatcher:
         self.model = model
         self._live.apply(model, scheduling, added)
 
+    def retire(self) -> None:
+        """The model left the configuration and holds nothing any more: let go of what outlives the
+        dispatcher otherwise (its bands' views of a class-wide spend)."""
+        self._live.close_counters()
+
     @property
     def priority_classes(self) -> list[str]:
         """The classes the model serves: the configured ones, then those that left and still hold work."""

@@ -262,6 +262,13 @@ class LiveConfig:
         """Whether a class or a backend that left the configuration is still here."""
         return bool(self.retiring_classes) or self._removing
 
+    def close_counters(self) -> None:
+        """The model left the configuration: its bands let go of their counters (a class-wide spend keeps a
+        user while any other model's band holds it)."""
+        for users, groups in self._costing.values():
+            users.close()
+            groups.close()
+
     def retire_idle(self) -> None:
         """Let go of the classes and backends that left the configuration and hold nothing any more."""
         for name in sorted(self.retiring_classes):
@@ -285,8 +292,7 @@ class LiveConfig:
         self._book.drop_band(name)
         self._classes[:] = [c for c in self._classes if c.name != name]
         for counters in self._costing.pop(name):  # a class-wide spend keeps a user while any band holds it
-            for key in list(counters.keys()):
-                counters.forget(key)
+            counters.close()
         del self._class_by_name[name], self._fairness[name], self._by_class[name]
         for series in self._series.values():
             series.gate_causes.pop(name, None)

@@ -265,6 +265,7 @@ class Scheduler:
             return
         self._retiring.discard(name)
         del self.dispatchers[name]
+        dispatcher.retire()
         for task in self._model_tasks.pop(name, []):
             task.cancel()
         for handle in list(dispatcher.backends):

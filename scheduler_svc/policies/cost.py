@@ -76,6 +76,12 @@ class Counters:
     def keys(self) -> set[str]:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """The band is gone (its class or its model left the configuration): forget every key, and for a
+        shared spend stop hearing of other bands' charges, so nothing of the band is kept alive."""
+        for key in list(self.keys()):
+            self.forget(key)
+
 
 class LocalCounters(Counters):
     """`fairness_scope = "model"`: the band's own counters (today's behaviour, bit for bit)."""
@@ -115,6 +121,14 @@ class SharedSpend:
 
     def view(self, counters: SharedCounters) -> None:
         self._views.append(counters)
+
+    def unview(self, counters: SharedCounters) -> None:
+        """A band that is gone no longer hears of charges."""
+        self._views = [view for view in self._views if view is not counters]
+
+    def views(self) -> int:
+        """How many bands' views hear of charges."""
+        return len(self._views)
 
     def hold(self, key: str) -> None:
         self._holders[key] = self._holders.get(key, 0) + 1
@@ -178,6 +192,11 @@ class SharedCounters(Counters):
 
     def keys(self) -> set[str]:
         return set(self._lift)
+
+    def close(self) -> None:
+        super().close()
+        self._watchers.clear()
+        self._spend.unview(self)
 
 
 class CounterScope:

@@ -141,3 +141,23 @@ def test_shared_spend_goes_with_the_last_band_that_tracks_the_user() -> None:
     two.forget("a")
     assert one.value("a") == 0.0 and "a" not in one
     assert isinstance(CounterScope("model").counters("interactive", "user"), LocalCounters)
+
+
+def test_a_closed_band_lets_go_of_the_shared_spend_and_hears_no_more_charges() -> None:
+    """A band whose class or model left the configuration closes its counters: the keys it held go (the
+    spend stays while another band holds them) and other bands' charges no longer reach it."""
+    scope = CounterScope("global")
+    gone, kept = scope.counters("interactive", "user"), scope.counters("interactive", "user")
+    heard: list[str] = []
+    gone.watch(heard.append)
+    kept.charge("a", 5.0)
+    assert heard == ["a"]
+    gone.charge("b", 2.0)  # held by the closing band alone
+    gone.lift("a", 1.0)
+    gone.close()
+    assert gone.keys() == set()
+    assert kept.value("a") == 5.0, "a key another band holds keeps its spend"
+    kept.lift("b", 0.0)
+    assert kept.value("b") == 0.0, "a key only the closed band held left with it"
+    kept.charge("a", 1.0)
+    assert heard == ["a"], "a closed band hears no more charges"
