@@ -6,49 +6,43 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from scheduler_svc.cluster.messages import MESSAGE_TYPES
 from scheduler_svc.cluster.modes import ROLE_LABELS, Role
+from scheduler_svc.dispatch.metrics import Families
 
 
 class ClusterMetrics:
     def __init__(self, registry: CollectorRegistry, models: Sequence[str]) -> None:
-        self.role = Gauge(
+        declare = Families(registry)
+        self.role = declare.gauge(
             "llmsched_cluster_role",
             "1 on this replica's current role (leader: it leads at least one model; follower; degraded), 0 on "
             "the others; all 0 while joining.",
-            ["role"],
-            registry=registry,
+            ("role",),
         )
-        self.leading = Gauge(
+        self.leading = declare.gauge(
             "llmsched_cluster_leading",
             "1 for each model whose decisions this replica leads (it holds the model's lease), 0 for the others.",
-            ["model"],
-            registry=registry,
+            ("model",),
         )
-        self.sent = Counter(
-            "llmsched_cluster_messages_sent_total",
-            "Messages this replica sent to others, by type.",
-            ["type"],
-            registry=registry,
+        self.sent = declare.counter(
+            "llmsched_cluster_messages_sent_total", "Messages this replica sent to others, by type.", ("type",)
         )
-        self.received = Counter(
+        self.received = declare.counter(
             "llmsched_cluster_messages_received_total",
             "Messages this replica read from its inbox, by type (undecodable ones: type 'invalid').",
-            ["type"],
-            registry=registry,
+            ("type",),
         )
-        self.store_errors = Counter(
+        self.store_errors = declare.counter(
             "llmsched_cluster_store_errors_total",
             "Calls to the cluster store that failed (unreachable): each one degrades the replica until it answers.",
-            registry=registry,
         )
-        self.stale_grants = Counter(
+        self.stale_grants = declare.counter(
             "llmsched_cluster_stale_grants_total",
             "Grants ignored or answered 'ended': from a leader this replica is not registered with, or for a "
             "request no longer queued here.",
-            registry=registry,
         )
         for label in ROLE_LABELS.values():
             self.role.labels(label).set(0)

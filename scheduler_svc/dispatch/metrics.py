@@ -22,170 +22,140 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _ACCEPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
+_BY_CLASS = ("model", "priority_class")
+"""The labels of a model's series per priority class (`class_series` resolves them in this order)."""
+_BY_BACKEND = ("model", "backend")
+"""The labels of a model's series per backend (`backend_series`, `engine_series` resolve them in this order)."""
+
+
+class Families:
+    """Declares metric families on one registry: each declaration says only its own name, help and labels."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(name, doc, labels, registry=self.registry)
+
+    def counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def histogram(self, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+
+
 class SchedulerMetrics:
     """All metric families of one scheduler instance."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.queue_depth = Gauge(
-            "llmsched_queue_depth",
-            "Requests queued in the scheduler.",
-            ["model", "priority_class"],
-            registry=r,
+        declare = Families(self.registry)
+        self.queue_depth = declare.gauge("llmsched_queue_depth", "Requests queued in the scheduler.", _BY_CLASS)
+        self.admitted = declare.counter("llmsched_requests_admitted", "Requests accepted into a queue.", _BY_CLASS)
+        self.rejected = declare.counter(
+            "llmsched_requests_rejected", "Requests refused before queueing.", ("model", "reason")
         )
-        self.admitted = Counter(
-            "llmsched_requests_admitted",
-            "Requests accepted into a queue.",
-            ["model", "priority_class"],
-            registry=r,
-        )
-        self.rejected = Counter(
-            "llmsched_requests_rejected", "Requests refused before queueing.", ["model", "reason"], registry=r
-        )
-        self.dispatched = Counter(
-            "llmsched_requests_dispatched", "Requests sent to an engine.", ["model", "backend"], registry=r
-        )
-        self.failovers = Counter(
+        self.dispatched = declare.counter("llmsched_requests_dispatched", "Requests sent to an engine.", _BY_BACKEND)
+        self.failovers = declare.counter(
             "llmsched_requests_failed_over",
             "Requests that failed at a backend before their first token and were queued again.",
-            ["model", "backend"],
-            registry=r,
+            _BY_BACKEND,
         )
-        self.engine_aborts = Counter(
+        self.engine_aborts = declare.counter(
             "llmsched_engine_aborts",
             "Engine requests closed before their end because their caller left, their deadline passed or "
             "shutdown cut them: closing the connection aborts them in the engine. `stage` answered: the engine "
             "had answered (it held the request); sent: it was being sent or its answer awaited (the engine "
             "dropped it, or never got it).",
-            ["model", "backend", "stage"],
-            registry=r,
+            (*_BY_BACKEND, "stage"),
         )
-        self.outcomes = Counter(
+        self.outcomes = declare.counter(
             "llmsched_request_outcomes",
             "Final outcome of every admitted request (exactly one each).",
-            ["model", "outcome"],
-            registry=r,
+            ("model", "outcome"),
         )
-        self.queue_wait = Histogram(
-            "llmsched_queue_wait_seconds",
-            "Time from admission to dispatch.",
-            ["model", "priority_class"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.queue_wait = declare.histogram(
+            "llmsched_queue_wait_seconds", "Time from admission to dispatch.", _BY_CLASS, _LATENCY_BUCKETS
         )
-        self.ttft = Histogram(
+        self.ttft = declare.histogram(
             "llmsched_time_to_first_token_seconds",
             "Time from admission to the first generated token.",
-            ["model", "priority_class"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _BY_CLASS,
+            _LATENCY_BUCKETS,
         )
-        self.engine_accept = Histogram(
+        self.engine_accept = declare.histogram(
             "llmsched_engine_accept_seconds",
             "Time from sending a request to the engine until the engine answered (its response headers): how "
             "long its HTTP front end took to take the request in. Tens of milliseconds mean a front end short "
             "of CPU, which delays every request's start there (one that misses a freed slot waits for the next).",
-            ["model", "backend"],
-            buckets=_ACCEPT_BUCKETS,
-            registry=r,
+            _BY_BACKEND,
+            _ACCEPT_BUCKETS,
         )
-        self.user_cost = Counter(
+        self.user_cost = declare.counter(
             "llmsched_user_cost",
             "Cost served per account (model prices x prompt and generated tokens); accounts are the "
             "configured scheduling.cost_accounts labels, everyone else 'other'.",
-            ["model", "account"],
-            registry=r,
+            ("model", "account"),
         )
-        self.generated_tokens = Counter(
-            "llmsched_generated_tokens",
-            "Tokens streamed back from engines.",
-            ["model", "backend"],
-            registry=r,
+        self.generated_tokens = declare.counter(
+            "llmsched_generated_tokens", "Tokens streamed back from engines.", _BY_BACKEND
         )
-        self.gate_open = Gauge(
-            "llmsched_gate_open",
-            "1 when the backend's gate was open at the last decision.",
-            ["model", "backend"],
-            registry=r,
+        self.gate_open = declare.gauge(
+            "llmsched_gate_open", "1 when the backend's gate was open at the last decision.", _BY_BACKEND
         )
-        self.estimated_waiting = Gauge(
-            "llmsched_backend_estimated_waiting",
-            "Engine waiting queue as the gate estimates it.",
-            ["model", "backend"],
-            registry=r,
+        self.estimated_waiting = declare.gauge(
+            "llmsched_backend_estimated_waiting", "Engine waiting queue as the gate estimates it.", _BY_BACKEND
         )
-        self.in_flight = Gauge(
-            "llmsched_backend_in_flight",
-            "Requests sent to the backend and not finished.",
-            ["model", "backend"],
-            registry=r,
+        self.in_flight = declare.gauge(
+            "llmsched_backend_in_flight", "Requests sent to the backend and not finished.", _BY_BACKEND
         )
-        self.metrics_fresh = Gauge(
-            "llmsched_backend_metrics_fresh",
-            "1 when the backend's last metrics reading is usable.",
-            ["model", "backend"],
-            registry=r,
+        self.metrics_fresh = declare.gauge(
+            "llmsched_backend_metrics_fresh", "1 when the backend's last metrics reading is usable.", _BY_BACKEND
         )
-        self.internal_errors = Counter(
+        self.internal_errors = declare.counter(
             "llmsched_internal_errors",
             "Unexpected exceptions in the scheduler's own code, by component (see scheduler_svc.dispatch.health).",
-            ["component"],
-            registry=r,
+            ("component",),
         )
-        self.gate_closed = Gauge(
+        self.gate_closed = declare.gauge(
             "llmsched_gate_closed",
             "1 on the series of the cause that closed the backend's gate for the class at its last decision, 0 on "
             "the others (all 0: open). `reason` is one of a fixed set (scheduler_svc.policies.GateCause).",
-            ["model", "backend", "priority_class", "reason"],
-            registry=r,
+            (*_BY_BACKEND, "priority_class", "reason"),
         )
-        self.engine_waiting = Gauge(
-            "llmsched_engine_waiting",
-            "The engine's waiting requests in its last good metrics reading.",
-            ["model", "backend"],
-            registry=r,
+        self.engine_waiting = declare.gauge(
+            "llmsched_engine_waiting", "The engine's waiting requests in its last good metrics reading.", _BY_BACKEND
         )
-        self.engine_running = Gauge(
-            "llmsched_engine_running",
-            "The engine's running requests in its last good metrics reading.",
-            ["model", "backend"],
-            registry=r,
+        self.engine_running = declare.gauge(
+            "llmsched_engine_running", "The engine's running requests in its last good metrics reading.", _BY_BACKEND
         )
-        self.engine_tpot = Gauge(
+        self.engine_tpot = declare.gauge(
             "llmsched_engine_tpot_seconds",
             "The engine's time per output token in its last good metrics reading (NaN: not reported).",
-            ["model", "backend"],
-            registry=r,
+            _BY_BACKEND,
         )
-        self.engine_kv_cache_usage = Gauge(
+        self.engine_kv_cache_usage = declare.gauge(
             "llmsched_engine_kv_cache_usage",
             "The engine's KV-cache usage 0..1 in its last good metrics reading (NaN: not reported).",
-            ["model", "backend"],
-            registry=r,
+            _BY_BACKEND,
         )
-        self.scrape_failures = Counter(
-            "llmsched_backend_scrape_failures",
-            "Failed reads of an engine's metrics.",
-            ["model", "backend"],
-            registry=r,
+        self.scrape_failures = declare.counter(
+            "llmsched_backend_scrape_failures", "Failed reads of an engine's metrics.", _BY_BACKEND
         )
-        self.backend_draining = Gauge(
+        self.backend_draining = declare.gauge(
             "llmsched_backend_draining",
             "1 while the backend takes no new request (drained by an admin or its configuration, or removed from "
             "the configuration and waiting for its running requests); 0 while it takes work.",
-            ["model", "backend"],
-            registry=r,
+            _BY_BACKEND,
         )
-        self.backend_drains = Counter(
+        self.backend_drains = declare.counter(
             "llmsched_backend_drains",
             "Times a backend began to drain, by `source`: admin (DrainBackend, `llmsched backend drain`), config "
             "(`drained = true` in a reloaded file) or removed (left the configuration).",
-            ["model", "backend", "source"],
-            registry=r,
+            (*_BY_BACKEND, "source"),
         )
         self.queued_demand = QueuedDemand()
-        r.register(self.queued_demand)
+        self.registry.register(self.queued_demand)
 
     def forget_backend(self, model: str, backend: str, classes: Iterable[str]) -> None:
         """Drop the gauges of a backend that left the model (its counters stay: they only ever grow)."""
@@ -272,12 +242,10 @@ class QueuedDemand:
 
     def describe(self) -> Iterator[Metric]:
         for name, doc in _DEMAND_FAMILIES:
-            yield GaugeMetricFamily(name, doc, labels=["model", "priority_class"])
+            yield GaugeMetricFamily(name, doc, labels=_BY_CLASS)
 
     def collect(self) -> Iterator[Metric]:
-        prompt, output, oldest = (
-            GaugeMetricFamily(name, doc, labels=["model", "priority_class"]) for name, doc in _DEMAND_FAMILIES
-        )
+        prompt, output, oldest = (GaugeMetricFamily(name, doc, labels=_BY_CLASS) for name, doc in _DEMAND_FAMILIES)
         for model, (bands, clock) in self._models.items():
             now = clock.now()
             for band in bands:
