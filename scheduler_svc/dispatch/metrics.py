@@ -50,6 +50,13 @@ class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         declare = Families(self.registry)
+        self._backend_gauges: list[Gauge] = []  # labelled by backend: dropped when it leaves (`forget_backend`)
+
+        def backend_gauge(name: str, doc: str) -> Gauge:
+            gauge = declare.gauge(name, doc, _BY_BACKEND)
+            self._backend_gauges.append(gauge)
+            return gauge
+
         self.queue_depth = declare.gauge("llmsched_queue_depth", "Requests queued in the scheduler.", _BY_CLASS)
         self.admitted = declare.counter("llmsched_requests_admitted", "Requests accepted into a queue.", _BY_CLASS)
         self.rejected = declare.counter(
@@ -100,17 +107,13 @@ class SchedulerMetrics:
         self.generated_tokens = declare.counter(
             "llmsched_generated_tokens", "Tokens streamed back from engines.", _BY_BACKEND
         )
-        self.gate_open = declare.gauge(
-            "llmsched_gate_open", "1 when the backend's gate was open at the last decision.", _BY_BACKEND
+        self.gate_open = backend_gauge("llmsched_gate_open", "1 when the backend's gate was open at the last decision.")
+        self.estimated_waiting = backend_gauge(
+            "llmsched_backend_estimated_waiting", "Engine waiting queue as the gate estimates it."
         )
-        self.estimated_waiting = declare.gauge(
-            "llmsched_backend_estimated_waiting", "Engine waiting queue as the gate estimates it.", _BY_BACKEND
-        )
-        self.in_flight = declare.gauge(
-            "llmsched_backend_in_flight", "Requests sent to the backend and not finished.", _BY_BACKEND
-        )
-        self.metrics_fresh = declare.gauge(
-            "llmsched_backend_metrics_fresh", "1 when the backend's last metrics reading is usable.", _BY_BACKEND
+        self.in_flight = backend_gauge("llmsched_backend_in_flight", "Requests sent to the backend and not finished.")
+        self.metrics_fresh = backend_gauge(
+            "llmsched_backend_metrics_fresh", "1 when the backend's last metrics reading is usable."
         )
         self.internal_errors = declare.counter(
             "llmsched_internal_errors",
@@ -123,30 +126,27 @@ class SchedulerMetrics:
             "the others (all 0: open). `reason` is one of a fixed set (scheduler_svc.policies.GateCause).",
             (*_BY_BACKEND, "priority_class", "reason"),
         )
-        self.engine_waiting = declare.gauge(
-            "llmsched_engine_waiting", "The engine's waiting requests in its last good metrics reading.", _BY_BACKEND
+        self.engine_waiting = backend_gauge(
+            "llmsched_engine_waiting", "The engine's waiting requests in its last good metrics reading."
         )
-        self.engine_running = declare.gauge(
-            "llmsched_engine_running", "The engine's running requests in its last good metrics reading.", _BY_BACKEND
+        self.engine_running = backend_gauge(
+            "llmsched_engine_running", "The engine's running requests in its last good metrics reading."
         )
-        self.engine_tpot = declare.gauge(
+        self.engine_tpot = backend_gauge(
             "llmsched_engine_tpot_seconds",
             "The engine's time per output token in its last good metrics reading (NaN: not reported).",
-            _BY_BACKEND,
         )
-        self.engine_kv_cache_usage = declare.gauge(
+        self.engine_kv_cache_usage = backend_gauge(
             "llmsched_engine_kv_cache_usage",
             "The engine's KV-cache usage 0..1 in its last good metrics reading (NaN: not reported).",
-            _BY_BACKEND,
         )
         self.scrape_failures = declare.counter(
             "llmsched_backend_scrape_failures", "Failed reads of an engine's metrics.", _BY_BACKEND
         )
-        self.backend_draining = declare.gauge(
+        self.backend_draining = backend_gauge(
             "llmsched_backend_draining",
             "1 while the backend takes no new request (drained by an admin or its configuration, or removed from "
             "the configuration and waiting for its running requests); 0 while it takes work.",
-            _BY_BACKEND,
         )
         self.backend_drains = declare.counter(
             "llmsched_backend_drains",
@@ -159,17 +159,7 @@ class SchedulerMetrics:
 
     def forget_backend(self, model: str, backend: str, classes: Iterable[str]) -> None:
         """Drop the gauges of a backend that left the model (its counters stay: they only ever grow)."""
-        for gauge in (
-            self.gate_open,
-            self.estimated_waiting,
-            self.in_flight,
-            self.metrics_fresh,
-            self.engine_waiting,
-            self.engine_running,
-            self.engine_tpot,
-            self.engine_kv_cache_usage,
-            self.backend_draining,
-        ):
+        for gauge in self._backend_gauges:
             _remove(gauge, model, backend)
         for cls in classes:
             for cause in GATE_CLOSE_CAUSES:
