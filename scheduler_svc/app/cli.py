@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -46,9 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     add_cli_arguments(sim)
 
     for name in ("submit", "stream"):
-        call = commands.add_parser(name, help=f"{name} one request to a running scheduler")
+        call = _client_command(commands, name, _call, help=f"{name} one request to a running scheduler")
         call.add_argument("prompt", nargs="?", default="", help="prompt text (or use --message)")
-        _add_connection_arguments(call)
         call.add_argument("--model", required=True)
         call.add_argument("--message", action="append", default=[], metavar="ROLE:TEXT", help="chat message")
         call.add_argument("--max-tokens", type=int)
@@ -56,28 +56,31 @@ def main(argv: list[str] | None = None) -> None:
         call.add_argument("--priority-class", default="")
         call.add_argument("--timeout", type=float, help="call deadline in seconds")
 
-    state = commands.add_parser("queue-state", help="show queue depths, gate states and fair-share counters")
-    _add_connection_arguments(state)
+    state = _client_command(
+        commands, "queue-state", _queue_state, help="show queue depths, gate states and fair-share counters"
+    )
     state.add_argument("--model", default="", help="only this model")
     state.add_argument("--for-user", default="", help="only this user's entries (--user is who asks)")
     state.add_argument("--max-users", type=int, default=None, help="users per class, most queued first (default 100)")
 
-    reload = commands.add_parser(
+    reload = _client_command(
+        commands,
         "reload",
+        _reload,
         help="admins: have a running scheduler read its configuration file again and apply what changed, as "
         "SIGHUP does (a file it refuses changes nothing; the reason is printed)",
     )
-    _add_connection_arguments(reload)
     reload.add_argument("--dry-run", action="store_true", help="only print what would change")
 
-    backend = commands.add_parser(
+    backend = _client_command(
+        commands,
         "backend",
+        _drain,
         help="admins: drain a backend for maintenance (no new requests, running ones finish, the queue goes to "
         "the other backends), or undrain it",
     )
     backend.add_argument("action", choices=("drain", "undrain"))
     backend.add_argument("name", help="the backend's configured name")
-    _add_connection_arguments(backend)
     backend.add_argument("--model", default="", help="only this model's backend (default: every model that has one)")
 
     health = commands.add_parser(
@@ -96,7 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     args = parser.parse_args(argv)
-    if args.command == "serve":
+    client_call = getattr(args, "client_call", None)
+    if client_call is not None:
+        sys.exit(asyncio.run(client_call(args)))
+    elif args.command == "serve":
         _serve(args.config)
     elif args.command == "sim":
         from backends.sim import config_from_args, serve_forever
@@ -104,14 +110,6 @@ def main(argv: list[str] | None = None) -> None:
         configure_logging()
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve_forever(config_from_args(args), args.host, args.port))
-    elif args.command in ("submit", "stream"):
-        sys.exit(asyncio.run(_call(args)))
-    elif args.command == "queue-state":
-        sys.exit(asyncio.run(_queue_state(args)))
-    elif args.command == "reload":
-        sys.exit(asyncio.run(_reload(args)))
-    elif args.command == "backend":
-        sys.exit(asyncio.run(_drain(args)))
     elif args.command == "health":
         sys.exit(_health(args))
     elif args.command == "config-reference":
@@ -136,6 +134,21 @@ def main(argv: list[str] | None = None) -> None:
         for registry in (FAIRNESS_POLICIES, ORDERING_POLICIES, GATE_POLICIES, BAND_POLICIES, BACKEND_POLICIES):
             for name, doc in registry.describe().items():
                 print(f"{registry.kind:<10} {name:<16} {doc}")
+
+
+def _client_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    call: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+    *,
+    help: str,
+) -> argparse.ArgumentParser:
+    """A command that calls a running scheduler as a user: its connection arguments, and `call`, which
+    `main` runs with the parsed arguments and exits with what it returns."""
+    parser = commands.add_parser(name, help=help)
+    _add_connection_arguments(parser)
+    parser.set_defaults(client_call=call)
+    return parser
 
 
 def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
