@@ -277,10 +277,11 @@ def waiting_admits_below(inputs: GateInputs, cls: PriorityClassConfig, config: G
 def running_limit(inputs: GateInputs, cls: PriorityClassConfig) -> int:
     """How many requests the engine may run for this class to add one (0: no limit): the tighter of
     `max_engine_running` and, while a better class is active, `max_engine_running_when_contended`."""
-    limits = [cls.max_engine_running]
-    if inputs.better_class_active:
-        limits.append(cls.max_engine_running_when_contended)
-    return min((limit for limit in limits if limit), default=0)
+    limit = cls.max_engine_running
+    contended = cls.max_engine_running_when_contended if inputs.better_class_active else 0
+    if limit and contended:
+        return min(limit, contended)
+    return limit or contended
 
 
 def check_running(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> str | None:
@@ -299,8 +300,10 @@ def check_running(inputs: GateInputs, cls: PriorityClassConfig, config: GateConf
 def tpot_limit(inputs: GateInputs, cls: PriorityClassConfig) -> float:
     """The TPOT a request of this class must not push the engine past (0: none): its own limit, or a
     better-ranked active class's when tighter, because every running request shares the engine's step."""
-    limits = [limit for limit in (cls.max_tpot_seconds, inputs.better_tpot_limit) if limit > 0]
-    return min(limits, default=0.0)
+    own, better = cls.max_tpot_seconds, inputs.better_tpot_limit
+    if own > 0 and better > 0:
+        return min(own, better)
+    return own if own > 0 else better if better > 0 else 0.0
 
 
 class WaitingSignal:

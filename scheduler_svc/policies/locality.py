@@ -123,10 +123,11 @@ class PrefixLocality:
 
     def _within_load_bound(self, backends: Sequence[B], in_flight: Mapping[str, int]) -> list[B]:
         """The open backends not over the model's average in-flight count x factor + slack."""
-        counts = {b.name: in_flight.get(b.name, b.inputs.in_flight) for b in backends}
-        loads = list(in_flight.values()) or list(counts.values())
-        limit = self._settings.max_load_factor * sum(loads) / len(loads) + self._settings.load_slack
-        return [b for b in backends if counts[b.name] <= limit]
+        counts = [in_flight.get(b.name, b.inputs.in_flight) for b in backends]
+        loads = in_flight.values() if in_flight else counts  # every backend of the model, when known
+        average = sum(loads) / len(loads)
+        limit = self._settings.max_load_factor * average + self._settings.load_slack
+        return [b for b, count in zip(backends, counts, strict=True) if count <= limit]
 
 
 BACKEND_POLICIES.register(
