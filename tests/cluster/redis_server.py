@@ -15,7 +15,9 @@ skips, unless LLMSCHED_REQUIRE_REDIS=1 (set by `make test`, after `make redis` i
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -44,6 +46,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def server_port() -> int:
+    """A free port below the kernel's ephemeral range. A port the kernel handed out (`free_port`) may be taken
+    as the source port of some outgoing connection (a replica reconnecting) while the server is down, and its
+    restart on the same port then fails with "address in use"; below the range no connection gets it."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = range(max(1024, low - 10_000), low)
+    for port in random.sample(candidates, min(200, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 def redis_server_binary() -> str:
     """The redis-server to run; skips the test without one (fails under LLMSCHED_REQUIRE_REDIS=1)."""
     found = shutil.which("redis-server")
@@ -61,7 +81,7 @@ class RedisServer:
     def __init__(self, binary: str, root: Path, port: int | None = None) -> None:
         self.binary = binary
         self.root = root
-        self.port = port if port is not None else free_port()
+        self.port = port if port is not None else server_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
