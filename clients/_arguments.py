@@ -21,23 +21,16 @@ S = TypeVar("S")
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
-END_USER_HEADER = "x-end-user-id"
-
 
 @dataclass(frozen=True, slots=True)
 class GenerationCall:
-    """What one generation call asks for: the request's parameters, the call's overall deadline, given as
-    `timeout` (seconds from the call) or `deadline` (a `time.monotonic()` value), or neither, and the end user
-    it is for (empty: none)."""
+    """What one generation call asks for: the request's parameters (the end user it is for among them), and
+    the call's overall deadline, given as `timeout` (seconds from the call) or `deadline` (a
+    `time.monotonic()` value), or neither."""
 
     params: pb.GenerationParams
     timeout: float | None = None
     deadline: float | None = None
-    end_user: str = ""
-
-    def metadata(self, identity: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-        """The call's metadata: the connection's identity, and `x-end-user-id` when the call names one."""
-        return (*identity, (END_USER_HEADER, self.end_user)) if self.end_user else identity
 
     def grpc_timeout(self) -> float | None:
         """The seconds left for a single gRPC call (no retries; past the deadline gRPC fails it at once)."""
@@ -56,12 +49,16 @@ def generation_call(
 ) -> GenerationCall:
     """`prompt`, or chat `messages` as (role, text) pairs; `timeout` (seconds) or `deadline` (a
     `time.monotonic()` value): the call's overall deadline; `end_user`: the end user the call is for, inside
-    the caller's share (sent as `x-end-user-id`); `fields`: any other GenerationParams field by name
+    the caller's share (GenerationParams.end_user); `fields`: any other GenerationParams field by name
     (max_tokens, priority_class, request_id, ...)."""
     params = pb.GenerationParams(
-        model=model, prompt=prompt, messages=[pb.ChatMessage(role=r, content=c) for r, c in messages], **fields
+        model=model,
+        prompt=prompt,
+        messages=[pb.ChatMessage(role=r, content=c) for r, c in messages],
+        end_user=end_user,
+        **fields,
     )
-    return GenerationCall(params, timeout, deadline, end_user)
+    return GenerationCall(params, timeout, deadline)
 
 
 def takes(arguments: Callable[P, A]) -> Callable[[Callable[[S, A], R]], Callable[Concatenate[S, P], R]]:

@@ -16,9 +16,10 @@ A user id is 1-128 ASCII characters from `A-Z a-z 0-9 . _ @ + : / -`, starting w
 Any other value (surrounding spaces, control characters, non-ASCII bytes) is refused with
 UNAUTHENTICATED, never trimmed or repaired; so is an `x-user-id` or `authorization` sent twice.
 
-A caller that serves many end users may name the one a call is for in `x-end-user-id` metadata (an id of
-the same form; malformed or sent twice: INVALID_ARGUMENT). The caller stays the unit of weights, caps and
-shares; inside its share its end users are served fairly among themselves (docs/api.md, "End users").
+A caller that serves many end users may name the one a call is for in GenerationParams.end_user or in
+`x-end-user-id` metadata (an id of the same form; malformed, sent twice, or field and metadata naming
+different end users: INVALID_ARGUMENT). The caller stays the unit of weights, caps and shares; inside its
+share its end users are served fairly among themselves (docs/api.md, "End users").
 
 Errors travel as gRPC status codes with google.rpc details: a google.rpc.ErrorInfo on every error, whose
 `reason` is the name of an llmsched.v1.ErrorReason value (error_reason.proto: each value's comment gives its
@@ -167,6 +168,7 @@ class GenerationParams(_message.Message):
     PRESENCE_PENALTY_FIELD_NUMBER: _builtins.int
     FREQUENCY_PENALTY_FIELD_NUMBER: _builtins.int
     PROMPT_CACHE_KEY_FIELD_NUMBER: _builtins.int
+    END_USER_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The model to run, as named in the scheduler's configuration."""
     prompt: _builtins.str
@@ -200,6 +202,11 @@ class GenerationParams(_message.Message):
     """Requests sharing a prompt prefix (a session, a system prompt) may share this key (at most 256
     characters). Kept with the request for prefix-locality scheduling; not sent to engines yet.
     """
+    end_user: _builtins.str
+    """The end user this call is for, inside the caller's share (an application's own users behind one
+    identity): the caller's end users are served fairly among themselves. Same form as a user id; empty: none.
+    `x-end-user-id` metadata names it too; both given, they must agree.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]:
         """Chat conversation (chat-completion style)."""
@@ -225,10 +232,11 @@ class GenerationParams(_message.Message):
         presence_penalty: _builtins.float | None = ...,
         frequency_penalty: _builtins.float | None = ...,
         prompt_cache_key: _builtins.str = ...,
+        end_user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "max_tokens", b"max_tokens", "presence_penalty", b"presence_penalty", "seed", b"seed", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "messages", b"messages", "model", b"model", "presence_penalty", b"presence_penalty", "priority_class", b"priority_class", "prompt", b"prompt", "prompt_cache_key", b"prompt_cache_key", "request_id", b"request_id", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "end_user", b"end_user", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "messages", b"messages", "model", b"model", "presence_penalty", b"presence_penalty", "priority_class", b"priority_class", "prompt", b"prompt", "prompt_cache_key", b"prompt_cache_key", "request_id", b"request_id", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__frequency_penalty: _TypeAlias = _typing.Literal["frequency_penalty"]  # noqa: Y015
     _WhichOneofArgType__frequency_penalty: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty"]  # noqa: Y015

@@ -16,9 +16,10 @@ A user id is 1-128 ASCII characters from `A-Z a-z 0-9 . _ @ + : / -`, starting w
 Any other value (surrounding spaces, control characters, non-ASCII bytes) is refused with
 UNAUTHENTICATED, never trimmed or repaired; so is an `x-user-id` or `authorization` sent twice.
 
-A caller that serves many end users may name the one a call is for in `x-end-user-id` metadata (an id of
-the same form; malformed or sent twice: INVALID_ARGUMENT). The caller stays the unit of weights, caps and
-shares; inside its share its end users are served fairly among themselves (docs/api.md, "End users").
+A caller that serves many end users may name the one a call is for in GenerationParams.end_user or in
+`x-end-user-id` metadata (an id of the same form; malformed, sent twice, or field and metadata naming
+different end users: INVALID_ARGUMENT). The caller stays the unit of weights, caps and shares; inside its
+share its end users are served fairly among themselves (docs/api.md, "End users").
 
 Errors travel as gRPC status codes with google.rpc details: a google.rpc.ErrorInfo on every error, whose
 `reason` is the name of an llmsched.v1.ErrorReason value (error_reason.proto: each value's comment gives its

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         call.add_argument("--max-tokens", type=int)
         call.add_argument("--temperature", type=float)
         call.add_argument("--priority-class", default="")
+        call.add_argument("--end-user", default="", help="the end user the call is for, inside --user's share")
         call.add_argument("--timeout", type=float, help="call deadline in seconds")
 
     state = _client_command(
@@ -365,7 +366,7 @@ def _timings_text(timings: Timings) -> str:
 async def _call(args: argparse.Namespace) -> int:
     from clients import Delta, Dispatched, Finished, Queued, SchedulerError
 
-    fields: dict[str, Any] = {"priority_class": args.priority_class}
+    fields: dict[str, Any] = {"priority_class": args.priority_class, "end_user": args.end_user}
     if args.max_tokens is not None:
         fields["max_tokens"] = args.max_tokens
     if args.temperature is not None:

@@ -430,9 +430,9 @@ class ModelConfig:
     )
     max_end_users_per_user: int = _field(
         1000,
-        "End users (named by a request's OpenAI `user` field or `x-end-user-id`) one user may have requests "
-        "queued or running for at once, for the model; a request of one more gets RESOURCE_EXHAUSTED (reason "
-        "QUEUE_FULL). Each end user is a sub-flow served fairly inside its user's share.",
+        "End users (named by a request's `end_user` field, OpenAI `user` field or `x-end-user-id`) one user may "
+        "have requests queued or running for at once, for the model; a request of one more gets "
+        "RESOURCE_EXHAUSTED (reason QUEUE_FULL). Each end user is a sub-flow served fairly inside its user's share.",
         bounds=">= 1",
     )
     max_prompt_bytes: int = _field(

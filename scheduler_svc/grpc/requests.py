@@ -19,8 +19,8 @@ Metadata = Iterable[tuple[str, str | bytes]]
 
 def client_request(params: pb.GenerationParams, metadata: Metadata | None = None) -> ClientRequest:
     """The request a gRPC caller sent, as admission takes it from either door: an optional field left unset is
-    None; a valid W3C `traceparent` (and `tracestate`) in `metadata` is its trace context, and `x-end-user-id`
-    its end user (InvalidField when sent twice or binary)."""
+    None; a valid W3C `traceparent` (and `tracestate`) in `metadata` is its trace context; its end user is the
+    `end_user` field or `x-end-user-id` (InvalidField when malformed, sent twice, binary or the two differ)."""
     return ClientRequest(
         model=params.model,
         prompt=params.prompt,
@@ -37,8 +37,20 @@ def client_request(params: pb.GenerationParams, metadata: Metadata | None = None
         request_id=params.request_id,
         prompt_cache_key=params.prompt_cache_key,
         trace_context=trace_context(metadata) if metadata else None,
-        end_user=end_user(metadata) if metadata else "",
+        end_user=named_end_user(params.end_user, metadata),
     )
+
+
+def named_end_user(field: str, metadata: Metadata | None) -> str:
+    """The end user the call is for ("" when none), from the `end_user` field or `x-end-user-id` metadata: each
+    of a user id's form, and the two the same when both are given (a call naming two end users is refused, not
+    settled by a rule the caller would have to know)."""
+    if field and (problem := user_id_problem(field)):
+        raise InvalidField("end_user", problem)
+    from_metadata = end_user(metadata) if metadata else ""
+    if field and from_metadata and field != from_metadata:
+        raise InvalidField("end_user", f"differs from the {END_USER_HEADER} metadata: send one of them, or the same id")
+    return field or from_metadata
 
 
 def end_user(metadata: Metadata) -> str:

@@ -1,6 +1,7 @@
-"""End users over real sockets: gRPC's `x-end-user-id` metadata and the HTTP door's OpenAI `user` field or
-`x-end-user-id` header name the end user a tenant sends a request for; its siblings are not queued behind
-its flood; a malformed or doubled id is a clear refusal, one end user too many is RESOURCE_EXHAUSTED / 429."""
+"""End users over real sockets: gRPC's `end_user` field or `x-end-user-id` metadata and the HTTP door's OpenAI
+`user` field or `x-end-user-id` header name the end user a tenant sends a request for; its siblings are not
+queued behind its flood; a malformed, doubled or contradicted id is a clear refusal, one end user too many is
+RESOURCE_EXHAUSTED / 429."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from tests.http.support import chat, http_serving
 ONE_AT_A_TIME = {"fallback_max_in_flight": 1}  # no metrics from the engine: one request in flight
 
 
-def _stream(channel: grpc.aio.Channel, tag: str, *metadata: tuple[str, str]) -> Any:
-    request = pb.StreamRequest(params=pb.GenerationParams(model="m", prompt=tag, request_id=tag))
+def _stream(channel: grpc.aio.Channel, tag: str, *metadata: tuple[str, str], end_user: str = "") -> Any:
+    params = pb.GenerationParams(model="m", prompt=tag, request_id=tag, end_user=end_user)
+    request = pb.StreamRequest(params=params)
     return pb_grpc.SchedulerServiceStub(channel).Stream(request, metadata=(("x-user-id", "acme"), *metadata))
 
 
@@ -32,24 +34,30 @@ async def _started_order(engine: ControlledEngine, count: int) -> list[str]:
     return engine.started[:count]
 
 
-@pytest.mark.parametrize("named", [True, False])
-async def test_grpc_metadata_names_the_end_user_and_its_sibling_passes_the_flood(named: bool) -> None:
+def _stream_naming(channel: grpc.aio.Channel, tag: str, how: str | None, end_user: str) -> Any:
+    """A stream whose end user is named as `how` says ("field", "metadata", or None: not named)."""
+    if how == "field":
+        return _stream(channel, tag, end_user=end_user)
+    return _stream(channel, tag, ("x-end-user-id", end_user) if how == "metadata" else ("x-other", ""))
+
+
+@pytest.mark.parametrize("how", ["field", "metadata", None])
+async def test_the_field_or_metadata_names_the_end_user_and_its_sibling_passes_the_flood(how: str | None) -> None:
     engine = ControlledEngine(tokens=2, metrics_ok=False)
     config = make_config(gate=ONE_AT_A_TIME, scheduling={"fairness": "round_robin"})
     async with serving(config, engine.factory()) as server, grpc.aio.insecure_channel(server.address) as channel:
-        flood = ("x-end-user-id", "flood") if named else ("x-other", "")
-        calls = [_stream(channel, "f0", flood)]
+        calls = [_stream_naming(channel, "f0", how, "flood")]
         await engine.wait_for(lambda: len(engine.started) == 1)
         for i in range(1, 5):
-            calls.append(_stream(channel, f"f{i}", flood))
+            calls.append(_stream_naming(channel, f"f{i}", how, "flood"))
             await calls[-1].read()  # queued
-        calls.append(_stream(channel, "bob", ("x-end-user-id", "bob") if named else ("x-other", "")))
+        calls.append(_stream_naming(channel, "bob", how, "bob"))
         await calls[-1].read()
         order = await _started_order(engine, 6)
         for call in calls:
             await _finish(call)
     # with end users, at most one more of the flood's queued requests goes before bob's; without, all of them
-    assert order.index("bob") <= 2 if named else order.index("bob") == 5, order
+    assert order.index("bob") <= 2 if how else order.index("bob") == 5, order
 
 
 async def _finish(call: Any) -> Any:
@@ -60,10 +68,12 @@ async def _finish(call: Any) -> Any:
     return last
 
 
-async def _refusal(server: SchedulerServer, *metadata: tuple[str, str]) -> tuple[grpc.StatusCode, str]:
+async def _refusal(
+    server: SchedulerServer, *metadata: tuple[str, str], end_user: str = ""
+) -> tuple[grpc.StatusCode, str]:
     async with grpc.aio.insecure_channel(server.address) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            async for _ in _stream(channel, "x", *metadata):
+            async for _ in _stream(channel, "x", *metadata, end_user=end_user):
                 pass
     return err.value.code(), err.value.details() or ""
 
@@ -85,8 +95,12 @@ async def test_grpc_refuses_a_malformed_or_doubled_end_user_and_one_too_many() -
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "x-end-user-id: invalid user id" in details
         code, details = await _refusal(server, ("x-end-user-id", "bob"), ("x-end-user-id", "eve"))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "sent more than once" in details
+        code, details = await _refusal(server, end_user="bob smith")
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "end_user: invalid user id" in details
+        code, details = await _refusal(server, ("x-end-user-id", "bob"), end_user="eve")
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "differs from the x-end-user-id metadata" in details
         async with grpc.aio.insecure_channel(server.address) as channel:
-            held = _stream(channel, "held", ("x-end-user-id", "bob"))
+            held = _stream(channel, "held", ("x-end-user-id", "bob"), end_user="bob")  # both, the same: one end user
             await engine.wait_for(lambda: len(engine.started) == 1)
             code, details = await _refusal(server, ("x-end-user-id", "carol"))
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_end_users_per_user" in details

@@ -29,12 +29,13 @@ from tests.helpers import (
 GRPCURL = shutil.which("grpcurl") or str(__import__("pathlib").Path(sys.executable).parent / "grpcurl")
 
 
-async def _run(*args: str) -> str:
+async def _run(*args: str, fails: bool = False) -> str:
+    """The command's output; it must succeed (`fails`: it must not)."""
     process = await asyncio.create_subprocess_exec(
         *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     out, _ = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 0, out.decode()
+    assert (process.returncode != 0) == fails, out.decode()
     return out.decode()
 
 
@@ -80,10 +81,13 @@ async def test_cli_submit_and_stream_against_a_running_service() -> None:
     async with serving(make_config(), engine.factory()) as server:
         cli = [sys.executable, "-m", "scheduler_svc.app.cli"]
         submitted = await _run(*cli, "submit", "--target", server.address, "--model", "m", "--user", "dave", "Hi")
-        streamed = await _run(*cli, "stream", "--target", server.address, "--model", "m", "--user", "dave", "Hi")
+        at = ("--target", server.address, "--model", "m", "--user", "dave")
+        streamed = await _run(*cli, "stream", *at, "--end-user", "dave-customer-7", "Hi")
+        refused = await _run(*cli, "submit", *at, "--end-user", "not an id", "Hi", fails=True)
         state = await _run(*cli, "queue-state", "--target", server.address, "--user", "dave")
     assert "hello t1 t2" in submitted and "hello t1 t2" in streamed
     assert "[dispatched to b0]" in streamed
+    assert "end_user: invalid user id" in refused, refused  # the end user travels in the request's field
     # both print the call's timings (this fake engine sends no acceptance: its intake reads "-")
     assert re.search(r"via b0: 3 tokens, queued \d+\.\d{3}s, first token \d+\.\d{3}s, engine took it in -", submitted)
     assert re.search(r"\[finished: 3 tokens, queued \d+\.\d{3}s, first token \d+\.\d{3}s, engine took", streamed)

@@ -195,8 +195,11 @@ def classes_by_name() -> dict[str, list[type[Any]]]:
 
 
 def _has(owner: Any, name: str) -> bool:
-    """An attribute of a module or class, a dataclass field, or an instance attribute its code sets."""
+    """An attribute of a module or class, a dataclass or protobuf message field, or an instance attribute its
+    code sets."""
     if hasattr(owner, name) or name in getattr(owner, "__dataclass_fields__", {}):
+        return True
+    if name in getattr(getattr(owner, "DESCRIPTOR", None), "fields_by_name", {}):
         return True
     if inspect.isclass(owner):
         try:

@@ -163,6 +163,7 @@ func TestSubmitReturnsTheWholeAnswer(t *testing.T) {
 	client := dial(t, llmsched.Options{APIKey: key(t, "alice")})
 	params := llmsched.Prompt("m", "hello")
 	params.MaxTokens, params.IgnoreEos = proto.Int32(4), true
+	params.EndUser = "alice-customer-7" // served inside alice's share
 	response, err := client.Submit(context.Background(), params)
 	if err != nil {
 		t.Fatal(err)
@@ -231,6 +232,16 @@ func TestErrorsCarryTheirReason(t *testing.T) {
 		wantError(t, err, codes.Unauthenticated, "UNAUTHENTICATED")
 		if attempts != 0 {
 			t.Fatalf("retried %d times", attempts)
+		}
+	})
+	t.Run("malformed end user", func(t *testing.T) {
+		client := dial(t, llmsched.Options{APIKey: key(t, "alice")})
+		params := llmsched.Prompt("m", "hi")
+		params.EndUser = "not an id"
+		_, err := client.Submit(context.Background(), params)
+		e := wantError(t, err, codes.InvalidArgument, "INVALID_REQUEST")
+		if !strings.Contains(e.Message, "end_user") {
+			t.Fatalf("message %q does not name the field", e.Message)
 		}
 	})
 	t.Run("prompt too large", func(t *testing.T) {

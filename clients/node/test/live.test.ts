@@ -88,7 +88,7 @@ describe("against a live scheduler", { skip }, () => {
     assert.equal(events.reduce((n, e) => n + (e.type === "delta" ? e.tokens : 0), 0), 5);
     assert.ok(finished.timings.totalMs! >= finished.timings.queueWaitMs!);
 
-    const result = await client().submit({ model: "m", prompt: "hello", maxTokens: 4, ignoreEos: true });
+    const result = await client().submit({ model: "m", prompt: "hello", maxTokens: 4, ignoreEos: true, endUser: "customer-7" });
     assert.equal(result.usage.completionTokens, 4);
     assert.equal(result.backend, "b0");
     assert.ok(result.text.length > 0 && result.requestId.length > 0);
@@ -219,7 +219,7 @@ describe("against a live scheduler", { skip }, () => {
     assert.match(seen.join(" "), /^queued( queued)* dispatched (queued( queued)* dispatched )+(delta )+finished$/);
   });
 
-  test("errors are typed: a bad API key is UNAUTHENTICATED, an unknown model NOT_FOUND, neither retried", async () => {
+  test("errors are typed: a bad API key is UNAUTHENTICATED, an unknown model NOT_FOUND, a malformed end user INVALID_ARGUMENT, none retried", async () => {
     const retries: RetryAttempt[] = [];
     const onRetry = (r: RetryAttempt): number => retries.push(r);
     await assert.rejects(client("sk-wrong").submit({ model: "m", prompt: "hi" }, { onRetry }), isError(status.UNAUTHENTICATED, "UNAUTHENTICATED"));
@@ -230,6 +230,11 @@ describe("against a live scheduler", { skip }, () => {
       assert.ok(isError(status.NOT_FOUND, "MODEL_NOT_FOUND")(error) && error instanceof SchedulerError);
       assert.equal(error.domain, "llmsched.v1");
       assert.equal(error.retryable, false);
+      return true;
+    });
+    await assert.rejects(client().submit({ model: "m", prompt: "hi", endUser: "not an id" }, { onRetry }), (error: unknown) => {
+      assert.ok(isError(status.INVALID_ARGUMENT, "INVALID_REQUEST")(error) && error instanceof SchedulerError);
+      assert.match(error.message, /end_user/);
       return true;
     });
     assert.deepEqual(retries, []);

@@ -27,6 +27,7 @@ func main() {
 	user := flag.String("user", "", "user id sent as x-user-id (without API keys)")
 	maxTokens := flag.Int("max-tokens", 0, "tokens to generate (0: the model's default)")
 	class := flag.String("class", "", "priority class (empty: the default)")
+	endUser := flag.String("end-user", "", "the end user the call is for, inside the user's share (empty: none)")
 	timeout := flag.Duration("timeout", 0, "deadline for the whole call (0: none)")
 	retries := flag.Int("attempts", 3, "attempts for retryable failures (1: no retries)")
 	flag.Parse()
@@ -55,6 +56,7 @@ func main() {
 	}
 	params := llmsched.Prompt(*model, prompt)
 	params.PriorityClass = *class
+	params.EndUser = *endUser
 	if *maxTokens > 0 {
 		params.MaxTokens = proto.Int32(int32(*maxTokens))
 	}
