@@ -21,6 +21,8 @@ S = TypeVar("S")
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
+END_USER_HEADER = "x-end-user-id"
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationCall:
@@ -31,6 +33,13 @@ class GenerationCall:
     params: pb.GenerationParams
     timeout: float | None = None
     deadline: float | None = None
+
+    def metadata(self, identity: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        """The call's metadata: the connection's identity, and the end user named again in `x-end-user-id` (a
+        server older than the `end_user` field still serves the call as that end user; a newer one checks the
+        two agree)."""
+        end_user = self.params.end_user
+        return (*identity, (END_USER_HEADER, end_user)) if end_user else identity
 
     def grpc_timeout(self) -> float | None:
         """The seconds left for a single gRPC call (no retries; past the deadline gRPC fails it at once)."""
@@ -49,8 +58,8 @@ def generation_call(
 ) -> GenerationCall:
     """`prompt`, or chat `messages` as (role, text) pairs; `timeout` (seconds) or `deadline` (a
     `time.monotonic()` value): the call's overall deadline; `end_user`: the end user the call is for, inside
-    the caller's share (GenerationParams.end_user); `fields`: any other GenerationParams field by name
-    (max_tokens, priority_class, request_id, ...)."""
+    the caller's share (GenerationParams.end_user, and `x-end-user-id`); `fields`: any other
+    GenerationParams field by name (max_tokens, priority_class, request_id, ...)."""
     params = pb.GenerationParams(
         model=model,
         prompt=prompt,

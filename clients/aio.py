@@ -63,7 +63,7 @@ class AsyncClient(Connection):
         while True:
             try:
                 response: pb.SubmitResponse = await self._stub.Submit(
-                    request, metadata=self._metadata, timeout=retrier.deadline.remaining()
+                    request, metadata=call.metadata(self._metadata), timeout=retrier.deadline.remaining()
                 )
                 return completion_from_pb(response)
             except grpc.aio.AioRpcError as exc:
@@ -81,7 +81,7 @@ class AsyncClient(Connection):
         retrier = self._calls.retrier(call.timeout, call.deadline)
 
         def start(remaining: float | None) -> grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]:
-            return self._stub.Stream(request, metadata=self._metadata, timeout=remaining)
+            return self._stub.Stream(request, metadata=call.metadata(self._metadata), timeout=remaining)
 
         return AsyncEventStream(start, retrier)
 

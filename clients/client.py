@@ -25,7 +25,7 @@ class SchedulerClient(Connection):
         """Run one generation and return the whole answer (one gRPC call under the deadline, no retry)."""
         request = pb.SubmitRequest(params=call.params)
         response: pb.SubmitResponse = await self._stub.Submit(
-            request, metadata=self._metadata, timeout=call.grpc_timeout()
+            request, metadata=call.metadata(self._metadata), timeout=call.grpc_timeout()
         )
         return response
 
@@ -33,7 +33,7 @@ class SchedulerClient(Connection):
     def stream(self, call: GenerationCall) -> grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]:
         """Start a streamed generation; iterate the returned call for events, `.cancel()` it to abort."""
         request = pb.StreamRequest(params=call.params)
-        return self._stub.Stream(request, metadata=self._metadata, timeout=call.grpc_timeout())
+        return self._stub.Stream(request, metadata=call.metadata(self._metadata), timeout=call.grpc_timeout())
 
     async def queue_state(
         self, model: str = "", user: str = "", max_users: int | None = None

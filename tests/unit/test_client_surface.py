@@ -46,3 +46,11 @@ def test_a_blocking_call_from_the_clients_own_loop_fails_instead_of_hanging() ->
 
     with pytest.raises(RuntimeError, match="its own event loop"):
         loop.run(blocking_call_inside())
+
+
+def test_an_end_user_goes_in_the_field_and_again_in_the_metadata() -> None:
+    """The field for servers that read it (they check the two agree), the metadata for one without it."""
+    call = generation_call("m", "hi", end_user="customer-7", max_tokens=3)
+    assert call.params.end_user == "customer-7" and call.params.max_tokens == 3
+    assert call.metadata((("x-user-id", "acme"),)) == (("x-user-id", "acme"), ("x-end-user-id", "customer-7"))
+    assert generation_call("m", "hi").metadata((("x-user-id", "acme"),)) == (("x-user-id", "acme"),)
