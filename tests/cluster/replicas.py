@@ -122,7 +122,7 @@ async def settled(servers: list[SchedulerServer], timeout: float = 5.0) -> Sched
 
 
 async def leaders_settled(
-    servers: list[SchedulerServer], models: tuple[str, ...], timeout: float = 5.0
+    servers: list[SchedulerServer], models: tuple[str, ...], timeout: float = 15.0
 ) -> dict[str, SchedulerServer]:
     """Wait until each model has exactly one leader, every other replica follows that leader for it, and no
     replica holds more than its share of the leases (`leases.fair_share`); returns model -> its leader."""

@@ -82,7 +82,7 @@ async def test_each_model_is_led_by_its_own_replica_and_its_requests_go_to_that_
                 while await call.read() is not grpc.aio.EOF:
                     pass
         for leader in leaders.values():
-            await eventually(lambda leader=leader: not agent_of(leader).leader.mirrors, 2.0, "mirrors released")
+            await eventually(lambda leader=leader: not agent_of(leader).leader.mirrors, 10.0, "mirrors released")
         assert sorted(no_request_twice(sim.engine.stats())) == ["a", "b"]
         for model, leader in leaders.items():
             granted = agent_of(leader).metrics.sent.labels("grant")._value.get()
@@ -109,11 +109,11 @@ async def test_a_replica_above_its_share_hands_a_lease_over_and_its_running_requ
                 leaders = await leaders_settled(servers, MODELS)
                 assert leaders == {"a": r0, "b": r1}
                 estimator = r1.scheduler.dispatchers["b"].backends[0].estimator
-                await eventually(lambda: estimator.in_flight == 1, 2.0, "r1 counts r0's running b request")
+                await eventually(lambda: estimator.in_flight == 1, 10.0, "r1 counts r0's running b request")
                 for call in calls:
                     while await call.read() is not grpc.aio.EOF:
                         pass
-                await eventually(lambda: estimator.in_flight == 0, 2.0, "released at its end")
+                await eventually(lambda: estimator.in_flight == 0, 10.0, "released at its end")
             assert agent_of(r1).metrics.sent.labels("grant")._value.get() == 0, "adopted without a grant"
             assert sorted(no_request_twice(sim.engine.stats())) == ["a", "b"]
         finally:
@@ -222,7 +222,7 @@ async def test_a_followers_token_counts_reach_its_models_leader_in_full() -> Non
         async with client_for(owner, user="bob") as client:
             response = await client.submit("a", "count me", max_tokens=80, ignore_eos=True)
         assert response.usage.completion_tokens == 80
-        await eventually(lambda: not agent_of(leader).leader.mirrors, 2.0, "the mirror ended")
+        await eventually(lambda: not agent_of(leader).leader.mirrors, 10.0, "the mirror ended")
         assert list(charged.values()) == [80]
 
 
