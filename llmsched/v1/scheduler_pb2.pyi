@@ -796,6 +796,7 @@ class UserQueueState(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     QUEUED_FIELD_NUMBER: _builtins.int
     FAIR_SHARE_COUNTER_FIELD_NUMBER: _builtins.int
+    END_USERS_FIELD_NUMBER: _builtins.int
     user: _builtins.str
     """The user id."""
     queued: _builtins.int
@@ -804,16 +805,21 @@ class UserQueueState(_message.Message):
     """The fairness policy's counter for the user (virtual service received); unset when the policy keeps no
     counter for the user (round robin keeps none).
     """
+    end_users: _builtins.int
+    """The end users (GenerationParams.end_user) the user has requests queued for in the band, each served in
+    turn inside the user's share; 0 when its queued requests name none.
+    """
     def __init__(
         self,
         *,
         user: _builtins.str = ...,
         queued: _builtins.int = ...,
         fair_share_counter: _builtins.float | None = ...,
+        end_users: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_fair_share_counter", b"_fair_share_counter", "fair_share_counter", b"fair_share_counter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fair_share_counter", b"_fair_share_counter", "fair_share_counter", b"fair_share_counter", "queued", b"queued", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fair_share_counter", b"_fair_share_counter", "end_users", b"end_users", "fair_share_counter", b"fair_share_counter", "queued", b"queued", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__fair_share_counter: _TypeAlias = _typing.Literal["fair_share_counter"]  # noqa: Y015
     _WhichOneofArgType__fair_share_counter: _TypeAlias = _typing.Literal["_fair_share_counter", b"_fair_share_counter"]  # noqa: Y015

@@ -12,6 +12,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler_svc.core.queues import Band
 from scheduler_svc.dispatch.backend_handle import BackendHandle, Drain
 from scheduler_svc.dispatch.openings import BackendState
 from scheduler_svc.dispatch.queue_book import QueueBook
@@ -23,6 +24,7 @@ class UserSnapshot:
     user: str
     queued: int
     fair_share_counter: float | None  # None: the class's fairness policy keeps no counter for the user
+    end_users: int = 0  # named end users with requests queued in the band
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,7 @@ def class_snapshots(
                 priority_class=band.priority_class.name,
                 rank=band.priority_class.rank,
                 queued=band.size,
-                users=[UserSnapshot(name, depths[name], counted.get(name)) for name in shown],
+                users=[UserSnapshot(name, depths[name], counted.get(name), _end_users(band, name)) for name in shown],
                 users_total=len(names),
                 truncated=len(shown) < len(names),
                 tracked_users=policy.account.tracked_users(),
@@ -92,6 +94,12 @@ def class_snapshots(
             )
         )
     return classes
+
+
+def _end_users(band: Band, user: str) -> int:
+    """The named end users with requests of `user` queued in `band` (its requests naming none are not one)."""
+    flow = band.flows.get(user)
+    return 0 if flow is None else sum(1 for end_user in flow.end_user_flows if end_user)
 
 
 def model_snapshot(

@@ -62,7 +62,9 @@ def queue_state(snapshot: ModelSnapshot) -> pb.ModelQueueState:
             rank=cls.rank,
             queued=cls.queued,
             users=[
-                pb.UserQueueState(user=u.user, queued=u.queued, fair_share_counter=u.fair_share_counter)
+                pb.UserQueueState(
+                    user=u.user, queued=u.queued, fair_share_counter=u.fair_share_counter, end_users=u.end_users
+                )
                 for u in cls.users
             ],
             users_total=cls.users_total,

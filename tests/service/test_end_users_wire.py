@@ -134,3 +134,22 @@ async def test_http_takes_the_openai_user_field_or_the_header_and_refuses_what_i
         status, body = await post(chat(), **{"x-end-user-id": "-x"})
         assert status == 400 and body["error"]["param"] == "x-end-user-id"
         assert b"user-42" not in generate_latest(server.scheduler.metrics.registry)
+
+
+async def test_queue_state_counts_the_end_users_a_user_has_queued() -> None:
+    engine = ControlledEngine(tokens=2, metrics_ok=False)
+    config = make_config(gate=ONE_AT_A_TIME)
+    async with serving(config, engine.factory()) as server, grpc.aio.insecure_channel(server.address) as channel:
+        calls = [_stream(channel, "running", end_user="ann")]
+        await engine.wait_for(lambda: len(engine.started) == 1)
+        for tag, end_user in (("q1", "ann"), ("q2", "ann"), ("q3", "bob"), ("q4", "")):
+            calls.append(_stream(channel, tag, end_user=end_user))
+            await calls[-1].read()  # queued
+        async with client_for(server, user="acme") as client:
+            state = await client.queue_state("m")
+        (acme,) = [u for c in state.models[0].classes for u in c.users if u.user == "acme"]
+        assert (acme.queued, acme.end_users) == (4, 2), "ann and bob queued; the request naming none is no end user"
+        engine.auto_release = True
+        engine.release()
+        for call in calls:
+            await _finish(call)
