@@ -28,6 +28,16 @@ END_USER_HEADER = "x-end-user-id"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 
 
+def agreed_end_user(in_request: str, in_header: str, *, field: str, carrier: str) -> str:
+    """The end user a call names in its request's `field` or in `x-end-user-id` (its `carrier`: the HTTP
+    header or the gRPC metadata), "" when neither: both given, they must agree (a call naming two end users
+    is refused, never settled by a rule the caller would have to know). Each one's form is checked where it
+    is read (the request's by `build_request`)."""
+    if in_request and in_header and in_request != in_header:
+        raise InvalidField(field, f"differs from the {END_USER_HEADER} {carrier}: send one of them, or the same id")
+    return in_request or in_header
+
+
 def build_request(
     message: ClientRequest, *, user: str, config: Config, now: float, timeout: float | None
 ) -> QueuedRequest:

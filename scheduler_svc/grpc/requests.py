@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from backends.base import ChatMessage, TraceContext
 from llmsched.v1 import scheduler_pb2 as pb
-from scheduler_svc.core.admission import END_USER_HEADER
+from scheduler_svc.core.admission import END_USER_FIELD, END_USER_HEADER, agreed_end_user
 from scheduler_svc.core.errors import InvalidField
 from scheduler_svc.core.identity import user_id_problem
 from scheduler_svc.core.request import ClientRequest
@@ -42,15 +42,11 @@ def client_request(params: pb.GenerationParams, metadata: Metadata | None = None
 
 
 def named_end_user(field: str, metadata: Metadata | None) -> str:
-    """The end user the call is for ("" when none), from the `end_user` field or `x-end-user-id` metadata: each
-    of a user id's form, and the two the same when both are given (a call naming two end users is refused, not
-    settled by a rule the caller would have to know)."""
+    """The end user the call is for ("" when none): the `end_user` field or `x-end-user-id` metadata, the
+    field's form checked first (the Python clients send both: a refusal names the field they were given)."""
     if field and (problem := user_id_problem(field)):
-        raise InvalidField("end_user", problem)
-    from_metadata = end_user(metadata) if metadata else ""
-    if field and from_metadata and field != from_metadata:
-        raise InvalidField("end_user", f"differs from the {END_USER_HEADER} metadata: send one of them, or the same id")
-    return field or from_metadata
+        raise InvalidField(END_USER_FIELD, problem)
+    return agreed_end_user(field, end_user(metadata) if metadata else "", field=END_USER_FIELD, carrier="metadata")
 
 
 def end_user(metadata: Metadata) -> str:

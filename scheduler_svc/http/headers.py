@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from backends.base import TraceContext
-from scheduler_svc.core.admission import END_USER_HEADER
+from scheduler_svc.core.admission import END_USER_HEADER, agreed_end_user
 from scheduler_svc.core.auth import AUTH_HEADER, USER_HEADER, Authenticator, PeerInfo, http_wording
 from scheduler_svc.core.errors import InvalidField, Unauthenticated
 from scheduler_svc.core.identity import user_id_problem
@@ -140,9 +140,7 @@ def end_user(headers: Mapping[str, str], from_body: str) -> str:
         return from_body
     if problem := user_id_problem(header):
         raise InvalidField(END_USER_HEADER, problem)
-    if from_body and from_body != header:
-        raise InvalidField("user", f"differs from the {END_USER_HEADER} header: send one of them, or the same id")
-    return header
+    return agreed_end_user(from_body, header, field="user", carrier="header")
 
 
 def wants_queue_updates(headers: Mapping[str, str]) -> bool:

@@ -126,10 +126,6 @@ class SharedSpend:
         """A band that is gone no longer hears of charges."""
         self._views = [view for view in self._views if view is not counters]
 
-    def views(self) -> int:
-        """How many bands' views hear of charges."""
-        return len(self._views)
-
     def hold(self, key: str) -> None:
         self._holders[key] = self._holders.get(key, 0) + 1
 
