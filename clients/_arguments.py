@@ -22,24 +22,28 @@ R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
 END_USER_HEADER = "x-end-user-id"
+TRACEPARENT_HEADER = "traceparent"
+TRACESTATE_HEADER = "tracestate"
 
 
 @dataclass(frozen=True, slots=True)
 class GenerationCall:
-    """What one generation call asks for: the request's parameters (the end user it is for among them), and
-    the call's overall deadline, given as `timeout` (seconds from the call) or `deadline` (a
-    `time.monotonic()` value), or neither."""
+    """What one generation call asks for: the request's parameters (the end user it is for among them), the
+    call's overall deadline, given as `timeout` (seconds from the call) or `deadline` (a `time.monotonic()`
+    value), or neither, and the caller's W3C trace context (`trace`: metadata pairs, empty without one)."""
 
     params: pb.GenerationParams
     timeout: float | None = None
     deadline: float | None = None
+    trace: tuple[tuple[str, str], ...] = ()
 
     def metadata(self, identity: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-        """The call's metadata: the connection's identity, and the end user named again in `x-end-user-id` (a
+        """The call's metadata: the connection's identity, the end user named again in `x-end-user-id` (a
         server older than the `end_user` field still serves the call as that end user; a newer one checks the
-        two agree)."""
+        two agree), and the trace context; every retry of the call sends the same."""
         end_user = self.params.end_user
-        return (*identity, (END_USER_HEADER, end_user)) if end_user else identity
+        named = ((END_USER_HEADER, end_user),) if end_user else ()
+        return (*identity, *named, *self.trace)
 
     def grpc_timeout(self) -> float | None:
         """The seconds left for a single gRPC call (no retries; past the deadline gRPC fails it at once)."""
@@ -54,12 +58,18 @@ def generation_call(
     timeout: float | None = None,
     deadline: float | None = None,
     end_user: str = "",
+    traceparent: str = "",
+    tracestate: str = "",
     **fields: Any,
 ) -> GenerationCall:
     """`prompt`, or chat `messages` as (role, text) pairs; `timeout` (seconds) or `deadline` (a
     `time.monotonic()` value): the call's overall deadline; `end_user`: the end user the call is for, inside
-    the caller's share (GenerationParams.end_user, and `x-end-user-id`); `fields`: any other
+    the caller's share (GenerationParams.end_user, and `x-end-user-id`); `traceparent` (and `tracestate`):
+    the caller's W3C trace context, which the scheduler continues into the engine (sent as metadata; the
+    server ignores one that is not valid, and `tracestate` without a `traceparent`); `fields`: any other
     GenerationParams field by name (max_tokens, priority_class, request_id, ...)."""
+    if tracestate and not traceparent:
+        raise ValueError("tracestate goes with a traceparent")
     params = pb.GenerationParams(
         model=model,
         prompt=prompt,
@@ -67,7 +77,10 @@ def generation_call(
         end_user=end_user,
         **fields,
     )
-    return GenerationCall(params, timeout, deadline)
+    trace: tuple[tuple[str, str], ...] = ((TRACEPARENT_HEADER, traceparent),) if traceparent else ()
+    if tracestate:
+        trace += ((TRACESTATE_HEADER, tracestate),)
+    return GenerationCall(params, timeout, deadline, trace)
 
 
 def takes(arguments: Callable[P, A]) -> Callable[[Callable[[S, A], R]], Callable[Concatenate[S, P], R]]:

@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
         call.add_argument("--temperature", type=float)
         call.add_argument("--priority-class", default="")
         call.add_argument("--end-user", default="", help="the end user the call is for, inside --user's share")
+        call.add_argument("--traceparent", default="", help="the caller's W3C trace context, continued to the engine")
+        call.add_argument("--tracestate", default="", help="W3C tracestate, with --traceparent")
         call.add_argument("--timeout", type=float, help="call deadline in seconds")
 
     state = _client_command(
@@ -366,7 +368,12 @@ def _timings_text(timings: Timings) -> str:
 async def _call(args: argparse.Namespace) -> int:
     from clients import Delta, Dispatched, Finished, Queued, SchedulerError
 
-    fields: dict[str, Any] = {"priority_class": args.priority_class, "end_user": args.end_user}
+    fields: dict[str, Any] = {
+        "priority_class": args.priority_class,
+        "end_user": args.end_user,
+        "traceparent": args.traceparent,
+        "tracestate": args.tracestate,
+    }
     if args.max_tokens is not None:
         fields["max_tokens"] = args.max_tokens
     if args.temperature is not None:
@@ -374,6 +381,9 @@ async def _call(args: argparse.Namespace) -> int:
     messages = [tuple(m.split(":", 1)) for m in args.message]
     if any(len(m) != 2 for m in messages):
         print("--message must be ROLE:TEXT", file=sys.stderr)
+        return 2
+    if args.tracestate and not args.traceparent:
+        print("--tracestate goes with --traceparent", file=sys.stderr)
         return 2
 
     async with _client(args) as client:

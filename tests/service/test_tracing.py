@@ -5,11 +5,14 @@ queue wait with the gates that held it, each dispatch with the engine's time to 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import os
 import subprocess
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,7 +29,7 @@ from backends.errors import BackendUnavailable
 from backends.fake import FakeBackend
 from backends.sim import SimConfig
 from backends.sim.app import create_app
-from clients import pb, pb_grpc
+from clients import AsyncClient, Client, SchedulerClient, pb, pb_grpc
 from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.app.tracing import OtelTracer
 from scheduler_svc.cluster.modes import Role
@@ -41,6 +44,7 @@ PARENT = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE}-{PARENT}-01"
 TRACING = TracingConfig(endpoint="http://127.0.0.1:4317")  # never reached: the in-memory exporter takes the spans
 STREAM = "llmsched.v1.SchedulerService/Stream"
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def traced(config: Config, tracing: TracingConfig = TRACING) -> Config:
@@ -89,7 +93,7 @@ async def recording_simulator() -> AsyncIterator[tuple[str, list[dict[str, str]]
 
 
 def stream_call(server: SchedulerServer, *metadata: tuple[str, str], **params: Any) -> Any:
-    """A raw Stream call (the Python clients send no trace headers of their own) and its channel."""
+    """A raw Stream call carrying exactly this metadata, and its channel."""
     channel = grpc.aio.insecure_channel(server.address)
     request = pb.StreamRequest(params=pb.GenerationParams(model="m", prompt="hello", **params))
     call = pb_grpc.SchedulerServiceStub(channel).Stream(request, metadata=(("x-user-id", "alice"), *metadata))
@@ -305,6 +309,31 @@ async def test_with_tracing_off_a_valid_traceparent_reaches_the_engine_unchanged
                 assert r.status == 200  # sent twice: ignored, never refused
     assert seen == [{"traceparent": TRACEPARENT, "tracestate": "a=1"}, {}, {"traceparent": TRACEPARENT}, {}]
     assert exporter.get_finished_spans() == ()
+
+
+async def test_the_python_clients_send_a_callers_trace_context_on_every_call() -> None:
+    """`traceparent=`/`tracestate=` on the asyncio, blocking and raw clients' calls, and the CLI's flags, reach
+    the engine unchanged (tracing off: nothing of the scheduler's own in between)."""
+    async with recording_simulator() as (url, seen), tracing_server(make_config(backend_url=url)) as (server, _):
+        trace = {"traceparent": TRACEPARENT, "tracestate": "a=1"}
+        async with AsyncClient(server.address, user="alice") as client:
+            await client.submit("m", "hi", max_tokens=2, **trace)
+            async with client.stream("m", "hi", max_tokens=2, traceparent=TRACEPARENT) as events:
+                assert [e async for e in events]
+        async with SchedulerClient(server.address, user="bob") as raw:
+            await raw.submit("m", "hi", max_tokens=2, **trace)
+
+        def blocking() -> None:
+            with Client(server.address, user="carol") as client:
+                client.submit("m", "hi", max_tokens=2, **trace)
+
+        await asyncio.to_thread(blocking)
+        cli = [sys.executable, "-m", "scheduler_svc.app.cli", "submit", "--target", server.address, "--user", "dan"]
+        flags = ["--traceparent", TRACEPARENT, "--tracestate", "a=1", "--max-tokens", "2", "--model", "m", "hi"]
+        repo = {**os.environ, "PYTHONPATH": REPO_ROOT}
+        done = await asyncio.to_thread(subprocess.run, [*cli, *flags], capture_output=True, env=repo, timeout=60)
+        assert done.returncode == 0, done.stderr.decode()
+    assert seen == [trace, {"traceparent": TRACEPARENT}, trace, trace, trace]
 
 
 def test_without_tracing_the_sdk_is_never_loaded() -> None:

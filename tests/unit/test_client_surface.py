@@ -54,3 +54,17 @@ def test_an_end_user_goes_in_the_field_and_again_in_the_metadata() -> None:
     assert call.params.end_user == "customer-7" and call.params.max_tokens == 3
     assert call.metadata((("x-user-id", "acme"),)) == (("x-user-id", "acme"), ("x-end-user-id", "customer-7"))
     assert generation_call("m", "hi").metadata((("x-user-id", "acme"),)) == (("x-user-id", "acme"),)
+
+
+def test_a_trace_context_goes_in_the_metadata_and_tracestate_needs_a_traceparent() -> None:
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    call = generation_call("m", "hi", end_user="c7", traceparent=parent, tracestate="congo=t61rcWkgMzE")
+    assert call.metadata((("x-user-id", "acme"),)) == (
+        ("x-user-id", "acme"),
+        ("x-end-user-id", "c7"),
+        ("traceparent", parent),
+        ("tracestate", "congo=t61rcWkgMzE"),
+    )
+    assert generation_call("m", traceparent=parent).metadata(()) == (("traceparent", parent),)
+    with pytest.raises(ValueError, match="traceparent"):
+        generation_call("m", tracestate="congo=t61rcWkgMzE")
