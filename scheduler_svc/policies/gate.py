@@ -118,9 +118,13 @@ class GateInputs:
         if self.candidate_priority is None:
             return waiting
         ours_ahead = bisect_right(self.unstarted_priorities, self.candidate_priority)
+        return min(waiting, ours_ahead + self.ahead_whatever_priority())
+
+    def ahead_whatever_priority(self) -> int:
+        """Of the engine's waiting queue at a priority engine, what it serves before any candidate whatever
+        its priority: ours sent without a known priority and everything not ours (see `waiting_ahead`)."""
         ours_unknown = max(0, self.unstarted - len(self.unstarted_priorities))
-        foreign = max(0, waiting - self.unstarted)
-        return min(waiting, ours_ahead + ours_unknown + foreign)
+        return ours_unknown + max(0, self.estimated_waiting() - self.unstarted)
 
 
 class GateCause(StrEnum):
@@ -238,18 +242,25 @@ def check_waiting(
     if cls.require_idle_engine:
         waiting = inputs.estimated_waiting()
         return None if waiting == 0 else f"waiting {waiting} > 0 and {cls.name} needs an idle engine queue"
-    if cls.waiting_target:
-        target = cls.waiting_target
-    elif inputs.candidate_priority is None and fifo_target is not None:
-        target = fifo_target
-    else:
-        target = waiting_target(inputs, config)
+    target = _class_waiting_target(inputs, cls, config, fifo_target)
     ahead = inputs.waiting_ahead()
     if ahead < target:
         return None
     if inputs.candidate_priority is None:
         return f"waiting {ahead} >= target {target}"
     return f"waiting ahead of priority {inputs.candidate_priority} {ahead} >= target {target}"
+
+
+def _class_waiting_target(
+    inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig, fifo_target: int | None = None
+) -> int:
+    """The target `check_waiting` holds this candidate to: the class's own, else at a FIFO engine the learned
+    `fifo_target` when given, else the gate's (`waiting_target`)."""
+    if cls.waiting_target:
+        return cls.waiting_target
+    if inputs.candidate_priority is None and fifo_target is not None:
+        return fifo_target
+    return waiting_target(inputs, config)
 
 
 def waiting_admits_below(inputs: GateInputs, cls: PriorityClassConfig, config: GateConfig) -> float:
@@ -261,12 +272,10 @@ def waiting_admits_below(inputs: GateInputs, cls: PriorityClassConfig, config: G
     waiting = inputs.estimated_waiting()
     if cls.require_idle_engine:
         return math.inf if waiting == 0 else -math.inf
-    target = cls.waiting_target or waiting_target(inputs, config)
+    target = _class_waiting_target(inputs, cls, config)
     if waiting < target:
         return math.inf
-    ours_unknown = max(0, inputs.unstarted - len(inputs.unstarted_priorities))
-    foreign = max(0, waiting - inputs.unstarted)
-    room = target - ours_unknown - foreign  # ours with a priority at most the candidate's must stay below it
+    room = target - inputs.ahead_whatever_priority()  # ours with a priority at most the candidate's stay below it
     if room <= 0:
         return -math.inf
     if room > len(inputs.unstarted_priorities):
