@@ -9,6 +9,7 @@ roles, the prompt byte cap and the model are `build_request`'s job, as for gRPC.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -196,7 +197,10 @@ def _number(body: Mapping[str, Any], name: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidField(name, "must be a number")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past any float: infinite, as a literal like 1e400 decodes, so that the
+        return math.inf if value > 0 else -math.inf  # range check refuses it naming the field
 
 
 def _text(value: Any, param: str) -> str:

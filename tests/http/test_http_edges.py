@@ -64,6 +64,8 @@ def _error(body: dict[str, Any]) -> dict[str, Any]:
         ),
         (chat(max_tokens="8"), "max_tokens"),
         (chat(temperature=True), "temperature"),
+        (chat(temperature=10**400), "temperature"),  # an integer past any float
+        (chat(frequency_penalty=-(10**400)), "frequency_penalty"),
         (chat(n=2), "n"),
         (chat(stream_options={"include_usage": True}), "stream_options"),
         ({"model": "m"}, "messages"),
