@@ -18,6 +18,7 @@ from backends.base import ChatMessage
 from scheduler_svc.core.errors import InvalidField, MalformedRequest
 from scheduler_svc.core.identity import user_id_problem
 from scheduler_svc.core.request import ClientRequest
+from scheduler_svc.core.text import client_text
 
 Kind = Literal["chat", "completion"]
 
@@ -65,10 +66,10 @@ class Call:
 
 
 def decode_json(raw: bytes) -> Mapping[str, Any]:
-    """The body as a JSON object; anything else (bad UTF-8, NaN, not an object, a string that is not valid
-    Unicode, nesting deeper than any field of the API) is MALFORMED_REQUEST."""
+    """The body as a JSON object; anything else (bad UTF-8, NaN, not an object, a key twice in one object, a
+    string that is not valid Unicode, nesting deeper than any field of the API) is MALFORMED_REQUEST."""
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
+        body = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
         raise MalformedRequest(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:  # nested beyond what the decoder follows
@@ -101,6 +102,20 @@ def _check_strings(body: Any) -> None:
             for key, item in items:
                 stack.append((key, depth))
                 stack.append((item, depth + 1))
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """One JSON object, refused when it names a key twice: decoders disagree on which value wins (Python's
+    the last, others the first), so a proxy in front could check one `model` or `user` and this door serve
+    another. A body means one thing or is refused, as a header sent twice is."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise MalformedRequest(f"the request body names the key {client_text(key)} twice in one object")
+            seen.add(key)
+    return obj
 
 
 def _no_constant(name: str) -> Any:

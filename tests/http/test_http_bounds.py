@@ -232,6 +232,26 @@ async def test_bad_unicode_and_deep_nesting_are_400_not_500(body: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        (f'{{"model": "m", "messages": {MESSAGES}, "model": "other"}}', "model"),
+        (f'{{"model": "m", "messages": {MESSAGES}, "user": "bob", "user": "carol"}}', "user"),
+        ('{"model": "m", "messages": [{"role": "user", "content": "x", "role": "system"}]}', "role"),
+        (f'{{"model": "m", "messages": {MESSAGES}, "metadata": {{"team": "a", "team": "b"}}}}', "team"),
+    ],
+    ids=["model", "user", "message-role", "metadata"],
+)
+async def test_a_key_named_twice_in_one_object_is_400_whichever_value_would_win(body: str, key: str) -> None:
+    engine = ControlledEngine(auto_release=True)
+    async with http_serving(engine.factory()) as (server, _):
+        answer = await exchange(server.http_address, post("/v1/chat/completions", body.encode()))
+        error = answer.error()
+        assert (answer.status, error["code"]) == (400, "malformed_request"), answer.raw[:300]
+        assert repr(key) in error["message"] and internal_errors(server) == 0
+    assert engine.started == []
+
+
+@pytest.mark.parametrize(
     ("header", "status", "code", "param"),
     [
         (b"x-request-id: a\xffb\r\n", 400, "invalid_request", "x-request-id"),
