@@ -130,8 +130,8 @@ def parse_call(body: Mapping[str, Any], kind: Kind) -> Call:
     fields: dict[str, Any] = {"model": _string(body, "model") or ""}
     if kind == "chat":
         fields["messages"] = _messages(body.get("messages"))
-        if "messages" not in body:
-            raise InvalidField("messages", "required")
+        if not fields["messages"]:  # absent, null or []: admission would name `prompt`, which chat has not
+            raise InvalidField("messages", "required: at least one message")
     else:
         fields["prompt"] = _prompt(body.get("prompt"))
     max_tokens = _integer(body, "max_tokens", 1, _INT32)

@@ -69,6 +69,8 @@ def _error(body: dict[str, Any]) -> dict[str, Any]:
         (chat(n=2), "n"),
         (chat(stream_options={"include_usage": True}), "stream_options"),
         ({"model": "m"}, "messages"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": None}, "messages"),
     ],
 )
 async def test_a_field_the_door_cannot_take_is_a_400_naming_it(body: dict[str, Any], param: str) -> None:
