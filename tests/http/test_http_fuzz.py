@@ -9,6 +9,7 @@ Properties:
 
 - every answer arrives within its deadline, and it is either a success or an error whose status, `code`
   and `x-should-retry` are a row of the error table, in OpenAI's shape exactly, never INTERNAL (a 500);
+- a well-formed request of another user, sent beside each example's, succeeds;
 - the service logs no traceback;
 - afterwards an ordinary call succeeds, and the service's RSS after the last examples is at most 20 MB
   above its RSS after the first 100.
@@ -276,6 +277,15 @@ def _check(request: Request, answer: Answer) -> None:
     assert answer.headers.get("x-should-retry") == ("true" if spec.retryable else "false"), where
 
 
+BYSTANDER = Request(
+    ("POST", "/v1/chat/completions"),
+    b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
+    "length",
+    "none",
+    [("x-user-id", b"bystander")],
+)
+"""A well-formed request of a user no example sends as, beside every example's requests: it is served."""
+
 FUZZ = settings(
     max_examples=EXAMPLES,
     derandomize=True,  # the same examples on every run and machine
@@ -304,9 +314,11 @@ def test_no_http_input_gets_a_500_a_hang_an_answer_off_the_table_or_a_leak() -> 
             @FUZZ
             @given(requests=st.lists(_requests, min_size=1, max_size=4))
             def example(requests: list[Request]) -> None:
-                for request, answer in zip(requests, _run(loop, service, requests), strict=True):
+                *answers, bystander = _run(loop, service, [*requests, BYSTANDER])
+                for request, answer in zip(requests, answers, strict=True):
                     _check(request, answer)
                     statuses[answer.status] = statuses.get(answer.status, 0) + 1
+                assert bystander.status == 200, f"{requests}\n-> the bystander got {bystander}"
                 rss.append(service.rss_bytes())
 
             example()

@@ -5,6 +5,7 @@ llmsched.v1.SchedulerService and a body (a message with hostile field values, ra
 message with bytes flipped or cut), with random metadata of the kinds grpcio can send. Properties:
 
 - no answer is UNKNOWN or INTERNAL (the service understood, whatever it said);
+- a well-formed Stream of another user, sent beside each example's calls, succeeds;
 - every answer arrives before its 5 s deadline (nothing hangs);
 - afterwards a normal Submit and Stream succeed;
 - the service's RSS after the last 100 examples is at most 20 MB above its RSS after the first 100.
@@ -251,6 +252,13 @@ async def _batch(channel: grpc.aio.Channel, calls: list[tuple[str, bytes, tuple[
     return list(await asyncio.gather(*waits))
 
 
+BYSTANDER = (
+    "Stream",
+    pb.StreamRequest(params=pb.GenerationParams(model="m", prompt="hello", max_tokens=2)).SerializeToString(),
+    (("x-user-id", "bystander"),),
+)
+"""A well-formed call of a user no example sends as, beside every example's calls: it is served."""
+
 FUZZ = settings(
     max_examples=EXAMPLES,
     derandomize=True,  # the same examples on every run and machine
@@ -269,7 +277,8 @@ def test_no_input_gets_unknown_or_internal_hangs_or_leaks() -> None:
         @given(calls=st.lists(st.tuples(_calls, _identities, _metadata), min_size=1, max_size=4))
         def example(calls: list[tuple[tuple[str, bytes], tuple[Any, ...], list[tuple[str, Any]]]]) -> None:
             batch = [(method, body, (*identity, *metadata)) for (method, body), identity, metadata in calls]
-            answers = service.run(_batch(service.channel, batch))
+            *answers, bystander = service.run(_batch(service.channel, [*batch, BYSTANDER]))
+            assert bystander.code == grpc.StatusCode.OK, f"{batch}\n-> the bystander got {bystander}"
             for answer in answers:
                 assert answer.code not in FORBIDDEN, f"{answer}\n{service.server_log()}"
                 assert answer.code != grpc.StatusCode.DEADLINE_EXCEEDED, answer
