@@ -96,8 +96,8 @@ class HttpDoor:
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self.body_limit, middlewares=[self._middleware])
         routes = app.router
-        routes.add_post(_ROUTES["chat"], self._chat, expect_handler=_expect)
-        routes.add_post(_ROUTES["completion"], self._completions, expect_handler=_expect)
+        routes.add_post(_ROUTES["chat"], self._chat, expect_handler=self._expect_body)
+        routes.add_post(_ROUTES["completion"], self._completions, expect_handler=self._expect_body)
         routes.add_get("/v1/models", self._models, expect_handler=_expect)
         routes.add_get("/v1/models/{model:.+}", self._model, expect_handler=_expect)  # ids may hold slashes
         routes.add_get("/healthz", self._healthz, expect_handler=_expect)
@@ -148,6 +148,17 @@ class HttpDoor:
         finally:
             if isinstance(connection, DoorConnection):
                 connection.request_finished()
+
+    async def _expect_body(self, request: web.Request) -> None:
+        """A generation call that waits for `100 Continue` before sending its body: one the door refuses before
+        reading a body (no identity, a Content-Length over the limit) is not told to go on, and the handler
+        answers it at once (closing the connection), so its client never sends the body."""
+        try:
+            self._identify(request)
+            self.intake.check_length(request)
+        except SchedulerError:
+            return
+        await _expect(request)
 
     def _identify(self, request: web.Request) -> str:
         transport = request.transport

@@ -107,10 +107,8 @@ class Intake:
     @contextlib.asynccontextmanager
     async def body(self, request: web.Request, user: str) -> AsyncIterator[bytes]:
         """The request's whole body, held against the budget until the block ends (parse it inside)."""
+        self.check_length(request)
         limit = self.body_limit
-        length = request.content_length
-        if length is not None and length > limit:
-            raise self._too_large()
         held = counted = 0
         try:
             chunks: list[bytes] = []  # joined once complete: a growing buffer would reallocate (and fragment)
@@ -140,6 +138,11 @@ class Intake:
             yield body
         finally:
             self.budget.give(user, held, counted)
+
+    def check_length(self, request: web.Request) -> None:
+        """Refuse (`PromptTooLarge`) a body its Content-Length says is over the limit, before reading any of it."""
+        if request.content_length is not None and request.content_length > self.body_limit:
+            raise self._too_large()
 
     def _too_large(self) -> PromptTooLarge:
         return PromptTooLarge(

@@ -143,6 +143,31 @@ async def test_bodies_are_bounded_in_time_and_size(parts: tuple[bytes | float, .
     assert answer.seconds < 2.5
 
 
+async def test_a_call_waiting_for_100_continue_is_refused_before_its_body_or_told_to_send_it() -> None:
+    """`Expect: 100-continue`: a call the door would refuse before reading a body (no identity, too large) gets
+    that answer instead of `100 Continue`, so the client never uploads; an acceptable one is told to go on."""
+    expect = "Expect: 100-continue\r\n"
+    engine = ControlledEngine(auto_release=True)
+    async with http_serving(engine.factory(), server=FAST) as (server, _):
+        address = server.http_address
+        anonymous = await exchange(address, post("/v1/chat/completions", b"", expect, len(CHAT_BODY)))
+        too_large = await exchange(address, post("/v1/chat/completions", b"", ALICE + expect, 100_000_000))
+        host, port = address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(post("/v1/chat/completions", b"", ALICE + expect, len(CHAT_BODY)))
+            async with asyncio.timeout(5):
+                interim = await reader.readuntil(b"\r\n\r\n")
+                writer.write(CHAT_BODY)
+                final = Answer(await reader.read(), 0.0)
+        finally:
+            writer.close()
+    assert (anonymous.status, anonymous.error()["code"]) == (401, "unauthenticated")
+    assert (too_large.status, too_large.error()["code"]) == (413, "prompt_too_large")
+    assert b"100 Continue" not in anonymous.raw + too_large.raw
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n" and final.status == 200
+
+
 async def test_an_endless_chunked_body_stops_at_the_body_limit() -> None:
     engine = ControlledEngine(auto_release=True)
     async with http_serving(engine.factory(), server={**FAST, "http_max_body_bytes": 4096}) as (server, _):
