@@ -346,6 +346,11 @@ class TpotSignal:
     shows yet, plus this one. Before the first TPOT reading nothing can be predicted: as with stale metrics,
     at most `fallback_max_in_flight` requests go (an engine that reports TPOT only as requests end, or a
     test fake that never does, must not stall at one).
+
+    A request that would run alone (the engine runs, queues and is sent nothing) always goes: its TPOT is
+    the engine's best whatever the line says, nobody else's step gets slower, and an idle engine reports no
+    TPOT, so a line above the limit at batch 1 (a slow engine, a slow spell) would otherwise never learn
+    better and hold the class for good.
     """
 
     def __init__(self, half_life_seconds: float) -> None:
@@ -358,6 +363,8 @@ class TpotSignal:
         limit = tpot_limit(inputs, cls)
         if not limit:
             return None
+        if inputs.in_flight == 0 and inputs.estimated_batch() == 0:
+            return None  # it would run alone (see the class docstring)
         batch = inputs.estimated_batch() + 1
         whose = cls.name if limit == cls.max_tpot_seconds else "a better class (active)"
         predicted = self.model.predict(batch)

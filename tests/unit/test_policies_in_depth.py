@@ -196,8 +196,14 @@ def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() 
 @pytest.mark.parametrize(
     ("cls", "reading", "open_", "why"),
     [
-        (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": 0.2}, False, "predicted 200ms > 150ms"),
-        (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": 0.1}, True, ""),
+        (
+            PriorityClassConfig("i", max_tpot_seconds=0.15),
+            {"tpot_seconds": 0.2, "running": 1},
+            False,
+            "at batch 2 predicted 400ms > 150ms",
+        ),
+        (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": 0.05, "running": 1}, True, ""),
+        (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": 0.2}, True, ""),  # it would run alone
         (PriorityClassConfig("i", max_tpot_seconds=0.15), {"tpot_seconds": None}, True, ""),
         (PriorityClassConfig("r"), {"tpot_seconds": 0.9}, True, ""),
         (PriorityClassConfig("i", max_kv_cache_usage=0.8), {"kv_cache_usage": 0.9}, False, "kv cache 90% > 80%"),
@@ -222,13 +228,36 @@ def test_each_gate_signal_for_each_class(
 def test_tpot_over_the_interactive_limit_holds_the_band_until_the_learned_step_time_recovers() -> None:
     h = Harness(cap=None)  # the real signal gate
     h.reading(waiting=0, tpot=0.3)
+    first = h.submit("bob")
+    assert h.dispatch() == [first]  # nothing runs: alone, it cannot make anyone's step slower
+    h.step()
+    h.reading(waiting=0, tpot=0.3, running=1)
     ticket = h.submit("alice")
     assert h.dispatch() == [] and ticket.state is TicketState.QUEUED
-    h.reading(waiting=0, tpot=0.05)  # one fast reading does not outweigh the slow one yet...
+    h.reading(waiting=0, tpot=0.02, running=1)  # one fast reading does not outweigh the slow ones yet...
     assert h.dispatch() == []
-    h.clock.advance(60.0)  # ...but the slow one's weight halves every 30 s
-    h.reading(waiting=0, tpot=0.05)
+    h.clock.advance(120.0)  # ...but their weight halves every 30 s
+    h.reading(waiting=0, tpot=0.02, running=1)
     assert h.dispatch() == [ticket]
+
+
+def test_an_engine_slower_than_the_tpot_limit_still_serves_the_class_one_request_at_a_time() -> None:
+    """An engine whose step alone is over the limit (a CPU engine, a slow spell) reports no TPOT once idle:
+    the line learned while it ran can never come down, and a gate that trusted it at batch 1 would hold the
+    class (and, by strict rank, every class under it) until every deadline passed."""
+    h = Harness(cap=None)  # the real signal gate; interactive's limit is 150 ms
+    for _ in range(5):
+        h.reading(waiting=0, tpot=0.2, running=1)  # learned: 200 ms a token even at batch 1
+        h.clock.advance(0.2)
+    h.reading(waiting=0, tpot=None, running=0)  # idle: nothing generated, no TPOT
+    first, second = h.submit("alice", max_tokens=2), h.submit("bob", max_tokens=2)
+    assert h.dispatch() == [first]  # alone at the engine
+    assert h.dispatch() == []  # a second one would slow the first: the limit holds
+    h.step()
+    h.step()
+    assert first.state is TicketState.DONE
+    h.reading(waiting=0, tpot=None, running=0)
+    assert h.dispatch() == [second]
 
 
 def contended_harness() -> Harness:
