@@ -11,7 +11,8 @@ scheduler.drain_backend(model, name)    no new requests to a backend (an admin's
 await scheduler.drain(grace)            on shutdown: stop admitting, let work finish, then reject
 
 A model that leaves the configuration admits nothing from then on (admission reads the new configuration),
-serves what it holds, and goes once nothing of it is queued or running: its loops stop and its adapters close.
+serves what it holds (on its backends, whatever drain the file had set: no later file could lift it), and goes
+once nothing of it is queued or running: its loops stop and its adapters close.
 """
 
 from __future__ import annotations
@@ -235,7 +236,7 @@ class Scheduler:
                 self._start_monitor(dispatcher, handle, now)
         for name in sorted(self._retiring):
             dispatcher = self.dispatchers[name]
-            dispatcher.reconfigure(dispatcher.model, config.scheduling, [])
+            dispatcher.reconfigure(_undrained(dispatcher.model), config.scheduling, [])
             self._retire_if_idle(name)
         self.config = config
 
@@ -385,6 +386,13 @@ class Scheduler:
                 await handle.backend.aclose()
         while self._closing:
             await asyncio.wait(set(self._closing))
+
+
+def _undrained(model: ModelConfig) -> ModelConfig:
+    """A model that left the configuration, its backends no longer drained by the file: no later file names
+    them, so a drain the file set could never be lifted and what the model holds would wait for good (an
+    admin's drain is the admin's to lift, and still holds)."""
+    return dataclasses.replace(model, backends=[dataclasses.replace(b, drained=False) for b in model.backends])
 
 
 def scrape_phases(intervals: list[float]) -> list[float]:

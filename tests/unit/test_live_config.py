@@ -410,6 +410,33 @@ async def test_a_removed_model_admits_nothing_serves_what_it_holds_then_goes() -
     )
 
 
+async def test_a_removed_model_whose_backends_the_file_drained_still_serves_what_it_holds() -> None:
+    """No later file can undrain a removed model's backends: its drains by the file end with it, so the
+    requests it holds go to its engines instead of waiting for good. An admin's drain still holds."""
+    two = _raw()
+    two["models"].append(
+        {
+            "name": "n",
+            "backends": [{"name": "c0", "url": "http://127.0.0.1:4"}, {"name": "c1", "url": "http://127.0.0.1:5"}],
+        }
+    )
+    rig = Rig(_raw())
+    rig.reload(two)
+    held = [rig.submit("alice", model="n") for _ in range(3)]
+    drained = copy.deepcopy(two)
+    for backend in drained["models"][1]["backends"]:
+        backend["drained"] = True
+    rig.reload(drained)
+    rig.scheduler.drain_backend("n", "c1")
+    assert rig.decide(model="n") == []
+    rig.reload(_raw())
+    rig.run_all(model="n")
+    assert all(t.outcome is Outcome.COMPLETED for t in held)
+    assert {backend for _, backend in rig.sent} == {"c0"}, "the admin's drain of c1 still holds"
+    await asyncio.sleep(0)
+    assert rig.scheduler.models() == ["m"], "gone once it held nothing"
+
+
 # -- the reloader: refusals that need the service around the scheduler ------------------------------------------
 @dataclasses.dataclass
 class Served:
