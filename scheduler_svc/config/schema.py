@@ -484,7 +484,9 @@ class ModelConfig:
     output_token_cost: float = _field(
         1.0,
         "Price of one generated token of this model; multiplies the token-cost policies' generated-token "
-        "weight (2), as input_token_cost does the prompt's. The defaults (1, 1) leave the shares as before.",
+        "weight (2), as input_token_cost does the prompt's. The defaults (1, 1) leave the shares as before. "
+        "Under vtc or vtc_basic the two prices may not both be 0: every request would cost nothing and be "
+        "shared by nothing.",
         bounds="0 to 1000000",
     )
     backends: list[BackendConfig] = _field([], "Engines serving the model (at least one).", bounds="at least one")

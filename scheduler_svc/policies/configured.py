@@ -13,12 +13,15 @@ import dataclasses
 from typing import Any
 
 from scheduler_svc.config import Config, ConfigError
+from scheduler_svc.core.clock import MonotonicClock
 from scheduler_svc.policies.backend_choice import BACKEND_POLICIES
 from scheduler_svc.policies.band import BAND_POLICIES
+from scheduler_svc.policies.cost import Prices
 from scheduler_svc.policies.fairness import FAIRNESS_POLICIES
 from scheduler_svc.policies.gate import GATE_POLICIES, ignored_limits
 from scheduler_svc.policies.ordering import ORDERING_POLICIES
 from scheduler_svc.policies.registry import Registry
+from scheduler_svc.policies.weights import WeightResolver
 
 # the kinds whose policies read their parameters from [scheduling]
 SCHEDULING_KINDS: tuple[Registry[Any], ...] = (FAIRNESS_POLICIES, ORDERING_POLICIES, BAND_POLICIES)
@@ -38,8 +41,18 @@ def check_config(config: Config) -> None:
     for registry in SCHEDULING_KINDS:  # every policy's own parameters, whichever is chosen: a file stays sound
         for name in registry.describe():
             registry.params(name, scheduling.policy_params)
+    fairness = FAIRNESS_POLICIES.create(
+        scheduling.fairness, WeightResolver(), MonotonicClock(), params=scheduling.policy_params
+    )
     for model in config.models:
         where = f"models[{model.name}]"
+        if not fairness.account.counts_at(Prices.of(model)):
+            raise ConfigError(
+                f"{where}: at input_token_cost = {model.input_token_cost:g} and output_token_cost = "
+                f"{model.output_token_cost:g} fairness policy {scheduling.fairness!r} charges nothing for a request, "
+                "so it would share nothing and weights would do nothing: give a token a price above 0 (a small "
+                "one keeps the model nearly free in llmsched_user_cost_total)"
+            )
         GATE_POLICIES.check(model.gate.policy, f"{where}.gate.policy")
         for c in scheduling.classes:
             if ignored := ignored_limits(model.gate.policy, c):

@@ -183,6 +183,10 @@ def random_config(rng: random.Random) -> dict[str, Any]:
     if any(b["kind"] != "vllm" for m in models for b in m["backends"]):
         for entry in classes:  # the loader refuses a KV-cache limit where an engine does not export it
             entry.pop("max_kv_cache_usage", None)
+    if scheduling["fairness"].startswith("vtc"):
+        for model in models:  # the loader refuses every token free where the policy charges tokens
+            if not model["input_token_cost"] and not model["output_token_cost"]:
+                model["output_token_cost"] = 1.0
     return {"scheduling": scheduling, "models": models}
 
 

@@ -30,6 +30,9 @@ class PromptCost:
     def credit_per_request(self, prices: Prices) -> float:
         return 1.0
 
+    def counts_at(self, prices: Prices) -> bool:
+        return prices.input > 0
+
 
 def build(params: FairnessParams, weights: WeightResolver, clock: Clock) -> Fairness:
     return Fairness(LeastServed(clock), CounterAccount(weights, clock, params.idle_user_ttl_seconds, PromptCost()))

@@ -11,6 +11,7 @@ from scheduler_svc.config import ConfigError
 from scheduler_svc.core.clock import FakeClock
 from scheduler_svc.policies import FAIRNESS_POLICIES, Fairness, WeightResolver
 from scheduler_svc.policies.cost import CostAccounts, CounterScope, LocalCounters, Prices
+from tests.unit import prompt_share_policy
 from tests.unit.test_fairness_conformance import Harness
 
 
@@ -47,6 +48,30 @@ def test_bad_scope_or_account_pattern_is_a_config_error(scheduling: dict[str, ob
 def test_a_price_out_of_range_is_a_config_error(price: float) -> None:
     with pytest.raises(ConfigError, match="token_cost"):
         config_from_dict({"models": [{"name": "m", "input_token_cost": price, "backends": [{"name": "b"}]}]})
+
+
+@pytest.mark.parametrize("fairness", ["vtc", "vtc_basic", "weighted_round_robin", "round_robin", "test_prompt_share"])
+def test_a_model_whose_every_token_is_free_is_refused_where_the_policy_would_charge_nothing(fairness: str) -> None:
+    """At prices of 0 a token-cost policy's counters stand still: weights do nothing and whoever is first
+    filed is served on and on. The file is refused for those policies; the request-count ones count anyway,
+    and one price above 0 is enough for each policy that reads it."""
+
+    def config(input_cost: float, output_cost: float) -> None:
+        model = {"name": "m", "input_token_cost": input_cost, "output_token_cost": output_cost}
+        config_from_dict({"scheduling": {"fairness": fairness}, "models": [{**model, "backends": [{"name": "b"}]}]})
+
+    with prompt_share_policy.registered():
+        config(0.001, 0.0)  # the prompt counts everywhere
+        if fairness.startswith("vtc"):
+            config(0.0, 0.001)
+        if fairness in ("vtc", "vtc_basic", "test_prompt_share"):
+            with pytest.raises(ConfigError, match=r"models\[m\]: at input_token_cost = 0 and output_token_cost = 0"):
+                config(0.0, 0.0)
+        else:
+            config(0.0, 0.0)
+        if fairness == "test_prompt_share":
+            with pytest.raises(ConfigError, match="charges nothing"):
+                config(0.0, 1.0)  # it reads the input price alone
 
 
 def _serve(h: Harness, rounds: int) -> Counter[str]:

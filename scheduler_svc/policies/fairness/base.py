@@ -85,6 +85,11 @@ class Account(Protocol):
         with the same counters, when a reload changes the prices: they hold for the charges from then on."""
         ...
 
+    def counts_at(self, prices: Prices) -> bool:
+        """Whether service at a model's `prices` moves the account at all (False: every request there would
+        cost nothing, and the policy would share nothing; the configuration refuses such a model)."""
+        ...
+
     def counters(self) -> dict[str, float]:
         """Per-user fair-share state for introspection (empty when the policy keeps none)."""
         ...

@@ -63,6 +63,11 @@ class Costing(Protocol):
         """How far below the floor a returning user may stay per request it has running."""
         ...
 
+    def counts_at(self, prices: Prices) -> bool:
+        """Whether service at these prices charges anything: a costing in token prices charges nothing at
+        prices of 0, and counters that stand still share nothing (the configuration refuses that model)."""
+        ...
+
 
 class Reservations(Protocol):
     """Work a user's running requests have committed the engine to and not yet been charged for, counted
@@ -220,6 +225,9 @@ class CounterAccount:
             self.order.forgot_ended(user)
 
     # -- service -------------------------------------------------------------------------------------------
+    def counts_at(self, prices: Prices) -> bool:
+        return self._costing.counts_at(prices)
+
     def use_costing(self, prices: Prices, users: Counters, groups: Counters) -> None:
         self.prices = prices
         self._users, self._groups = users, groups

@@ -85,6 +85,9 @@ class TurnAccount:
         self._ring.move_to_end(request.user, last=False)
         self._given_back = request.user
 
+    def counts_at(self, prices: Prices) -> bool:
+        return True  # a turn is a turn at any price
+
     def use_costing(self, prices: Prices, users: Counters, groups: Counters) -> None:
         return None  # turns cost nothing
 

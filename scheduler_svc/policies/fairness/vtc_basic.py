@@ -35,6 +35,9 @@ class TokenCost:
     def credit_per_request(self, prices: Prices) -> float:
         return 1.0
 
+    def counts_at(self, prices: Prices) -> bool:
+        return prices.input > 0 or prices.output > 0
+
 
 def build(params: FairnessParams, weights: WeightResolver, clock: Clock) -> Fairness:
     return Fairness(LeastServed(clock), CounterAccount(weights, clock, params.idle_user_ttl_seconds, TokenCost()))

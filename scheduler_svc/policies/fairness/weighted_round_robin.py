@@ -27,6 +27,9 @@ class PerRequest:
     def credit_per_request(self, prices: Prices) -> float:
         return 1.0  # one request's charge
 
+    def counts_at(self, prices: Prices) -> bool:
+        return True  # a request costs one at any price
+
 
 def build(params: FairnessParams, weights: WeightResolver, clock: Clock) -> Fairness:
     return Fairness(LeastServed(clock), CounterAccount(weights, clock, params.idle_user_ttl_seconds, PerRequest()))
