@@ -318,10 +318,14 @@ class ClusterAgent:
         """Take `lease` or follow whoever holds it; True when we lead it now."""
         store, ttl = self.store, self.cluster.heartbeat_timeout_seconds
         ours = False
-        if holder is not None and holder != lease.holder and holder.split("/", 1)[0] == self.name:
-            # An earlier term of ours: a store hiccup cost us the lead before the lease expired. Nobody else
-            # leads on it, so free it and lead again now, rather than follow (and register with) ourselves.
+        if holder is not None and holder.split("/", 1)[0] == self.name:
+            # Ours, yet we do not lead on it: an earlier term (a store hiccup cost us the lead before the lease
+            # expired), or this term's acquire that took effect but answered too late. Nobody else leads on it,
+            # so free it and lead again now, rather than follow (and register with) ourselves, and in a term
+            # of our own: the others may have registered with the holder string they saw, which ignored them.
             await store.release_lease(lease.name, holder)
+            if holder == lease.holder:
+                lease.holder = self._new_holder()
             holder, ours = None, True
         if holder is None:
             lease.free_looks += 1

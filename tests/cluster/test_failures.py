@@ -299,3 +299,68 @@ async def test_a_late_inbox_read_is_read_again_not_taken_for_an_outage() -> None
         reads_after.clear()
         await asyncio.wait_for(reads_after.wait(), 5.0)
         assert Role.DEGRADED in roles  # (the next heartbeat, which reaches the store, brings it back)
+
+
+class AcquiresLate(FakeStore):
+    """`acquire_lease` takes the lease, then answers too late (StoreTimeout), the first time only: a hung
+    Redis that ran the script and whose answer missed the call's time limit."""
+
+    def __init__(self, backend: FakeStoreBackend) -> None:
+        super().__init__(backend)
+        self.late = 0
+
+    async def acquire_lease(self, lease: str, holder: str, ttl: float) -> bool:
+        held = await super().acquire_lease(lease, holder, ttl)
+        if held and not self.late:
+            self.late += 1
+            raise StoreTimeout("acquire_lease answered past its time limit")
+        return held
+
+
+class TakesNoFreeLease(FakeStore):
+    """Never takes a free lease (another replica is always quicker): the test decides who leads."""
+
+    async def acquire_lease(self, lease: str, holder: str, ttl: float) -> bool:
+        held = self.b.lease_now(lease)
+        return held is not None and held[0] == holder
+
+
+async def test_a_lease_taken_by_a_call_answered_too_late_is_led_in_a_term_the_followers_register_with() -> None:
+    """The leader dies; r1's acquire of its lease takes effect but answers past the time limit, so r1 goes
+    degraded holding the lease. r2 follows r1's holder string at once and registers its request there, which
+    r1, not leading, ignores. r1 must lead in a term of its own that r2 sees change and registers with again
+    (leading again under the same holder string left r2's request waiting for a grant forever)."""
+    async with running_simulator(SimConfig(**FAST)) as sim:
+        store = FakeStoreBackend()
+        handles: dict[str, FakeStore] = {}
+
+        def factory(name: str) -> FakeStore:
+            handles[name] = {"r1": AcquiresLate, "r2": TakesNoFreeLease}.get(name, FakeStore)(store)
+            return handles[name]
+
+        servers: list[SchedulerServer] = []
+        try:
+            for name in ("r0", "r1", "r2"):
+                server = SchedulerServer(
+                    cluster_config(sim.url, name), store_factory=lambda _c, _r, name=name: factory(name)
+                )
+                await server.start()
+                servers.append(server)
+                if name == "r0":
+                    await eventually(lambda: agent_of(servers[0]).role is Role.LEADING, 5.0, "r0 leading")
+            await settled(servers)
+            r1, r2 = agent_of(servers[1]), agent_of(servers[2])
+            await kill(servers[0])
+            late = handles["r1"]
+            assert isinstance(late, AcquiresLate)
+            await eventually(lambda: late.late == 1, 5.0, "r1's late acquire")
+            async with client_for(servers[2], user="bob") as client:
+                response = await asyncio.wait_for(
+                    client.submit("m", "after the late acquire", max_tokens=3, ignore_eos=True), 10 * TIMEOUT + 5.0
+                )
+            assert response.usage.completion_tokens == 3
+            assert r1.role is Role.LEADING and r2.follower.leader_of("m") == r1.holder_of("m")
+        finally:
+            for server in servers:
+                with contextlib.suppress(Exception):
+                    await server.stop(grace=0.2)
