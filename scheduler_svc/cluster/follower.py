@@ -96,6 +96,10 @@ class Follower:
         holder = self.leaders.get(lease) if lease in self.following else None
         return holder.split("/", 1)[0] if holder else None
 
+    def _follows(self, replica: str) -> bool:
+        """Whether `replica` leads a lease this replica follows now (in whichever of its terms)."""
+        return any(self._leader_name(lease) == replica for lease in self.following)
+
     # -- roles ---------------------------------------------------------------------------------------
     def follow(self, lease: str, holder: str | None) -> None:
         """Follow `holder` on `lease` (None: no leader yet); a new one gets every live ticket of the lease's
@@ -222,6 +226,11 @@ class Follower:
         leases = {lease for lease in self.following if self.leaders.get(lease) == grant.leader}
         if not leases:
             self._metrics.stale_grants.inc()
+            if grant.sender != self._name and not self._follows(grant.sender):
+                # A leader we do not follow (we are degraded, or it lost the lease) counts the request as
+                # granted, in its engine budget, until it hears of its end, which we no longer report to it:
+                # it ends its mirror now. Should we follow it again, we register the request anew.
+                self._post(grant.sender, Report(self._name, grant.request_id, "ended", outcome=Outcome.CANCELLED.value))
             return
         for lease in leases:
             for model in self._plan[lease]:

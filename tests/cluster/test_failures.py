@@ -364,3 +364,82 @@ async def test_a_lease_taken_by_a_call_answered_too_late_is_led_in_a_term_the_fo
             for server in servers:
                 with contextlib.suppress(Exception):
                     await server.stop(grace=0.2)
+
+
+class HeldStore(FakeStore):
+    """A handle whose inbox reads can be held back (messages wait in the store) and whose heartbeat can be
+    made to fail (each membership renewal answers too late) while everything else works."""
+
+    def __init__(self, backend: FakeStoreBackend) -> None:
+        super().__init__(backend)
+        self.hold = False
+        self.late_heartbeats = False
+
+    async def receive(self, me: str, timeout: float) -> list[bytes]:
+        if self.hold:
+            await asyncio.sleep(min(timeout, 0.02))
+            return []
+        cursor = self.read_upto.get(me)
+        got = await super().receive(me, timeout)
+        if self.hold and cursor is not None:  # held while this read waited: it returns nothing after all
+            self.read_upto[me] = cursor
+            return []
+        return got
+
+    async def renew(self, name: str, token: str, ttl: float) -> bool:
+        if self.late_heartbeats:
+            raise StoreTimeout("renew answered past its time limit")
+        return await super().renew(name, token, ttl)
+
+    async def join(self, name: str, token: str, ttl: float) -> None:
+        if self.late_heartbeats:
+            raise StoreTimeout("join answered past its time limit")
+        await super().join(name, token, ttl)
+
+
+async def test_a_grant_reaching_a_degraded_owner_does_not_hold_the_leaders_budget_for_ever() -> None:
+    """The leader grants a follower's request while the follower is degraded for a moment (its heartbeat
+    answered too late, its inbox still read): the follower runs the request alone and it ends before the
+    follower follows again. The leader must not keep its mirror, granted and counted in the engine budget,
+    for ever: the follower tells a leader it does not follow that the request is not its to run."""
+    async with running_simulator(SimConfig(**FAST)) as sim:
+        store = FakeStoreBackend()
+        handle = HeldStore(store)
+        servers: list[SchedulerServer] = []
+        try:
+            for name in ("r0", "r1"):
+                # a membership that outlives the test's degraded moment (the leader releases a dead owner's
+                # mirrors, which would hide the one kept by mistake)
+                cluster = {"admission_wait_seconds": 0.2, "heartbeat_timeout_seconds": 30.0}
+                config = cluster_config(sim.url, name, cluster=cluster)
+                server = SchedulerServer(
+                    config, store_factory=lambda _c, _r, name=name: handle if name == "r1" else FakeStore(store)
+                )
+                await server.start()
+                servers.append(server)
+                if name == "r0":
+                    await eventually(lambda: agent_of(servers[0]).role is Role.LEADING, 5.0, "r0 leading")
+            await settled(servers)
+            leader, follower = agent_of(servers[0]), agent_of(servers[1])
+            handle.hold = True  # the Verdict and the Grant wait in r1's inbox
+            async with client_for(servers[1], user="bob") as client:
+                call = asyncio.create_task(client.submit("m", "granted while degraded", max_tokens=3, ignore_eos=True))
+                await eventually(
+                    lambda: any(m.grant is not None for m in leader.leader.mirrors.values()), 5.0, "the grant sent"
+                )
+                handle.late_heartbeats = True
+                await eventually(lambda: follower.role is Role.DEGRADED, 5.0, "r1 degraded")
+                response = await asyncio.wait_for(call, 10.0)  # run by r1 alone, under its degraded cap
+                assert response.usage.completion_tokens == 3 and follower.role is Role.DEGRADED
+                handle.hold = False  # r1 reads the Grant while degraded
+                await eventually(lambda: follower.metrics.stale_grants._value.get() == 1, 5.0, "the grant read")
+                assert follower.role is Role.DEGRADED
+                handle.late_heartbeats = False
+                await settled(servers)
+            estimator = servers[0].scheduler.dispatchers["m"].backends[0].estimator
+            await eventually(lambda: not leader.leader.mirrors, 5.0, "the leader's mirror released")
+            assert estimator.in_flight == 0
+        finally:
+            for server in servers:
+                with contextlib.suppress(Exception):
+                    await server.stop(grace=0.2)
