@@ -39,10 +39,14 @@ class BackendHandle:
     estimator: LoadEstimator
 
     def __post_init__(self) -> None:
+        # Read on every gate question and dispatch, so kept as plain attributes: a reload gives the handle
+        # its backend's new config under the same name, and whether requests to it carry a numeric engine
+        # priority is fixed by its config and kind when it is built.
+        self.name: str = self.config.name
+        self.sends_priority: bool = self.config.priority_scheduling and self.backend.capabilities.supports_priority
         self._cool_until = 0.0  # no request goes to it before this time: it failed one before its first token
         self.drains: set[Drain] = {Drain.CONFIG} if self.config.drained else set()  # none: it takes new work
         self._cooling_changed: list[Callable[[], None]] = []
-        self._sends_priority = self.config.priority_scheduling and self.backend.capabilities.supports_priority
 
     @property
     def cool_until(self) -> float:
@@ -59,17 +63,13 @@ class BackendHandle:
         self._cooling_changed.append(changed)
 
     @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
     def draining(self) -> bool:
         """Whether it takes no new request (for any reason in `drains`)."""
         return bool(self.drains)
 
     def cooling_for(self, now: float) -> float:
         """Seconds until it may take requests again after a failover (0: it may now)."""
-        return max(0.0, self.cool_until - now)
+        return max(0.0, self._cool_until - now)
 
     def record_reading(self, reading: BackendLoad) -> None:
         """A scrape of the backend: the estimator sets it against what was sent (and may learn the engine's
@@ -79,8 +79,3 @@ class BackendHandle:
         if self.estimator.engine_slots != slots:
             log.info("engine_slots_learned", backend=self.name, slots=self.estimator.engine_slots, before=slots)
         self.gate.observe(reading)
-
-    @property
-    def sends_priority(self) -> bool:
-        """Whether requests to this backend carry a numeric engine priority (fixed by its config and kind)."""
-        return self._sends_priority
