@@ -314,15 +314,19 @@ class BackendSeries:
     _gate_shown: list[tuple[bool, bool, int] | None] = field(default_factory=lambda: [None])
 
     def show_gate(self, is_open: bool, fresh: bool, waiting: int) -> None:
-        """The gate's last decision for a user with nothing at the engine; only a change touches the gauges
-        (a decision pass may ask thousands of times a second)."""
+        """The gate's last decision for a user with nothing at the engine; only a gauge whose value changed is
+        set (a decision pass may ask thousands of times a second, and mostly only the waiting estimate moves)."""
+        last = self._gate_shown[0]
         shown = (is_open, fresh, waiting)
-        if shown == self._gate_shown[0]:
+        if shown == last:
             return
         self._gate_shown[0] = shown
-        self.gate_open.set(1 if is_open else 0)
-        self.metrics_fresh.set(1 if fresh else 0)
-        self.estimated_waiting.set(waiting)
+        if last is None or last[0] != is_open:
+            self.gate_open.set(1 if is_open else 0)
+        if last is None or last[1] != fresh:
+            self.metrics_fresh.set(1 if fresh else 0)
+        if last is None or last[2] != waiting:
+            self.estimated_waiting.set(waiting)
 
     def show_left_out(self) -> None:
         """The backend is not asked (it drains or cools down): its gate shows closed, the rest as it was."""

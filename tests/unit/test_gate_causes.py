@@ -46,3 +46,32 @@ def test_the_closed_gauge_carries_one_cause_at_a_time_and_every_series_exists() 
     series.show(GateCause.OPEN)
     assert all(value(cause) == 0 for cause in GATE_CLOSE_CAUSES)
     assert GateCause.OPEN not in GATE_CLOSE_CAUSES
+
+
+def test_the_gate_gauges_always_show_the_last_decision_whichever_of_them_changed() -> None:
+    metrics = SchedulerMetrics()
+    series = backend_series(metrics, "m", "b0")
+    labels = {"model": "m", "backend": "b0"}
+
+    def shown() -> tuple[float | None, ...]:
+        names = ("llmsched_gate_open", "llmsched_backend_metrics_fresh", "llmsched_backend_estimated_waiting")
+        return tuple(metrics.registry.get_sample_value(name, labels) for name in names)
+
+    steps: list[tuple[bool, bool, int] | None] = [
+        (True, True, 0),
+        (True, True, 3),  # only the waiting estimate moves
+        (False, True, 3),
+        None,  # left out (draining or cooling down): shown closed
+        (False, True, 3),  # the same decision as before the drain: shown again
+        (True, False, 3),
+        (True, False, 3),
+        (False, False, 1),
+    ]
+    for step in steps:
+        if step is None:
+            series.show_left_out()
+            assert shown()[0] == 0
+            continue
+        series.show_gate(*step)
+        is_open, fresh, waiting = step
+        assert shown() == (int(is_open), int(fresh), waiting)
