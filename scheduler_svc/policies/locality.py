@@ -115,6 +115,8 @@ class PrefixLocality:
             for backend in allowed:
                 if backend.name == sticky:
                     return self._sized_index(backend).match(chain)[0], backend
+        if len(allowed) == 1:  # nothing to compare (often so: an engine that just freed a slot opens alone)
+            return self._sized_index(allowed[0]).match(chain)[0], allowed[0]
         scored = [(self._sized_index(b).match(chain), b) for b in allowed]
         best = max(score for score, _ in scored)
         if best[0] == 0:  # nothing known anywhere: load decides, then the backend remembering the least
