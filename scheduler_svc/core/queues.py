@@ -371,6 +371,6 @@ class ModelQueues:
         """Users with requests queued in the class's band."""
         return len(self._band_by_class[priority_class].flows)
 
-    def backlogged_bands(self) -> Iterator[Band]:
+    def backlogged_bands(self) -> list[Band]:
         """Non-empty bands, best (lowest rank) first."""
-        return (b for b in self.bands if b.size)
+        return [b for b in self.bands if b.size]

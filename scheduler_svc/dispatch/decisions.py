@@ -79,7 +79,7 @@ class Decisions:
         every backlogged user's next request would queue too deep (a lone flood), which is no stall."""
         if not len(self._book) or not self._may_dispatch():
             return False
-        top = next(self._book.backlogged_bands())
+        top = self._book.backlogged_bands()[0]
         choice = BackendChoice(self._gates, top.priority_class, top.priority_class, now)
         busy = self._gates.users_in_flight  # every other user gets the answer for a user with nothing in flight
         idle_users = len(top.flows) - sum(1 for user in busy if user in top.flows)
@@ -90,7 +90,9 @@ class Decisions:
     def _choose_band(self, now: float, broken: set[str]) -> tuple[Band, BackendChoice] | None:
         """The band to serve and the gates its request must pass, or None when nothing may go now: the
         band policy decides among the backlogged bands that did not fail this pass."""
-        backlogged = [b for b in self._book.backlogged_bands() if b.priority_class.name not in broken]
+        backlogged = self._book.backlogged_bands()
+        if broken:
+            backlogged = [b for b in backlogged if b.priority_class.name not in broken]
         if not backlogged:
             return None
         turn = self._bands.choose(backlogged, now, lambda cls: self._gates.any_open(cls, cls, None, now))
@@ -111,17 +113,18 @@ class Decisions:
         if not users:
             return None
         candidates: list[Candidate[Opening]] = []
+        live_tickets: dict[str, Ticket] = {}  # request id -> ticket, of the candidates
         for user in users:
             openings = backends.for_user(user)
             assert openings, "fairness chose a user no backend can take"
             live = self._next_live(band, user, now)
             if live is not None:
                 candidates.append(Candidate(live.request, openings))
+                live_tickets[live.request.request_id] = live
         if not candidates:
             return 0  # the users' queues held only expired requests
         request, opening = self._backend_policy.choose_among(candidates, self._ledger.in_flight())
-        ticket = self._book.ticket(request.request_id)
-        assert ticket is not None
+        ticket = live_tickets[request.request_id]
         handle = opening.handle
         priorities = self._gates.priorities
         self._send(ticket, handle, now, lambda: priorities.of(request.priority_class, request.user, handle))

@@ -9,7 +9,7 @@ requests out of it and, after a failover, puts them back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.core.queues import Band, Flow, ModelQueues, OrderKeyFn
@@ -114,7 +114,7 @@ class QueueBook:
         """Remove the empty band of a class that left the configuration."""
         self._queues.drop_band(priority_class)
 
-    def backlogged_bands(self) -> Iterator[Band]:
+    def backlogged_bands(self) -> list[Band]:
         """Non-empty bands, best rank first."""
         return self._queues.backlogged_bands()
 
