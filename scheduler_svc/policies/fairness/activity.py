@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from itertools import islice
 
 from attrs import define, field
 
@@ -109,8 +110,8 @@ class UserActivity:
         if not self.pruning:
             return
         now = self._clock.now()
-        for _ in range(min(self.sweep_per_event, len(self._last_seen))):
-            user = next(iter(self._last_seen))
+        # the front of the sweep's order; each user checked goes to the back or is forgotten
+        for user in list(islice(self._last_seen, self.sweep_per_event)):
             if user not in self.flows:  # what is looked at again is a queue that emptied: a backlogged one did not
                 self._refresh(user)
             if not self._try_forget(user, now):
