@@ -345,14 +345,14 @@ class ModelQueues:
         request = flow.remove(request_id, dispatched=dispatched)
         assert request is not None
         band = self._band_by_class[flow.priority_class]
-        if flow and flow.oldest_admission() != oldest:
+        if not flow:
+            del band.flows[flow.user]
+        elif flow.oldest_admission() != oldest:
             band.note_oldest(flow)
         band.size -= 1
         band.prompt_tokens -= request.prompt_tokens_estimate
         band.max_output_tokens -= request.max_tokens
         self.size -= 1
-        if not flow:
-            del band.flows[flow.user]
         depth = self._user_depth[request.user] - 1
         if depth:
             self._user_depth[request.user] = depth
