@@ -57,9 +57,8 @@ def block_hashes(text: str, block_chars: int, max_blocks: int) -> list[int]:
     hashes: list[int] = []
     parent = b""
     for i in range(min(len(text) // block_chars, max_blocks)):
-        digest = hashlib.blake2b(parent, digest_size=8)
-        digest.update(text[i * block_chars : (i + 1) * block_chars].encode())
-        parent = digest.digest()
+        block = text[i * block_chars : (i + 1) * block_chars].encode()
+        parent = hashlib.blake2b(parent + block, digest_size=8).digest()  # chained: it covers the block's prefix
         hashes.append(int.from_bytes(parent))
     return hashes
 
