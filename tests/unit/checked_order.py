@@ -45,6 +45,8 @@ class CheckedOrder:
         self.scan.seen(flows)
 
     def moved(self, user: str | None, group: str | None) -> None:
+        if user is not None and group is not None:  # the index looks up the user's group no further
+            assert group == self.index.keys.weights.group_of(user), f"{group} is not {user}'s group"
         self.index.moved(user, group)
 
     def ended(self, user: str) -> None:

@@ -117,7 +117,7 @@ class BacklogIndex(AttachedKeys):
             filed_in = self._group_of.get(user)
             if filed_in is not None:
                 self._refile_user(user, filed_in)
-            recent_in = self.keys.weights.group_of(user)
+            recent_in = group if group is not None else self.keys.weights.group_of(user)
             if (recent := self._recent.get(recent_in)) is not None and user in recent.members:
                 self._refile_recent_user(recent, user)
         if group is not None:

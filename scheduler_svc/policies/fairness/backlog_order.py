@@ -92,7 +92,8 @@ class BacklogOrder(Protocol):
         ...
 
     def moved(self, user: str | None, group: str | None) -> None:
-        """The user's key (or its settled counter), or the group's, may have changed."""
+        """The user's key (or its settled counter), or the group's, may have changed; `group`, given with
+        `user`, is the user's own."""
         ...
 
     def ended(self, user: str) -> None:

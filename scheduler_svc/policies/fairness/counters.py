@@ -45,7 +45,8 @@ from scheduler_svc.policies.interfaces import FlowView, RequestView
 from scheduler_svc.policies.weights import WeightResolver
 
 KeyWatcher = Callable[[str | None, str | None], None]
-"""Told (user, group) whenever that user's or group's key may have changed (None: not that level)."""
+"""Told (user, group) whenever that user's or group's key may have changed (None: not that level; both
+given: the user and its own group)."""
 
 
 class Costing(Protocol):
