@@ -235,6 +235,7 @@ class LoadEstimator:
         # first starts are assumed to be those, so the estimate never drops below the truth.
         waiting = reading.waiting if reading is not None else 0
         running_unstarted = max(0, self._seen_unstarted_at_reading - waiting)
+        unstarted = len(self._unstarted)
         return GateInputs(
             reading=reading,
             now=now,
@@ -245,10 +246,10 @@ class LoadEstimator:
             finished_since_reading=self._finished_since_reading,
             engine_slots=self.engine_slots,
             better_class_active=better_class_active,
-            started_in_flight=self.in_flight - len(self._unstarted),
+            started_in_flight=self.in_flight - unstarted,
             waiting_bound=self._waiting_bound(),
-            unstarted_priorities=tuple(sorted(self._priority.values())),
-            unstarted=len(self._unstarted),
+            unstarted_priorities=tuple(sorted(self._priority.values())) if self._priority else (),
+            unstarted=unstarted,
             better_tpot_limit=better_tpot_limit,
             candidate_priority=candidate_priority,
             holding_work=holding_work,
