@@ -116,7 +116,8 @@ class LookAhead:
         self._group_reserved[group] = self._group_reserved.get(group, 0.0) + cost / weights.group_weight(group)
 
     def dispatched(self, request: RequestView) -> None:
-        expected = min(float(request.max_tokens), self._mean_length.get(request.user, float(request.max_tokens)))
+        most = float(request.max_tokens)
+        expected = min(most, self._mean_length.get(request.user, most))
         self._remaining[request.request_id] = expected
         self._reserve(request.user, self._counted(expected))
 
