@@ -60,21 +60,24 @@ class UserActivity:
 
     def backlogged(self, user: str, flows: Mapping[str, FlowView]) -> None:
         self.flows = flows
-        self._touch(user)
-        self._sweep()
+        now = self._clock.now()
+        self._touch(user, now)
+        self._sweep(now)
 
     def dispatched(self, user: str) -> None:
         group = self._weights.group_of(user)
         self.in_flight[user] = self.in_flight.get(user, 0) + 1
         self.group_in_flight[group] = self.group_in_flight.get(group, 0) + 1
-        self._touch(user)
-        self._sweep()
+        now = self._clock.now()
+        self._touch(user, now)
+        self._sweep(now)
 
     def finished(self, user: str) -> None:
         self.ended(user)
+        now = self._clock.now()
         if self.idle(user):
-            self._try_forget(user, self._clock.now())
-        self._sweep()
+            self._try_forget(user, now)
+        self._sweep(now)
 
     def ended(self, user: str) -> None:
         """One of the user's running requests ended or came back to the queue."""
@@ -89,7 +92,7 @@ class UserActivity:
             self.group_in_flight[group] = left
         else:
             self._group_all_ended(group)
-        self._touch(user)
+        self._touch(user, self._clock.now())
 
     def idle(self, user: str) -> bool:
         return user not in self.flows and user not in self.in_flight
@@ -98,18 +101,17 @@ class UserActivity:
         """Whether `user` is the only known user of its group."""
         return self._members.get(self._weights.group_of(user), 0) <= 1
 
-    def _touch(self, user: str) -> None:
+    def _touch(self, user: str, now: float) -> None:
         if user not in self._last_seen:
             group = self._weights.group_of(user)
             self._members[group] = self._members.get(group, 0) + 1
-        self._last_seen[user] = self._clock.now()
+        self._last_seen[user] = now
         self._last_seen.move_to_end(user)
 
-    def _sweep(self) -> None:
+    def _sweep(self, now: float) -> None:
         """Check the next few known users (bounded work) and forget those the rules allow."""
         if not self.pruning:
             return
-        now = self._clock.now()
         # the front of the sweep's order; each user checked goes to the back or is forgotten
         for user in list(islice(self._last_seen, self.sweep_per_event)):
             if user not in self.flows:  # what is looked at again is a queue that emptied: a backlogged one did not
