@@ -84,12 +84,16 @@ class PrefixLocality:
 
     def choose(self, request: PromptView, backends: Sequence[B]) -> B:
         in_flight = {b.name: b.inputs.in_flight for b in backends}
-        return self._best_backend(request, backends, in_flight)[1]
+        return self._best_backend(request, backends, self._within_load_bound(backends, in_flight))[1]
 
     def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[PromptView, B]:
         best: tuple[int, PromptView, B] | None = None
+        offered: Sequence[B] | None = None
+        allowed: list[B] = []
         for candidate in candidates:
-            matched, backend = self._best_backend(candidate.request, candidate.backends, in_flight)
+            if candidate.backends is not offered:  # candidates offered the same backends share their load bound
+                offered, allowed = candidate.backends, self._within_load_bound(candidate.backends, in_flight)
+            matched, backend = self._best_backend(candidate.request, candidate.backends, allowed)
             if best is None or matched > best[0]:  # strict: equal matches keep the fairness order
                 best = (matched, candidate.request, backend)
         assert best is not None, "choose_among needs at least one candidate"
@@ -102,11 +106,11 @@ class PrefixLocality:
         if request.cache_key:
             self.sessions.put(request.user, request.cache_key, backend)
 
-    def _best_backend(self, request: PromptView, backends: Sequence[B], in_flight: Mapping[str, int]) -> tuple[int, B]:
+    def _best_backend(self, request: PromptView, backends: Sequence[B], allowed: Sequence[B]) -> tuple[int, B]:
         """The backend for `request` and the blocks it matches there: its session's backend if open and
-        within the load bound, else the longest match within the bound, ties to the least loaded."""
+        within the load bound (`allowed`: those of `backends` within it), else the longest match within the
+        bound, ties to the least loaded."""
         chain = self.chain(request)
-        allowed = self._within_load_bound(backends, in_flight)
         if not allowed:  # every open backend is over the bound: load decides
             least = min(backends, key=load_order)
             return self._sized_index(least).match(chain)[0], least
