@@ -3,14 +3,16 @@
 Several replicas in one test share one `FakeStoreBackend` through their own `FakeStore` handles. `down()`
 makes every handle raise StoreUnavailable (Redis stopped); `restart_empty()` brings it back with nothing in
 it (Redis restarted without persistence). Expiry follows `clock` (monotonic seconds), so a test can move
-time instead of sleeping.
+time instead of sleeping; inside `time_stopped()` the store's time stands still, so a test whose premise is
+that a name or lease outlives a stretch of real time holds it by construction, however slow the machine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler_svc.cluster.store import DuplicateReplica, StoreUnavailable
@@ -31,6 +33,23 @@ class FakeStoreBackend:
     dropped: dict[str, int] = field(default_factory=dict)  # per inbox: entries trimmed off its front so far
     generation: int = 0  # bumped by restart_empty: readers' positions from before point into nothing
     arrived: dict[str, asyncio.Event] = field(default_factory=dict)
+    stopped_at: float | None = None  # `clock`'s reading when the store's time stopped (None: it runs)
+    stopped_for: float = 0.0  # seconds of `clock` the store's time stood still, all stops together
+
+    def now(self) -> float:
+        """The store's time, which expiry follows: `clock`, less the stretches it stood still."""
+        return (self.clock() if self.stopped_at is None else self.stopped_at) - self.stopped_for
+
+    @contextlib.contextmanager
+    def time_stopped(self) -> Iterator[None]:
+        """Within, no name or lease ages: each keeps the life it had left, and after, goes on from there."""
+        assert self.stopped_at is None, "the store's time is already stopped"
+        self.stopped_at = self.clock()
+        try:
+            yield
+        finally:
+            self.stopped_for += self.clock() - self.stopped_at
+            self.stopped_at = None
 
     def down(self) -> None:
         self.up = False
@@ -53,7 +72,7 @@ class FakeStoreBackend:
 
     def live(self, name: str) -> tuple[str, float] | None:
         entry = self.names.get(name)
-        if entry is not None and entry[1] <= self.clock():
+        if entry is not None and entry[1] <= self.now():
             del self.names[name]
             return None
         return entry
@@ -64,7 +83,7 @@ class FakeStoreBackend:
 
     def lease_now(self, lease: str) -> tuple[str, float] | None:
         held = self.leases.get(lease)
-        if held is not None and held[1] <= self.clock():
+        if held is not None and held[1] <= self.now():
             del self.leases[lease]
             return None
         return held
@@ -89,7 +108,7 @@ class FakeStore:
         entry = self.b.live(name)
         if entry is not None and entry[0] != token:
             raise DuplicateReplica(f"replica name {name} is held by another live replica")
-        self.b.names[name] = (token, self.b.clock() + ttl)
+        self.b.names[name] = (token, self.b.now() + ttl)
         self.read_upto.setdefault(name, (self.b.generation, self.b.end_of(name)))
 
     async def renew(self, name: str, token: str, ttl: float) -> bool:
@@ -97,7 +116,7 @@ class FakeStore:
         entry = self.b.live(name)
         if entry is None or entry[0] != token:
             return False
-        self.b.names[name] = (token, self.b.clock() + ttl)
+        self.b.names[name] = (token, self.b.now() + ttl)
         return True
 
     async def leave(self, name: str, token: str) -> None:
@@ -114,7 +133,7 @@ class FakeStore:
         self._op()
         held = self.b.lease_now(lease)
         if held is None:
-            self.b.leases[lease] = (holder, self.b.clock() + ttl)
+            self.b.leases[lease] = (holder, self.b.now() + ttl)
             return True
         return held[0] == holder
 
@@ -123,7 +142,7 @@ class FakeStore:
         held = self.b.lease_now(lease)
         if held is None or held[0] != holder:
             return False
-        self.b.leases[lease] = (holder, self.b.clock() + ttl)
+        self.b.leases[lease] = (holder, self.b.now() + ttl)
         return True
 
     async def release_lease(self, lease: str, holder: str) -> None:

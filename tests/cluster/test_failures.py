@@ -11,7 +11,7 @@ import grpc
 
 from backends.sim import SimConfig, running_simulator
 from scheduler_svc.app.server import SchedulerServer
-from scheduler_svc.cluster.agent import LeaseState
+from scheduler_svc.cluster.agent import ClusterAgent, LeaseState
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.cluster.store import StoreTimeout, StoreUnavailable
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
@@ -179,36 +179,52 @@ async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_
     """The store stops answering for less than the lease's life and comes back with its state: the leader's
     lease (an earlier term's holder string) is still there. The leader takes the lead again at once rather
     than follow, and register its own requests with, its own earlier term (which once queued every one of its
-    requests twice and wedged its dispatcher); no internal error, every request runs exactly once."""
+    requests twice and wedged its dispatcher); no internal error, every request runs exactly once.
+
+    The store's time stands still from before the leader is read until it leads again, so its lease cannot
+    expire meanwhile however slow the machine: the hiccup is shorter than the lease by construction, the lead
+    never moves by itself, and the leader can lead again only by freeing its own earlier term's lease."""
     async with (
         running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim,
         replicas(sim.url, gate={"waiting_target": 2}) as (store, servers),
     ):
-        leader = agent_of(servers[0])
-        old_holder = leader.holder_of("m")
         followed: list[str | None] = []
-        follow = leader.follower.follow
 
-        def recording_follow(lease: str, holder: str | None) -> None:
-            followed.append(holder)
-            follow(lease, holder)
+        def leading() -> list[ClusterAgent]:
+            return [agent_of(s) for s in servers if agent_of(s).role is Role.LEADING]
 
-        leader.follower.follow = recording_follow  # type: ignore[method-assign]
+        def lease_held_by_its_leader() -> bool:
+            held = store.lease_now("m")
+            return len(leading()) == 1 and held is not None and held[0] == leading()[0].holder_of("m")
+
         async with contextlib.AsyncExitStack() as stack:
             clients = [await stack.enter_async_context(client_for(s, user=f"u{i}")) for i, s in enumerate(servers)]
-            flood = [
-                asyncio.create_task(
-                    clients[i % 3].submit("m", f"f {i}", max_tokens=20, ignore_eos=True, request_id=f"f{i}")
-                )
-                for i in range(45)
-            ]
-            await eventually(lambda: sum(t.done() for t in flood) >= 3, 10.0, "the flood under way")
-            store.down()
-            await eventually(lambda: leader.role is Role.DEGRADED, 3.0, "the leader degraded")
-            store.up = True  # back, state intact: the old lease has not expired yet
-            assert store.lease_now("m") is not None and store.lease_now("m")[0] == old_holder
-            await eventually(lambda: leader.role is Role.LEADING, 2 * TIMEOUT, "the leader leads again")
-            assert leader.holder_of("m") != old_holder
+            with store.time_stopped():
+                await eventually(lease_held_by_its_leader, 10.0, "one leader, holding the lease in the store")
+                (leader,) = leading()
+                old_holder = leader.holder_of("m")
+                follow = leader.follower.follow
+
+                def recording_follow(lease: str, holder: str | None) -> None:
+                    followed.append(holder)
+                    follow(lease, holder)
+
+                leader.follower.follow = recording_follow  # type: ignore[method-assign]
+                flood = [
+                    asyncio.create_task(
+                        clients[i % 3].submit("m", f"f {i}", max_tokens=20, ignore_eos=True, request_id=f"f{i}")
+                    )
+                    for i in range(45)
+                ]
+                await eventually(lambda: sum(t.done() for t in flood) >= 3, 10.0, "the flood under way")
+                store.down()
+                await eventually(lambda: leader.role is Role.DEGRADED, 10.0, "the leader degraded")
+                store.up = True  # back, state intact: the old lease has not expired
+                assert store.lease_now("m") is not None and store.lease_now("m")[0] == old_holder
+                # No bound on "at once" is needed: the old lease never expires while the store's time stands
+                # still, so a leader that waited for it, or followed it, would never lead again.
+                await eventually(lambda: leader.role is Role.LEADING, 10.0, "the leader leads again")
+                assert leader.holder_of("m") != old_holder
             await settled(servers)
             outcomes = await _outcomes(flood)
         ids = engine_ids(sim.engine.stats())
@@ -222,7 +238,8 @@ async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_
     ][:3]
     assert len(ids) == len(set(ids)) == 45, "every admitted request ran exactly once"
     assert errors == 0
-    assert not [h for h in followed if h and h.startswith("r0/")], f"r0 followed itself: {followed}"
+    itself = f"{leader.name}/"
+    assert not [h for h in followed if h and h.startswith(itself)], f"{leader.name} followed itself: {followed}"
 
 
 class LosesOneCancel(FakeStore):
