@@ -97,6 +97,9 @@ class ClusterAgent:
         self._keep_leases_among: frozenset[str] | None = None
         self._killed = False
         self._look_now = asyncio.Event()
+        # Clear while a take of a lease waits for the store's answer: the inbox holds what it read until then.
+        self._no_take_pending = asyncio.Event()
+        self._no_take_pending.set()
         self.outbox = Outbox(store, self.metrics, self._store_failed)
         self.follower = Follower(scheduler, name, cluster, self.outbox.post, self.metrics, plan)
         self.leader = Leader(scheduler, name, self.holder_of, self.outbox.post)
@@ -316,7 +319,7 @@ class ClusterAgent:
 
     async def _look(self, lease: LeaseState, holder: str | None, under_share: bool) -> bool:
         """Take `lease` or follow whoever holds it; True when we lead it now."""
-        store, ttl = self.store, self.cluster.heartbeat_timeout_seconds
+        store = self.store
         ours = False
         if holder is not None and holder.split("/", 1)[0] == self.name:
             # Ours, yet we do not lead on it: an earlier term (a store hiccup cost us the lead before the lease
@@ -331,11 +334,10 @@ class ClusterAgent:
             lease.free_looks += 1
             unclaimed = lease.free_looks > 1  # free since our last look: nobody under their share took it
             wanted = ours or under_share or unclaimed
-            if not self._stepping_down and wanted and await store.acquire_lease(lease.name, lease.holder, ttl):
+            if not self._stepping_down and wanted and await self._take(lease):
                 lease.free_looks = 0
                 if unclaimed and not (ours or under_share):
                     self._keep_leases_among = self._member_names
-                self._apply(lease, Role.LEADING)
                 return True
             if wanted and not self._stepping_down:  # another replica took it just now
                 holder = (await store.lease_holders([lease.name]))[lease.name]
@@ -346,6 +348,22 @@ class ClusterAgent:
             self.follower.leaders[lease.name] = None
         self._apply(lease, Role.FOLLOWING, holder if holder != lease.holder else None)
         return False
+
+    async def _take(self, lease: LeaseState) -> bool:
+        """Take the free `lease` and lead it; False when another replica took it first.
+
+        Once the store holds our take, the other replicas read us as the lease's leader and register their
+        requests with us, and those messages can reach our inbox before the store's answer reaches us. The
+        inbox holds what it reads until we lead: handled earlier, they would meet a replica that does not lead
+        the lease yet and be dropped, and the requests would wait at their owners for a grant forever."""
+        self._no_take_pending.clear()
+        try:
+            if not await self.store.acquire_lease(lease.name, lease.holder, self.cluster.heartbeat_timeout_seconds):
+                return False
+            self._apply(lease, Role.LEADING)
+            return True
+        finally:
+            self._no_take_pending.set()
 
     async def _hand_over(self, lease: LeaseState, members: list[str]) -> None:
         """Give up a lease beyond our share (replicas joined after we took it): release it and tell every
@@ -371,6 +389,7 @@ class ClusterAgent:
                 self.scheduler.errors.report("cluster", exc, loop="inbox")
                 await asyncio.sleep(self.cluster.heartbeat_interval_seconds)
                 continue
+            await self._no_take_pending.wait()  # a take of a lease in flight: handle these as its leader
             for data in raw:
                 for message in decode_batch(data):
                     if isinstance(message, MessageError):
