@@ -93,9 +93,10 @@ def replica_toml(
     waiting_target: int = 2,
     fallback_max_in_flight: int = 4,
     models: Sequence[str] = ("m",),
+    heartbeat_timeout: float = TIMEOUT,
 ) -> str:
     """One replica's config: each of `models` ("m" alone by default) on simulator backend "b0", the cluster on
-    Redis with fast heartbeats."""
+    Redis with fast heartbeats (names and leases live `heartbeat_timeout` seconds)."""
     model_tables = "".join(
         f"""
 [[models]]
@@ -129,19 +130,37 @@ redis_url = "{redis_url}"
 key_prefix = "{key_prefix}"
 replica_name = "{name}"
 heartbeat_interval_seconds = {HEARTBEAT}
-heartbeat_timeout_seconds = {TIMEOUT}
+heartbeat_timeout_seconds = {heartbeat_timeout}
 admission_wait_seconds = 1.0
 report_interval_seconds = 0.02
 """
 
 
 def spawn_replica(
-    name: str, directory: Path, sim_url: str, redis_url: str, models: Sequence[str] = ("m",), **gate: int
+    name: str,
+    directory: Path,
+    sim_url: str,
+    redis_url: str,
+    models: Sequence[str] = ("m",),
+    heartbeat_timeout: float = TIMEOUT,
+    **gate: int,
 ) -> Replica:
     """Start one replica process (not waiting for it); its config and log go to `directory`."""
     grpc_port, metrics_port = free_port(), free_port()
     config = directory / f"{name}-{grpc_port}.toml"
-    config.write_text(replica_toml(name, grpc_port, metrics_port, sim_url, redis_url, "live", models=models, **gate))
+    config.write_text(
+        replica_toml(
+            name,
+            grpc_port,
+            metrics_port,
+            sim_url,
+            redis_url,
+            "live",
+            models=models,
+            heartbeat_timeout=heartbeat_timeout,
+            **gate,
+        )
+    )
     log_path = directory / f"{name}-{grpc_port}.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with log_path.open("wb") as log:
@@ -247,11 +266,19 @@ async def watching(replicas: Sequence[Replica]) -> AsyncIterator[RoleWatch]:
 
 @contextlib.asynccontextmanager
 async def cluster(
-    directory: Path, sim_url: str, redis_url: str, names: Sequence[str] = ("r1", "r2", "r3"), **gate: int
+    directory: Path,
+    sim_url: str,
+    redis_url: str,
+    names: Sequence[str] = ("r1", "r2", "r3"),
+    heartbeat_timeout: float = TIMEOUT,
+    **gate: int,
 ) -> AsyncIterator[tuple[list[Replica], RoleWatch]]:
     """Start the replicas (all at once), wait until one leads and the others follow it, yield them and a
     running `RoleWatch`; kill whatever is still alive afterwards."""
-    replicas = [spawn_replica(name, directory, sim_url, redis_url, **gate) for name in names]
+    replicas = [
+        spawn_replica(name, directory, sim_url, redis_url, heartbeat_timeout=heartbeat_timeout, **gate)
+        for name in names
+    ]
     try:
         async with watching(replicas) as watch:
             try:
