@@ -389,7 +389,8 @@ class ClusterAgent:
                 self.scheduler.errors.report("cluster", exc, loop="inbox")
                 await asyncio.sleep(self.cluster.heartbeat_interval_seconds)
                 continue
-            await self._no_take_pending.wait()  # a take of a lease in flight: handle these as its leader
+            if raw:  # while a take of a lease waits for its answer, these wait to be handled by its leader
+                await self._no_take_pending.wait()
             for data in raw:
                 for message in decode_batch(data):
                     if isinstance(message, MessageError):

@@ -15,7 +15,7 @@ from scheduler_svc.cluster.agent import ClusterAgent, LeaseState
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.cluster.store import StoreTimeout, StoreUnavailable
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
-from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, settled, start_replica
+from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, settled
 from tests.cluster.test_replicas import engine_ids, first_delta
 from tests.helpers import client_for, eventually, queue_depth
 
@@ -481,55 +481,84 @@ class LateLeaseAnswer(FakeStore):
         return took
 
 
+class CutOff(FakeStore):
+    """A handle that cannot reach the store while `cut` is set (its replica's network to Redis is down)."""
+
+    def __init__(self, backend: FakeStoreBackend) -> None:
+        super().__init__(backend)
+        self.cut = False
+
+    def _op(self) -> None:
+        if self.cut:
+            raise StoreUnavailable("cut off from the fake store")
+        super()._op()
+
+
 async def test_requests_registered_with_a_new_leader_before_it_knows_it_leads_are_not_lost() -> None:
     """A follower reads the new holder of the lease and registers its queued requests with it while the new
     leader still waits for the answer to its take of the lease. The leader handles them as the leader it is
-    about to be, so they are granted and run; none waits for a grant that never comes."""
+    about to be, so they are granted and run; none waits for a grant that never comes.
+
+    The order is forced: the store's time stands still throughout (no lease expires: r0 leads until it frees
+    its lease), and r1 is cut off from the store (gating alone) until r0's take is in the store, so its
+    registrations are the first thing r0's inbox reads while r0 waits for the answer."""
     backend = FakeStoreBackend()
-    late = LateLeaseAnswer(backend)
-    async with running_simulator(SimConfig(max_num_seqs=1, decode_base_ms=10.0)) as sim:
-        gate = {"waiting_target": 1, "fallback_max_in_flight": 2}
-        lead = SchedulerServer(cluster_config(sim.url, "r0", gate=gate), store_factory=lambda _c, _r: late)
-        await lead.start()
-        servers = [lead]
-        try:
-            await eventually(lambda: agent_of(lead).role is Role.LEADING, 5.0, "r0 leading")
-            servers.append(await start_replica(backend, cluster_config(sim.url, "r1", gate=gate)))
-            await settled(servers)
-            leader, follower = agent_of(lead), agent_of(servers[1])
-            async with client_for(servers[1], user="bob") as client:
-                calls = [
-                    asyncio.create_task(client.submit("m", f"q{i}", max_tokens=30, ignore_eos=True, request_id=f"q{i}"))
-                    for i in range(4)
-                ]
-                await eventually(lambda: sim.engine.stats()["running"] == 1, 5.0, "one request at the engine")
-                with backend.time_stopped():  # r0's earlier term's lease stays until r0 frees it
-                    backend.down()
-                    await eventually(lambda: leader.role is Role.DEGRADED, 10.0, "r0 degraded")
+    late, cut_off = LateLeaseAnswer(backend), CutOff(backend)
+    gate = {"waiting_target": 1, "fallback_max_in_flight": 2}
+    servers: list[SchedulerServer] = []
+    with backend.time_stopped():
+        async with running_simulator(SimConfig(max_num_seqs=1, decode_base_ms=10.0)) as sim:
+            try:
+                for name, handle in (("r0", late), ("r1", cut_off)):
+                    server = SchedulerServer(
+                        cluster_config(sim.url, name, gate=gate), store_factory=lambda _c, _r, h=handle: h
+                    )
+                    await server.start()
+                    servers.append(server)
+                    await eventually(lambda: agent_of(servers[0]).role is Role.LEADING, 5.0, "r0 leading")
+                await settled(servers)
+                leader, follower = agent_of(servers[0]), agent_of(servers[1])
+                async with client_for(servers[1], user="bob") as client:
+                    calls = [
+                        asyncio.create_task(
+                            client.submit("m", f"q{i}", max_tokens=30, ignore_eos=True, request_id=f"q{i}")
+                        )
+                        for i in range(4)
+                    ]
+                    await eventually(lambda: sim.engine.stats()["running"] == 1, 5.0, "one request at the engine")
+                    cut_off.cut = True  # from here r1 sends r0 nothing
                     await eventually(lambda: follower.role is Role.DEGRADED, 10.0, "r1 degraded")
-                    late.late = True
-                    backend.up = True
-                    await asyncio.wait_for(late.waiting.wait(), 10.0)  # r0 holds the lease: no answer yet
-                    held = backend.lease_now("m")
-                    assert held is not None and held[0] == leader.holder_of("m")
-                    await eventually(lambda: follower.follower.leader_of("m") == held[0], 10.0, "r1 follows r0")
-                    await follower.outbox.flush(5.0)  # r1's registrations are in r0's inbox
                     await eventually(
                         lambda: late.read_upto.get("r0") == (backend.generation, backend.end_of("r0")),
                         10.0,
-                        "r0 read its inbox",
+                        "r0 read all r1 sent it",
+                    )
+                    backend.down()
+                    await eventually(lambda: leader.role is Role.DEGRADED, 10.0, "r0 degraded")
+                    late.late = True
+                    backend.up = True
+                    await asyncio.wait_for(late.waiting.wait(), 10.0)  # r0's take is in the store, unanswered
+                    held = backend.lease_now("m")
+                    assert held is not None and held[0] == leader.holder_of("m")
+                    registrations = backend.end_of("r0") + 1  # r1's first entry in r0's inbox: its Admits
+                    cut_off.cut = False
+                    await eventually(lambda: follower.follower.leader_of("m") == held[0], 10.0, "r1 follows r0")
+                    await eventually(
+                        lambda: late.read_upto.get("r0", (0, 0)) >= (backend.generation, registrations),
+                        10.0,
+                        "r0 read r1's registrations",
                     )
                     assert leader.role is not Role.LEADING
                     late.late = False
                     late.answer.set()
                     await eventually(lambda: leader.role is Role.LEADING, 10.0, "r0 leads")
-                done, pending = await asyncio.wait(calls, timeout=20.0)
-                for call in pending:
-                    call.cancel()
-                assert not pending, f"{len(pending)} of r1's requests never granted"
-                for call in done:
-                    assert call.result().usage.completion_tokens == 30
-        finally:
-            for server in servers:
-                with contextlib.suppress(Exception):
-                    await server.stop(grace=0.5)
+                    done, pending = await asyncio.wait(calls, timeout=20.0)
+                    for call in pending:
+                        call.cancel()
+                    assert not pending, f"{len(pending)} of r1's requests never granted"
+                    for call in done:
+                        assert call.result().usage.completion_tokens == 30
+            finally:
+                for server in servers:
+                    with contextlib.suppress(Exception):
+                        await server.stop(grace=0.5)
