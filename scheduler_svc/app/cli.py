@@ -261,8 +261,12 @@ def _serve(path: str) -> None:
     async def run() -> None:
         server = SchedulerServer(config, config_path=path)
         loop = asyncio.get_running_loop()
-        # Before serving, so a SIGHUP sent once the service says it serves never meets the default (exit).
+        # Before serving, so a signal sent once the service says it serves never meets the default (exit): a
+        # SIGTERM while it starts stops it gracefully once started, with the handover a cluster replica owes.
         loop.add_signal_handler(signal.SIGHUP, server.reload_on_signal)  # read the file again (app.reload)
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         try:
             await server.start()
         except DuplicateReplica as exc:  # [cluster]: another live replica has this name
@@ -271,9 +275,6 @@ def _serve(path: str) -> None:
         # passes, which otherwise walk it all (a 30 ms pause, seen as a TTFT outlier in S5).
         gc.collect()
         gc.freeze()
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         await server.stop()
 
