@@ -2,7 +2,8 @@
 
 Owner -> leader: `Admit` (a new request, or with `force` the re-registration of one admitted before, with
 `running` when it already runs), `Report` (accepted, first token, an error before the first token, the end),
-`Tokens` (tokens generated since the last count, for every running request of the owner at once). Leader ->
+`Tokens` (tokens generated since the last count, for every running request of the owner at once), `Roster`
+(after a re-registration: every live request of the lease's models, in parts). Leader ->
 owner: `Verdict` (ok, or the error to answer with), `Grant` (send it to this backend), `Fail` (the leader
 ended it: expired, no more failover), `Position`. Anyone -> everyone: `Stepdown` (a leader is leaving or
 handing a lease over: look at the leases now).
@@ -30,6 +31,7 @@ from scheduler_svc.core import errors as scheduler_errors
 
 MAX_MESSAGE_BYTES = 64 * 1024  # a message carries at most the locality prefix of a prompt (config-bounded)
 MAX_BATCH_BYTES = 1024 * 1024  # one stream entry: a batch is split before it grows past this
+ROSTER_PART_IDS = 256  # request ids per Roster part: at most ~150 characters each, a part stays far below 64 KiB
 
 
 class MessageError(ValueError):
@@ -134,6 +136,27 @@ class Tokens:
 
 
 @dataclass(frozen=True, slots=True)
+class Roster:
+    """Owner -> leader, right after the owner registered every live request of `models` with it: part `part`
+    (from 0) of `parts` of the ids of those requests. Once every part arrived, in order, the leader ends each
+    mirror of the owner's for those models that was registered before the roster and is not in it: a request
+    that ended while the owner could not report it (degraded, or between leaders)."""
+
+    sender: str
+    models: list[str] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)
+    part: int = 0
+    parts: int = 1
+
+
+def roster(sender: str, models: Sequence[str], request_ids: Sequence[str]) -> list[Roster]:
+    """The roster of `request_ids` in parts of ROSTER_PART_IDS ids (one part, empty, when there are none)."""
+    chunks = [list(request_ids[i : i + ROSTER_PART_IDS]) for i in range(0, len(request_ids), ROSTER_PART_IDS)]
+    chunks = chunks or [[]]
+    return [Roster(sender, list(models), ids, part, len(chunks)) for part, ids in enumerate(chunks)]
+
+
+@dataclass(frozen=True, slots=True)
 class Fail:
     """Leader -> owner: the leader ended the request with `error`; the owner ends its ticket with it."""
 
@@ -159,9 +182,9 @@ class Stepdown:
     sender: str
 
 
-Message = Admit | Verdict | Grant | Report | Tokens | Fail | Position | Stepdown
+Message = Admit | Verdict | Grant | Report | Tokens | Roster | Fail | Position | Stepdown
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.__name__.lower(): cls for cls in (Admit, Verdict, Grant, Report, Tokens, Fail, Position, Stepdown)
+    cls.__name__.lower(): cls for cls in (Admit, Verdict, Grant, Report, Tokens, Roster, Fail, Position, Stepdown)
 }
 """Message type names: the `t` field on the wire, and the fixed label values of the message counters."""
 
@@ -260,9 +283,21 @@ def _from_object(raw: Any) -> Message:
                 isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts.values()
             ):
                 raise MessageError("tokens: counts must map request ids to counts >= 0")
+        if cls is Roster:
+            _check_roster(values)
         return cls(**values)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise MessageError(f"undecodable message: {type(exc).__name__}: {exc}") from exc
+
+
+def _check_roster(values: dict[str, Any]) -> None:
+    for name in ("models", "request_ids"):
+        items = values.get(name, [])
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise MessageError(f"roster: {name} must be a list of strings")
+    part, parts = values.get("part", 0), values.get("parts", 1)
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (part, parts)) or not 0 <= part < parts:
+        raise MessageError("roster: part must be a whole number from 0 to parts - 1")
 
 
 def error_info(exc: BaseException) -> ErrorInfo:

@@ -10,6 +10,7 @@ from backends.errors import BackendError, BackendOverloaded, BackendUnavailable
 from scheduler_svc.cluster.messages import (
     MAX_BATCH_BYTES,
     MAX_MESSAGE_BYTES,
+    ROSTER_PART_IDS,
     Admit,
     ErrorInfo,
     Fail,
@@ -18,6 +19,7 @@ from scheduler_svc.cluster.messages import (
     MessageError,
     Position,
     Report,
+    Roster,
     Running,
     Stepdown,
     Tokens,
@@ -28,6 +30,7 @@ from scheduler_svc.cluster.messages import (
     encode_batch,
     error_info,
     rebuild_error,
+    roster,
 )
 from scheduler_svc.core.errors import AlreadyExists, InternalError, QueueBytesFull, QueueFull, QueueTimeout
 
@@ -60,6 +63,7 @@ SAMPLES: list[Message] = [
     Fail("r0", "id", ErrorInfo("QueueTimeout", "expired")),
     Position("r0", "id", 4),
     Stepdown("r0"),
+    Roster("r1", ["a", "b"], ["id", "id2"], 1, 3),
 ]
 
 
@@ -124,3 +128,27 @@ def test_an_undecodable_entry_is_one_message_error(data: bytes) -> None:
 
 def test_a_lone_message_object_is_a_batch_of_one() -> None:
     assert decode_batch(encode(Stepdown("r0"))) == [Stepdown("r0")]
+
+
+def test_a_roster_is_cut_in_parts_each_far_below_the_message_limit() -> None:
+    ids = [f"{'x' * 128}~{i:016x}" for i in range(2 * ROSTER_PART_IDS + 1)]  # the longest ids admission makes
+    parts = roster("r1", ["m"], ids)
+    assert [(p.part, p.parts) for p in parts] == [(0, 3), (1, 3), (2, 3)]
+    assert [rid for p in parts for rid in p.request_ids] == ids
+    assert all(len(encode(p)) < MAX_MESSAGE_BYTES and decode(encode(p)) == p for p in parts)
+    assert roster("r1", ["m"], []) == [Roster("r1", ["m"], [], 0, 1)]  # nothing live: one empty part all the same
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"t": "roster", "sender": "r1", "request_ids": "id"}',
+        b'{"t": "roster", "sender": "r1", "models": [1]}',
+        b'{"t": "roster", "sender": "r1", "part": 2, "parts": 2}',
+        b'{"t": "roster", "sender": "r1", "part": -1}',
+        b'{"t": "roster", "sender": "r1", "part": true, "parts": 2}',
+    ],
+)
+def test_a_malformed_roster_is_a_message_error(data: bytes) -> None:
+    with pytest.raises(MessageError):
+        decode(data)
