@@ -46,6 +46,7 @@ from scheduler_svc.cluster.messages import (
     MessageError,
     Position,
     Report,
+    Roster,
     Stepdown,
     Tokens,
     Verdict,
@@ -410,6 +411,8 @@ class ClusterAgent:
             self.leader.on_report(message)
         elif isinstance(message, Admit):
             self.leader.on_admit(message)
+        elif isinstance(message, Roster):
+            self.leader.on_roster(message)
         elif isinstance(message, Verdict):
             self.follower.on_verdict(message)
         elif isinstance(message, Grant):

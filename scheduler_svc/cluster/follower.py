@@ -12,8 +12,10 @@ is followed on its own: a replica may follow one model's leader while it leads a
 - The dispatchers' observer: accepted, first token, failover and the end go to the leader at once; token
   counts are summed and sent at most every report_interval_seconds, one `Tokens` message per leader for all
   of its running requests.
-- Leader change of a lease: `register_all` sends every live ticket of its models to the new leader (`force`
-  for those admitted before; `running` for those at an engine, which the leader adopts without a grant).
+- Leader change of a lease, or following again after being degraded: `register_all` sends every live ticket
+  of its models to the leader (`force` for those admitted before; `running` for those at an engine, which the
+  leader adopts without a grant), then their `Roster`, so the leader ends its mirrors of requests that ended
+  meanwhile (their end was never reported to it).
 
 Messages per follower request: Admit + Verdict (2), Grant (1), Reports accepted, first token, ended (3), and
 its share of one Tokens message per report interval. Nothing at all for a model this replica leads, or while
@@ -41,6 +43,7 @@ from scheduler_svc.cluster.messages import (
     Verdict,
     error_info,
     rebuild_error,
+    roster,
 )
 from scheduler_svc.cluster.metrics import ClusterMetrics
 from scheduler_svc.config import ClusterConfig
@@ -136,10 +139,23 @@ class Follower:
             self.positions.pop(rid, None)
 
     def register_all(self, lease: str) -> None:
-        """Send every live local ticket of the lease's models to its current leader."""
+        """Send every live local ticket of the lease's models to its current leader, then their `Roster`.
+
+        The leader may hold mirrors of ours that ended while we could not report their end: we were degraded
+        (still a member, so it kept them) or followed nobody for a moment, and forgot which leader held what.
+        The roster, behind the registrations on our inbox stream to the leader, has it end every mirror of
+        ours for these models not in it; a request admitted after it registers after it, so no live request's
+        mirror is ended."""
+        to = self._leader_name(lease)
+        if to is None:
+            return
+        live: list[str] = []
         for model in self._plan[lease]:
             for ticket in self._scheduler.dispatchers[model].cluster.live_tickets():
                 self._register(ticket, force=ticket.request.request_id not in self._provisional)
+                live.append(ticket.request.request_id)
+        for part in roster(self._name, self._plan[lease], live):
+            self._post(to, part)
 
     def _register(self, ticket: Ticket, *, force: bool) -> None:
         request = ticket.request

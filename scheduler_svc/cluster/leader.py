@@ -13,8 +13,9 @@ failover, shutting down) the owner gets a `Fail`.
 
 A re-registered running request is `adopt`ed: assigned to its backend without a grant. A mirror ends
 silently (nothing sent: the owner knows) when the owner reports its end, when the owner is dead (its
-membership expired), or when this replica stops leading its model (the owners re-register with the next
-leader).
+membership expired), when the owner's `Roster` (sent after it registers everything again: it followed anew
+after being degraded) does not name it, or when this replica stops leading its model (the owners re-register
+with the next leader).
 
 Messages per mirrored request: Verdict (1) for a new request, Grant per attempt (1), Fail only when the
 leader ends it, and for a client streaming its queue position one Position per move (rate-limited by
@@ -40,6 +41,7 @@ from scheduler_svc.cluster.messages import (
     Message,
     Position,
     Report,
+    Roster,
     Tokens,
     Verdict,
     error_info,
@@ -70,6 +72,18 @@ class Mirror:
     events: asyncio.Queue[_Event] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
     run: RequestRun | None = None
+    number: int = 0  # mirrors created before it (an owner's roster ends only mirrors older than itself)
+
+
+@dataclass
+class _RosterArriving:
+    """An owner's roster whose parts are arriving."""
+
+    models: frozenset[str]
+    parts: int
+    before: int  # the mirrors created when its first part arrived: only those older are its to end
+    request_ids: set[str] = field(default_factory=set)
+    next_part: int = 0
 
 
 class Leader:
@@ -88,6 +102,8 @@ class Leader:
         self._post = post
         self.mirrors: dict[str, Mirror] = {}
         self.leading: set[str] = set()  # the models this replica decides now
+        self._created = 0  # mirrors created so far
+        self._rosters: dict[str, _RosterArriving] = {}  # owner -> its roster, while its parts arrive
 
     def start(self, models: Iterable[str]) -> None:
         self.leading.update(models)
@@ -140,7 +156,8 @@ class Leader:
         except SchedulerError as exc:
             self._post(admit.sender, Verdict(self._name, admit.request_id, error_info(exc)))
             return
-        mirror = Mirror(admit.sender, ticket, now, watch=admit.watch)
+        mirror = Mirror(admit.sender, ticket, now, watch=admit.watch, number=self._created)
+        self._created += 1
         self.mirrors[admit.request_id] = mirror
         if admit.running is not None:
             self._adopt(mirror, admit)
@@ -198,6 +215,38 @@ class Leader:
                 mirror.run.count_tokens(count)
             else:
                 mirror.events.put_nowait(TextDelta("", count))
+
+    def on_roster(self, part: Roster) -> None:
+        """An owner's live requests of some models, sent right after it registered them all with us. Once every
+        part arrived, in order, its mirrors of those models that are older than the roster and not in it are
+        of requests that ended while it could not report their end: they end now. A roster with a part
+        missing or out of order ends nothing (the owner sends a whole one each time it registers again)."""
+        if part.part == 0:
+            self._rosters[part.sender] = _RosterArriving(frozenset(part.models), part.parts, self._created)
+        arriving = self._rosters.pop(part.sender, None)
+        if arriving is None or (part.part, part.parts, frozenset(part.models)) != (
+            arriving.next_part,
+            arriving.parts,
+            arriving.models,
+        ):
+            return  # a part missing or out of order
+        arriving.request_ids.update(part.request_ids)
+        arriving.next_part += 1
+        if arriving.next_part < arriving.parts:
+            self._rosters[part.sender] = arriving
+            return
+        ended = [
+            mirror
+            for rid, mirror in self.mirrors.items()
+            if mirror.owner == part.sender
+            and mirror.number < arriving.before
+            and mirror.ticket.request.model in arriving.models
+            and rid not in arriving.request_ids
+        ]
+        for mirror in ended:
+            self._drop(mirror, Outcome.CANCELLED)
+        if ended:
+            log.warning("cluster_unlisted_mirrors_released", owner=part.sender, mirrors=len(ended))
 
     def release_dead(self, members: Collection[str], read_since: float) -> int:
         """End the mirrors of owners that are no longer members (their process died); only those created

@@ -12,6 +12,7 @@ import grpc
 from backends.sim import SimConfig, running_simulator
 from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.agent import ClusterAgent, LeaseState
+from scheduler_svc.cluster.messages import Roster
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.cluster.store import StoreTimeout, StoreUnavailable
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
@@ -562,3 +563,95 @@ async def test_requests_registered_with_a_new_leader_before_it_knows_it_leads_ar
                 for server in servers:
                     with contextlib.suppress(Exception):
                         await server.stop(grace=0.5)
+
+
+async def test_requests_that_end_while_their_owner_is_degraded_leave_no_mirror_at_its_leader() -> None:
+    """A follower degraded for less than its membership's life (its heartbeat answered too late) stays a member,
+    so its leader keeps its mirrors; meanwhile one of its requests ends (the client leaves) and another runs on.
+    Once it follows the same leader again, the leader holds the live one's mirror alone: the ended one is
+    neither in flight nor in the engine budget any more, and the live one's mirror is not ended by mistake."""
+    async with running_simulator(SimConfig(max_num_seqs=4, decode_base_ms=20.0)) as sim:
+        store = FakeStoreBackend()
+        handle = HeldStore(store)
+        servers: list[SchedulerServer] = []
+        try:
+            for name in ("r0", "r1"):
+                # a membership that outlives the degraded moment (the leader releases a dead owner's mirrors)
+                config = cluster_config(sim.url, name, cluster={"heartbeat_timeout_seconds": 30.0})
+                server = SchedulerServer(
+                    config, store_factory=lambda _c, _r, name=name: handle if name == "r1" else FakeStore(store)
+                )
+                await server.start()
+                servers.append(server)
+                if name == "r0":
+                    await eventually(lambda: agent_of(servers[0]).role is Role.LEADING, 5.0, "r0 leading")
+            await settled(servers)
+            leader, follower = agent_of(servers[0]), agent_of(servers[1])
+            estimator = servers[0].scheduler.dispatchers["m"].backends[0].estimator
+
+            def mirrored() -> set[str]:
+                return {m.ticket.request.client_request_id for m in leader.leader.mirrors.values()}
+
+            async with client_for(servers[1], user="bob") as client:
+                gone = client.stream("m", "left while degraded", max_tokens=2000, ignore_eos=True, request_id="gone")
+                kept = client.stream("m", "runs throughout", max_tokens=2000, ignore_eos=True, request_id="kept")
+                await first_delta(gone)
+                await first_delta(kept)
+                await eventually(lambda: mirrored() == {"gone", "kept"}, 5.0, "both mirrored")
+                handle.late_heartbeats = True
+                await eventually(lambda: follower.role is Role.DEGRADED, 5.0, "r1 degraded")
+                gone.cancel()
+                local = servers[1].scheduler.dispatchers["m"].cluster
+                await eventually(
+                    lambda: [t.request.client_request_id for t in local.live_tickets()] == ["kept"], 5.0, "gone ended"
+                )
+                assert follower.role is Role.DEGRADED
+                handle.late_heartbeats = False
+                await settled(servers)
+                await eventually(lambda: mirrored() == {"kept"}, 5.0, "the ended request's mirror released")
+                assert estimator.in_flight == 1, "the engine budget counts the live request alone"
+                kept.cancel()
+                await eventually(lambda: not leader.leader.mirrors, 5.0, "the live request's end reported")
+                assert estimator.in_flight == 0
+        finally:
+            for server in servers:
+                with contextlib.suppress(Exception):
+                    await server.stop(grace=0.2)
+
+
+async def test_a_roster_ends_only_its_owners_older_mirrors_it_does_not_name_and_only_once_whole() -> None:
+    """The leader's side of a roster: a part missing or out of order, another model's roster or another owner's
+    ends nothing; a whole one ends the owner's mirrors it does not name, but not one registered after its first
+    part arrived (that request was admitted after the owner sent the roster)."""
+    async with (
+        running_simulator(SimConfig(max_num_seqs=4, decode_base_ms=20.0)) as sim,
+        replicas(sim.url, count=2) as (_, servers),
+    ):
+        leader = agent_of(servers[0]).leader
+        estimator = servers[0].scheduler.dispatchers["m"].backends[0].estimator
+
+        def mirrored() -> set[str]:
+            return {m.ticket.request.client_request_id for m in leader.mirrors.values()}
+
+        async with client_for(servers[1], user="bob") as client:
+            old = client.stream("m", "registered before", max_tokens=2000, ignore_eos=True, request_id="old")
+            await first_delta(old)
+            await eventually(lambda: mirrored() == {"old"}, 5.0, "old mirrored")
+            leader.on_roster(Roster("r1", ["m"], [], 1, 2))  # its first part missing
+            leader.on_roster(Roster("r1", ["m"], [], 0, 3))
+            leader.on_roster(Roster("r1", ["m"], [], 2, 3))  # its second part missing
+            leader.on_roster(Roster("r1", ["m"], [], 1, 3))  # what is left of it
+            leader.on_roster(Roster("r1", ["other"], [], 0, 1))
+            leader.on_roster(Roster("r2", ["m"], [], 0, 1))
+            assert mirrored() == {"old"}
+            leader.on_roster(Roster("r1", ["m"], [], 0, 2))
+            new = client.stream("m", "registered after", max_tokens=2000, ignore_eos=True, request_id="new")
+            await first_delta(new)
+            await eventually(lambda: mirrored() == {"old", "new"}, 5.0, "new mirrored")
+            leader.on_roster(Roster("r1", ["m"], [], 1, 2))
+            assert mirrored() == {"new"}
+            assert estimator.in_flight == 1
+            old.cancel()
+            new.cancel()
+            await eventually(lambda: not leader.mirrors, 5.0, "new's end reported")
+            assert estimator.in_flight == 0
