@@ -38,7 +38,7 @@ from backends.base import BackendLoad
 from backends.errors import BackendError, BackendOverloaded, BackendRejectedRequest, BackendUnavailable
 from backends.registry import BACKEND_KINDS
 from scheduler_svc.app.settings import config_from_dict
-from scheduler_svc.app.stepped import SteppedClock, good_reading, inert_backend, report_tokens
+from scheduler_svc.app.stepped import SteppedClock, good_reading, inert_backend, pass_while_woken, report_tokens
 from scheduler_svc.config import Config
 from scheduler_svc.config.live import config_changes
 from scheduler_svc.core.admission import build_request
@@ -562,19 +562,9 @@ class World:
         for name, dispatcher in list(self.scheduler.dispatchers.items()):
             armed = self.wake_at.get(name)
             if armed is not None and armed <= now:
-                self.wake_at[name] = None
+                armed = None
                 dispatcher.wake()
-            loop = dispatcher.loop
-            repeated = False
-            while loop.take_wake():
-                dispatcher.decide()
-                armed = loop.choose_again_at()
-                if armed is not None and armed <= now:
-                    armed = None
-                    if not repeated:
-                        repeated = True
-                        loop.wake()
-                self.wake_at[name] = armed
+            self.wake_at[name] = pass_while_woken(dispatcher, now, armed)
             self._look_for_stall(name, dispatcher)
 
     def _look_for_stall(self, name: str, dispatcher: Any) -> None:
