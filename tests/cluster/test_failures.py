@@ -384,6 +384,22 @@ async def test_a_lease_taken_by_a_call_answered_too_late_is_led_in_a_term_the_fo
                     await server.stop(grace=0.2)
 
 
+async def _leader_and_follower_through(
+    handle: FakeStore, store: FakeStoreBackend, url: str, cluster: dict[str, float], servers: list[SchedulerServer]
+) -> None:
+    """Start r0, leading, and r1, whose store calls go through `handle`, into `servers` (the caller stops them)."""
+    for name in ("r0", "r1"):
+        config = cluster_config(url, name, cluster=cluster)
+        server = SchedulerServer(
+            config, store_factory=lambda _c, _r, name=name: handle if name == "r1" else FakeStore(store)
+        )
+        await server.start()
+        servers.append(server)
+        if name == "r0":
+            await eventually(lambda: agent_of(servers[0]).role is Role.LEADING, 5.0, "r0 leading")
+    await settled(servers)
+
+
 class HeldStore(FakeStore):
     """A handle whose inbox reads can be held back (messages wait in the store) and whose heartbeat can be
     made to fail (each membership renewal answers too late) while everything else works."""
@@ -425,19 +441,10 @@ async def test_a_grant_reaching_a_degraded_owner_does_not_hold_the_leaders_budge
         handle = HeldStore(store)
         servers: list[SchedulerServer] = []
         try:
-            for name in ("r0", "r1"):
-                # a membership that outlives the test's degraded moment (the leader releases a dead owner's
-                # mirrors, which would hide the one kept by mistake)
-                cluster = {"admission_wait_seconds": 0.2, "heartbeat_timeout_seconds": 30.0}
-                config = cluster_config(sim.url, name, cluster=cluster)
-                server = SchedulerServer(
-                    config, store_factory=lambda _c, _r, name=name: handle if name == "r1" else FakeStore(store)
-                )
-                await server.start()
-                servers.append(server)
-                if name == "r0":
-                    await eventually(lambda: agent_of(servers[0]).role is Role.LEADING, 5.0, "r0 leading")
-            await settled(servers)
+            # a membership that outlives the test's degraded moment (the leader releases a dead owner's
+            # mirrors, which would hide the one kept by mistake)
+            cluster = {"admission_wait_seconds": 0.2, "heartbeat_timeout_seconds": 30.0}
+            await _leader_and_follower_through(handle, store, sim.url, cluster, servers)
             leader, follower = agent_of(servers[0]), agent_of(servers[1])
             handle.hold = True  # the Verdict and the Grant wait in r1's inbox
             async with client_for(servers[1], user="bob") as client:
@@ -575,17 +582,8 @@ async def test_requests_that_end_while_their_owner_is_degraded_leave_no_mirror_a
         handle = HeldStore(store)
         servers: list[SchedulerServer] = []
         try:
-            for name in ("r0", "r1"):
-                # a membership that outlives the degraded moment (the leader releases a dead owner's mirrors)
-                config = cluster_config(sim.url, name, cluster={"heartbeat_timeout_seconds": 30.0})
-                server = SchedulerServer(
-                    config, store_factory=lambda _c, _r, name=name: handle if name == "r1" else FakeStore(store)
-                )
-                await server.start()
-                servers.append(server)
-                if name == "r0":
-                    await eventually(lambda: agent_of(servers[0]).role is Role.LEADING, 5.0, "r0 leading")
-            await settled(servers)
+            # a membership that outlives the degraded moment (the leader releases a dead owner's mirrors)
+            await _leader_and_follower_through(handle, store, sim.url, {"heartbeat_timeout_seconds": 30.0}, servers)
             leader, follower = agent_of(servers[0]), agent_of(servers[1])
             estimator = servers[0].scheduler.dispatchers["m"].backends[0].estimator
 
