@@ -60,6 +60,7 @@ from scheduler_svc.policies import (
     ORDERING_POLICIES,
     scheduling_params,
 )
+from tests.quiet_observer import QuietObserver
 
 START = 1000.0  # the virtual clock's reading at time 0 (any value: the events count from it)
 
@@ -73,20 +74,11 @@ ENGINE_ERRORS: dict[str, type[BackendError]] = {
 }
 
 
-class _Outcomes:
+class _Outcomes(QuietObserver):
     """The model's observer (as a cluster follower would be): hears failovers and outcomes in order."""
 
     def __init__(self, driver: GoldenDriver) -> None:
         self._driver = driver
-
-    def on_accepted(self, ticket: Ticket) -> None:
-        return None
-
-    def on_first_token(self, ticket: Ticket) -> None:
-        return None
-
-    def on_generated(self, ticket: Ticket, tokens: int) -> None:
-        return None
 
     def on_failed_over(self, ticket: Ticket, error: BackendError) -> None:
         self._driver._record("requeue", ticket.request.request_id)

@@ -47,6 +47,7 @@ from scheduler_svc.core.request import ClientRequest
 from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
 from scheduler_svc.dispatch.metrics import SchedulerMetrics
 from scheduler_svc.dispatch.scheduler import Scheduler
+from tests.quiet_observer import QuietObserver
 
 TICK = 0.05  # seconds of virtual time per step
 START = 1000.0
@@ -687,21 +688,9 @@ class World:
             raise Broken(f"model {name} holds state of drained requests: {left}")
 
 
-class _Outcomes:
+class _Outcomes(QuietObserver):
     def __init__(self, world: World) -> None:
         self._world = world
-
-    def on_accepted(self, ticket: Ticket) -> None:
-        return None
-
-    def on_first_token(self, ticket: Ticket) -> None:
-        return None
-
-    def on_generated(self, ticket: Ticket, tokens: int) -> None:
-        return None
-
-    def on_failed_over(self, ticket: Ticket, error: BackendError) -> None:
-        return None
 
     def on_outcome(self, ticket: Ticket) -> None:
         self._world.outcome(ticket)
