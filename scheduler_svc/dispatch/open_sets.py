@@ -32,29 +32,30 @@ Evaluate = Callable[[int], "Answer"]
 """Asks backend i's gate now."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Opening:
     """A backend whose gate admits the candidate now, with the inputs its gate saw and the load order the
-    backend policies sort by (`backend_choice.load_order`), worked out once, when first asked."""
+    backend policies sort by (`backend_choice.load_order`), worked out once, when first asked. Read-only
+    once built (not frozen: one is built for every gate asked, and a frozen build costs twice as much)."""
 
     handle: BackendHandle
     inputs: GateInputs
-    _load: list[tuple[int, int, int]] = field(default_factory=list, init=False, repr=False, compare=False)
+    _load: tuple[int, int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def load(self) -> tuple[int, int, int]:
-        if not self._load:
-            self._load.append(load_of(self.inputs))
-        return self._load[0]
+        if self._load is None:
+            self._load = load_of(self.inputs)
+        return self._load
 
     @property
     def name(self) -> str:
         return self.handle.name
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Answer:
-    """A gate's answer for a candidate with the class's own engine priority."""
+    """A gate's answer for a candidate with the class's own engine priority (read-only once built)."""
 
     opening: Opening | None  # None: closed
     until: float | None  # when it may change by itself (None: not before an event at the backend)

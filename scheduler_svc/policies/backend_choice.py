@@ -39,7 +39,7 @@ class OpenBackend(Protocol):
 B = TypeVar("B", bound=OpenBackend)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Candidate(Generic[B]):
     """A request that may go now, with the backends whose gates admit it (never empty, config order)."""
 

@@ -26,7 +26,7 @@ class BandView(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BandTurn:
     """The band to serve now (an index into the backlogged bands) and the class whose gate it goes under."""
 

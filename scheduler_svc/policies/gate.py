@@ -22,9 +22,10 @@ from scheduler_svc.policies.step_model import StepTimeModel
 from scheduler_svc.policies.waiting_depth import WaitingDepth
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GateInputs:
-    """Everything a gate may base its decision on.
+    """Everything a gate may base its decision on (read-only for gates; not frozen: one is built for every
+    gate question, and a frozen build of this many fields costs twice as much).
 
     `sent_unseen`: requests dispatched after the reading was taken that have not produced a token yet (the
     engine holds them, the reading cannot show them). `started_since_reading`: requests dispatched before
@@ -101,7 +102,7 @@ class GateInputs:
             waiting = max(waiting, self.unstarted - max(0, self.engine_slots - self.started_in_flight))
         if self.waiting_bound is not None:
             waiting = min(waiting, self.waiting_bound)
-        object.__setattr__(self, "_waiting", waiting)  # frozen: the memo is the one field set after init
+        self._waiting = waiting
         return waiting
 
     def waiting_ahead(self) -> int:
@@ -142,10 +143,10 @@ class GateCause(StrEnum):
     OTHER = "other"  # a gate that does not say
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GateDecision:
     """The gate's answer with the reason (free text, for logs and introspection) and its cause (one of a fixed
-    set, for metrics)."""
+    set, for metrics). Read-only once built (not frozen: one is built for every gate asked)."""
 
     open: bool
     reason: str

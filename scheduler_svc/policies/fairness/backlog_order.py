@@ -48,7 +48,7 @@ class CounterKeys(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Choice:
     """The least-served eligible user, with the group key and user key it won with."""
 

@@ -102,7 +102,7 @@ class Reservations(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CounterView:
     """What a least-served choice reads: the backlogged flows and the account's keys (read-only)."""
 
