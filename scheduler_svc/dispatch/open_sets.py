@@ -70,7 +70,8 @@ class OpenSet:
         self._volatile = volatile  # backends whose gate is not reusable: asked at every look
         self.answers: list[Answer | None] = [None] * self._count  # read-only for callers
         self._dirty: set[int] = set(range(self._count))
-        self._timers: list[tuple[float, int]] = []  # (when a kept answer's time is up, backend)
+        self._timers: list[tuple[float, int]] = []  # (when a kept answer's time is up, backend), a heap
+        self._due: list[float | None] = [None] * self._count  # each backend's live entry there (older ones: skipped)
         self._open: list[Opening] = []
         self._open_order: list[int] = []  # the backend of each entry of `_open`, ascending
         self.open_indexes: set[int] = set()  # read-only for callers
@@ -87,7 +88,10 @@ class OpenSet:
         """The open backends now, in configuration order (the list is shared: do not change it)."""
         timers = self._timers
         while timers and timers[0][0] <= now:
-            self._dirty.add(heapq.heappop(timers)[1])
+            when, index = heapq.heappop(timers)
+            if self._due[index] == when:  # the time of the answer kept now, not of one it replaced
+                self._due[index] = None
+                self._dirty.add(index)
         if self._volatile:
             self._dirty |= self._volatile
         if not self._dirty:
@@ -97,8 +101,11 @@ class OpenSet:
         for index in todo:
             answer = evaluate(index)
             self.answers[index] = answer
-            if answer.until is not None:
-                heapq.heappush(timers, (answer.until - EARLY, index))
+            due = None if answer.until is None else answer.until - EARLY
+            if due != self._due[index]:
+                self._due[index] = due
+                if due is not None:
+                    heapq.heappush(timers, (due, index))
             if answer.admits_below is None:
                 self.unbounded.add(index)
                 self.bounds[index] = -math.inf
