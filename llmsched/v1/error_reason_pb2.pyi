@@ -125,6 +125,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     policies, an engine's address; docs/operations.md lists them); the message names each field. The running
     configuration stays.
     """
+    UNSUPPORTED_CONTENT_TYPE: _ErrorReason.ValueType  # 24
+    """gRPC INVALID_ARGUMENT, HTTP 415, not retryable.
+    The request's Content-Type names a media type other than JSON (application/json, application/*+json);
+    a request without one is read as JSON. Sent by the HTTP door only.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call of llmsched.v1 failed: every error status carries a google.rpc.ErrorInfo (domain "llmsched.v1")
@@ -238,5 +243,10 @@ CONFIG_NEEDS_RESTART: ErrorReason.ValueType  # 23
 ReloadConfig: the file is valid but changes what only a restart changes (listeners, TLS, the cluster, the
 policies, an engine's address; docs/operations.md lists them); the message names each field. The running
 configuration stays.
+"""
+UNSUPPORTED_CONTENT_TYPE: ErrorReason.ValueType  # 24
+"""gRPC INVALID_ARGUMENT, HTTP 415, not retryable.
+The request's Content-Type names a media type other than JSON (application/json, application/*+json);
+a request without one is read as JSON. Sent by the HTTP door only.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -55,6 +55,7 @@ ERRORS: dict[str, ErrorSpec] = {
     "CONFIG_NEEDS_RESTART": ErrorSpec(
         _C.FAILED_PRECONDITION, 400, False, "admin: the file changes what only a restart changes"
     ),
+    "UNSUPPORTED_CONTENT_TYPE": ErrorSpec(_C.INVALID_ARGUMENT, 415, False, "HTTP: the body's Content-Type is not JSON"),
 }
 """Reason (an `ErrorReason` value name, sent as `ErrorInfo.reason`) -> how it travels."""
 

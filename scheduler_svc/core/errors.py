@@ -5,7 +5,8 @@
     ├── InvalidRequest                  the request is malformed
     │   ├── InvalidField                one named field is unknown, of the wrong type or out of range
     │   ├── PromptTooLarge              the prompt exceeds max_prompt_bytes (the limit travels with it)
-    │   └── MalformedRequest            the body does not decode
+    │   ├── MalformedRequest            the body does not decode
+    │   └── UnsupportedContentType      the body is sent as something other than JSON (HTTP door)
     ├── ModelNotFound                   the model is not configured
     ├── BackendNotFound                 no backend of that name (an admin's drain)
     ├── Unauthenticated                 no usable caller identity
@@ -77,6 +78,12 @@ class MalformedRequest(InvalidRequest):
     """The request body is not a valid protobuf message of the method's request type (e.g. bad UTF-8)."""
 
     reason = "MALFORMED_REQUEST"
+
+
+class UnsupportedContentType(InvalidRequest):
+    """The HTTP door was sent a body whose Content-Type names a media type other than JSON."""
+
+    reason = "UNSUPPORTED_CONTENT_TYPE"
 
 
 class ModelNotFound(SchedulerError):

@@ -3,6 +3,7 @@
     exception (scheduler_svc.core.errors / backends.errors)   gRPC status
     SchedulerError, InternalError                         INTERNAL
     InvalidRequest, PromptTooLarge, MalformedRequest      INVALID_ARGUMENT (PromptTooLarge: the limit in metadata)
+    UnsupportedContentType                                INVALID_ARGUMENT (HTTP door only)
     ModelNotFound, BackendNotFound                        NOT_FOUND
     Unauthenticated                                       UNAUTHENTICATED
     PermissionDenied                                      PERMISSION_DENIED

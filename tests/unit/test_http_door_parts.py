@@ -21,6 +21,7 @@ EXCEPTIONS: list[Exception] = [
     errors.InvalidRequest("x"),
     errors.InvalidField("logprobs", "unsupported"),
     errors.MalformedRequest("x"),
+    errors.UnsupportedContentType("x"),
     errors.PromptTooLarge("x", limit=10),
     errors.ModelNotFound("x"),
     errors.Unauthenticated("x"),
