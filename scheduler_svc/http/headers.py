@@ -14,6 +14,7 @@ included) is ignored, never refused (`scheduler_svc.core.trace_context`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ SDK_TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")  # sec
 PRIORITY_CLASS_HEADER = "x-priority-class"
 QUEUE_UPDATES_HEADER = "x-queue-updates"
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
+_MILLISECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")  # ASCII digits only: \d would take any script's
 
 
 def identify(
@@ -112,14 +114,15 @@ def _is_json(media_type: str) -> bool:
 
 def call_timeout_seconds(headers: Mapping[str, str]) -> float | None:
     """The whole call's deadline from `x-request-timeout-ms` (None: none), as the OpenAI SDKs' `timeout` and
-    a gRPC deadline bound a call: queued, and then while its answer is generated. A malformed value is a 400."""
+    a gRPC deadline bound a call: queued, and then while its answer is generated. The value is decimal digits,
+    a fraction allowed (`1500`, `250.5`); anything else (a sign, an exponent, `_`, spaces inside, `nan`, other
+    scripts' digits: what Python's float would take too) and zero are a 400."""
     raw = single(headers, TIMEOUT_MS_HEADER)
     if raw is None:
         return None
-    value = _positive(raw)
-    if value is None:
-        raise InvalidField(TIMEOUT_MS_HEADER, "a positive number of milliseconds")
-    return min(value / 1000, MAX_TIMEOUT_SECONDS)
+    if not _MILLISECONDS.fullmatch(raw) or (value := float(raw)) <= 0:
+        raise InvalidField(TIMEOUT_MS_HEADER, "a positive number of milliseconds in decimal digits, e.g. 1500")
+    return min(value / 1000, MAX_TIMEOUT_SECONDS)  # digits past any float read as inf: the cap
 
 
 def timeout_seconds(headers: Mapping[str, str]) -> float | None:
