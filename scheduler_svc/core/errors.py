@@ -15,7 +15,7 @@
     ├── QueueFull                       a queue cap was hit (with a retry delay)
     │   └── QueueBytesFull              a byte cap was hit
     ├── QueueTimeout                    the deadline or queue TTL passed in the queue
-    ├── DeadlineExceeded                the call's deadline passed while it ran (HTTP door)
+    ├── DeadlineExceeded                the call's deadline passed before admission, or while it ran
     ├── ReadTimeout                     the request's headers or body came too slowly (HTTP door)
     ├── ReadCapacityFull                too many request-body bytes being read at once (HTTP door)
     ├── ShuttingDown                    the service is draining
@@ -139,7 +139,8 @@ class ShuttingDown(SchedulerError):
 
 
 class DeadlineExceeded(SchedulerError):
-    """The call's deadline passed while its answer was being generated (the engine request is aborted)."""
+    """The call's deadline passed before the request was admitted (its HTTP body still uploading), or while its
+    answer was being generated (the engine request is aborted)."""
 
     reason = "DEADLINE_EXCEEDED"
 

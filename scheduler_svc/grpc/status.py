@@ -9,7 +9,7 @@
     PermissionDenied                                      PERMISSION_DENIED
     AlreadyExists                                         ALREADY_EXISTS
     QueueFull, QueueBytesFull                             RESOURCE_EXHAUSTED (+ google.rpc.RetryInfo)
-    QueueTimeout, DeadlineExceeded, ReadTimeout           DEADLINE_EXCEEDED (the last two: HTTP door only)
+    QueueTimeout, DeadlineExceeded, ReadTimeout           DEADLINE_EXCEEDED (ReadTimeout: HTTP door only)
     ShuttingDown, ReadCapacityFull                        UNAVAILABLE (the last: HTTP door only)
     ConfigInvalid, ConfigNeedsRestart                     FAILED_PRECONDITION (a refused reload)
     BackendError, BackendProtocolError                    INTERNAL

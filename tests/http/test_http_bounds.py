@@ -217,6 +217,23 @@ async def test_a_body_declared_as_anything_but_json_is_415_before_it_is_read() -
     assert len(engine.started) == len(JSON_TYPES)
 
 
+async def test_a_deadline_that_passes_while_the_body_uploads_is_a_timeout_not_a_bad_request() -> None:
+    """The call's deadline counts from its headers: past it once the body is in, the answer is the door's
+    timeout for a deadline (504 deadline_exceeded, not retried), never a 400, and no engine is asked. The
+    client's own pacing is the input here, so it pauses on the wall clock."""
+    engine = ControlledEngine(auto_release=True)
+    deadline = "x-request-timeout-ms: 100\r\n"
+    head, tail = CHAT_BODY[:10], CHAT_BODY[10:]
+    async with http_serving(engine.factory()) as (server, _):
+        address = server.http_address
+        late = await exchange(address, post("/v1/chat/completions", head, ALICE + deadline, len(CHAT_BODY)), 0.3, tail)
+        in_time = await exchange(address, post("/v1/chat/completions", CHAT_BODY, ALICE + deadline))
+        counted = rejected(server, "deadline_exceeded")
+    assert (late.status, late.error()["code"], late.error()["type"]) == (504, "deadline_exceeded", "server_error")
+    assert late.headers["x-should-retry"] == "false" and "deadline" in late.error()["message"]
+    assert counted == 1 and in_time.status == 200 and len(engine.started) == 1
+
+
 async def test_an_endless_chunked_body_stops_at_the_body_limit() -> None:
     engine = ControlledEngine(auto_release=True)
     async with http_serving(engine.factory(), server={**FAST, "http_max_body_bytes": 4096}) as (server, _):
