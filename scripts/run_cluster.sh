@@ -94,7 +94,7 @@ for i in 1 2 3; do
   cat <<MSG
     .venv/bin/llmsched stream --target 127.0.0.1:$((50050 + i)) --model sim-model --user alice "Tell me a story"
     .venv/bin/grpcurl -plaintext -H 'x-user-id: bob' -d '{"params": {"model": "sim-model", "prompt": "Hello", "max_tokens": 16}}' 127.0.0.1:$((50050 + i)) llmsched.v1.SchedulerService/Submit
-    curl -N localhost:$((8080 + i))/v1/chat/completions -H 'x-user-id: carol' -d '{"model": "sim-model", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}'
+    curl -N localhost:$((8080 + i))/v1/chat/completions -H 'Content-Type: application/json' -H 'x-user-id: carol' -d '{"model": "sim-model", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}'
 MSG
 done
 cat <<MSG

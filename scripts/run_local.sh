@@ -44,7 +44,7 @@ cat <<MSG
     .venv/bin/llmsched stream --model sim-model --user alice "Tell me a story"
     .venv/bin/llmsched submit --model sim-model --user bob --max-tokens 32 "Hello"
     .venv/bin/grpcurl -plaintext 127.0.0.1:50051 list
-    curl -N localhost:8080/v1/chat/completions -H 'x-user-id: carol' -H 'x-queue-updates: true' -d '{"model": "sim-model", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}'
+    curl -N localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -H 'x-user-id: carol' -H 'x-queue-updates: true' -d '{"model": "sim-model", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}'
   (README.md's quick start has the OpenAI Python SDK too.) Ctrl-C stops both.
 
 MSG

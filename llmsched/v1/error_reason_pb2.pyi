@@ -107,8 +107,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     DEADLINE_EXCEEDED: _ErrorReason.ValueType  # 20
     """gRPC DEADLINE_EXCEEDED, HTTP 504, not retryable.
-    The call's deadline passed while its answer was being generated; the engine request was aborted. Sent by
-    the HTTP door (x-request-timeout-ms bounds the whole call); over gRPC the deadline ends the call itself.
+    The call's deadline passed before the request was admitted (an HTTP body still uploading, say), or while
+    its answer was being generated (the engine request was aborted). Sent by the HTTP door (x-request-timeout-ms
+    bounds the whole call); over gRPC the deadline ends the call itself, so a gRPC caller rarely sees it.
     """
     BACKEND_NOT_FOUND: _ErrorReason.ValueType  # 21
     """gRPC NOT_FOUND, HTTP 404, not retryable.
@@ -124,6 +125,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ReloadConfig: the file is valid but changes what only a restart changes (listeners, TLS, the cluster, the
     policies, an engine's address; docs/operations.md lists them); the message names each field. The running
     configuration stays.
+    """
+    UNSUPPORTED_CONTENT_TYPE: _ErrorReason.ValueType  # 24
+    """gRPC INVALID_ARGUMENT, HTTP 415, not retryable.
+    The request's Content-Type names a media type other than JSON (application/json, application/*+json);
+    a request without one is read as JSON. Sent by the HTTP door only.
     """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
@@ -221,8 +227,9 @@ The HTTP door is reading as many request-body bytes as it holds at once, for all
 """
 DEADLINE_EXCEEDED: ErrorReason.ValueType  # 20
 """gRPC DEADLINE_EXCEEDED, HTTP 504, not retryable.
-The call's deadline passed while its answer was being generated; the engine request was aborted. Sent by
-the HTTP door (x-request-timeout-ms bounds the whole call); over gRPC the deadline ends the call itself.
+The call's deadline passed before the request was admitted (an HTTP body still uploading, say), or while
+its answer was being generated (the engine request was aborted). Sent by the HTTP door (x-request-timeout-ms
+bounds the whole call); over gRPC the deadline ends the call itself, so a gRPC caller rarely sees it.
 """
 BACKEND_NOT_FOUND: ErrorReason.ValueType  # 21
 """gRPC NOT_FOUND, HTTP 404, not retryable.
@@ -238,5 +245,10 @@ CONFIG_NEEDS_RESTART: ErrorReason.ValueType  # 23
 ReloadConfig: the file is valid but changes what only a restart changes (listeners, TLS, the cluster, the
 policies, an engine's address; docs/operations.md lists them); the message names each field. The running
 configuration stays.
+"""
+UNSUPPORTED_CONTENT_TYPE: ErrorReason.ValueType  # 24
+"""gRPC INVALID_ARGUMENT, HTTP 415, not retryable.
+The request's Content-Type names a media type other than JSON (application/json, application/*+json);
+a request without one is read as JSON. Sent by the HTTP door only.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

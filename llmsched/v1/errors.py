@@ -49,12 +49,15 @@ ERRORS: dict[str, ErrorSpec] = {
     "INTERNAL": ErrorSpec(_C.INTERNAL, 500, False, "a bug of ours"),
     "READ_TIMEOUT": ErrorSpec(_C.DEADLINE_EXCEEDED, 408, True, "HTTP: the request's headers or body came too slowly"),
     "READ_CAPACITY_FULL": ErrorSpec(_C.UNAVAILABLE, 503, True, "HTTP: too many body bytes being read at once"),
-    "DEADLINE_EXCEEDED": ErrorSpec(_C.DEADLINE_EXCEEDED, 504, False, "HTTP: the call's deadline passed while running"),
+    "DEADLINE_EXCEEDED": ErrorSpec(
+        _C.DEADLINE_EXCEEDED, 504, False, "the call's deadline passed before admission or while running"
+    ),
     "BACKEND_NOT_FOUND": ErrorSpec(_C.NOT_FOUND, 404, False, "admin: no backend of that name"),
     "CONFIG_INVALID": ErrorSpec(_C.FAILED_PRECONDITION, 400, False, "admin: the config file does not load"),
     "CONFIG_NEEDS_RESTART": ErrorSpec(
         _C.FAILED_PRECONDITION, 400, False, "admin: the file changes what only a restart changes"
     ),
+    "UNSUPPORTED_CONTENT_TYPE": ErrorSpec(_C.INVALID_ARGUMENT, 415, False, "HTTP: the body's Content-Type is not JSON"),
 }
 """Reason (an `ErrorReason` value name, sent as `ErrorInfo.reason`) -> how it travels."""
 

@@ -12,7 +12,7 @@ import uuid
 
 from backends.base import ChatMessage, SamplingParams
 from scheduler_svc.config import Config
-from scheduler_svc.core.errors import InvalidField, InvalidRequest, ModelNotFound, PromptTooLarge
+from scheduler_svc.core.errors import DeadlineExceeded, InvalidField, ModelNotFound, PromptTooLarge
 from scheduler_svc.core.identity import user_id_problem
 from scheduler_svc.core.request import ClientRequest, QueuedRequest
 from scheduler_svc.core.text import client_text
@@ -86,8 +86,8 @@ def build_request(
         raise InvalidField("request_id", "1-128 characters of letters, digits and ._:/-")
     if message.end_user and (problem := user_id_problem(message.end_user)):
         raise InvalidField(END_USER_FIELD, problem)
-    if timeout is not None and timeout <= 0:
-        raise InvalidRequest("the call's deadline has already passed")
+    if timeout is not None and timeout <= 0:  # e.g. while an HTTP body was uploading: a timeout, as in the queue
+        raise DeadlineExceeded("the call's deadline passed before the request was admitted")
     deadlines = [now + t for t in (timeout, priority_class.queue_ttl_seconds or None) if t is not None]
     prompt_chars = len(message.prompt) if messages is None else sum(len(m.content) for m in messages)
     prompt_bytes = request_bytes(message)

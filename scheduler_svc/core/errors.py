@@ -5,7 +5,8 @@
     ├── InvalidRequest                  the request is malformed
     │   ├── InvalidField                one named field is unknown, of the wrong type or out of range
     │   ├── PromptTooLarge              the prompt exceeds max_prompt_bytes (the limit travels with it)
-    │   └── MalformedRequest            the body does not decode
+    │   ├── MalformedRequest            the body does not decode
+    │   └── UnsupportedContentType      the body is sent as something other than JSON (HTTP door)
     ├── ModelNotFound                   the model is not configured
     ├── BackendNotFound                 no backend of that name (an admin's drain)
     ├── Unauthenticated                 no usable caller identity
@@ -14,7 +15,7 @@
     ├── QueueFull                       a queue cap was hit (with a retry delay)
     │   └── QueueBytesFull              a byte cap was hit
     ├── QueueTimeout                    the deadline or queue TTL passed in the queue
-    ├── DeadlineExceeded                the call's deadline passed while it ran (HTTP door)
+    ├── DeadlineExceeded                the call's deadline passed before admission, or while it ran
     ├── ReadTimeout                     the request's headers or body came too slowly (HTTP door)
     ├── ReadCapacityFull                too many request-body bytes being read at once (HTTP door)
     ├── ShuttingDown                    the service is draining
@@ -79,6 +80,12 @@ class MalformedRequest(InvalidRequest):
     reason = "MALFORMED_REQUEST"
 
 
+class UnsupportedContentType(InvalidRequest):
+    """The HTTP door was sent a body whose Content-Type names a media type other than JSON."""
+
+    reason = "UNSUPPORTED_CONTENT_TYPE"
+
+
 class ModelNotFound(SchedulerError):
     """The requested model is not configured."""
 
@@ -132,7 +139,8 @@ class ShuttingDown(SchedulerError):
 
 
 class DeadlineExceeded(SchedulerError):
-    """The call's deadline passed while its answer was being generated (the engine request is aborted)."""
+    """The call's deadline passed before the request was admitted (its HTTP body still uploading), or while its
+    answer was being generated (the engine request is aborted)."""
 
     reason = "DEADLINE_EXCEEDED"
 

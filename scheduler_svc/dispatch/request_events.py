@@ -156,9 +156,13 @@ class RequestEvents:
             self._observer.on_generated(ticket, tokens)
 
     def on_aborted(self, ticket: Ticket) -> None:
-        """The request's open engine request was closed before its end (its caller left, or it was cut)."""
+        """The request's open engine request was closed before its end (its caller left, or it was cut). Heard
+        after the ticket's close let its backend go (a reload removed it), it is about nothing tracked: a no-op."""
         assert ticket.backend is not None
-        self._counters.engine_aborted(ticket.request, ticket.backend.name, answered=ticket.accepted_at is not None)
+        name = ticket.backend.name
+        if self._ledger.backend(name) is not ticket.backend:
+            return
+        self._counters.engine_aborted(ticket.request, name, answered=ticket.accepted_at is not None)
         if ticket.trace is not None:
             ticket.trace.aborted(self._clock.now())
 

@@ -3,12 +3,13 @@
     exception (scheduler_svc.core.errors / backends.errors)   gRPC status
     SchedulerError, InternalError                         INTERNAL
     InvalidRequest, PromptTooLarge, MalformedRequest      INVALID_ARGUMENT (PromptTooLarge: the limit in metadata)
+    UnsupportedContentType                                INVALID_ARGUMENT (HTTP door only)
     ModelNotFound, BackendNotFound                        NOT_FOUND
     Unauthenticated                                       UNAUTHENTICATED
     PermissionDenied                                      PERMISSION_DENIED
     AlreadyExists                                         ALREADY_EXISTS
     QueueFull, QueueBytesFull                             RESOURCE_EXHAUSTED (+ google.rpc.RetryInfo)
-    QueueTimeout, DeadlineExceeded, ReadTimeout           DEADLINE_EXCEEDED (the last two: HTTP door only)
+    QueueTimeout, DeadlineExceeded, ReadTimeout           DEADLINE_EXCEEDED (ReadTimeout: HTTP door only)
     ShuttingDown, ReadCapacityFull                        UNAVAILABLE (the last: HTTP door only)
     ConfigInvalid, ConfigNeedsRestart                     FAILED_PRECONDITION (a refused reload)
     BackendError, BackendProtocolError                    INTERNAL

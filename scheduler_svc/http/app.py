@@ -151,10 +151,12 @@ class HttpDoor:
 
     async def _expect_body(self, request: web.Request) -> None:
         """A generation call that waits for `100 Continue` before sending its body: one the door refuses before
-        reading a body (no identity, a Content-Length over the limit) is not told to go on, and the handler
-        answers it at once (closing the connection), so its client never sends the body."""
+        reading a body (no identity, a Content-Type that is not JSON, a Content-Length over the limit) is not
+        told to go on, and the handler answers it at once (closing the connection), so its client never sends
+        the body."""
         try:
             self._identify(request)
+            hdr.check_json_body(request.headers)
             self.intake.check_length(request)
         except SchedulerError:
             return
@@ -178,6 +180,7 @@ class HttpDoor:
         body_read = False
         try:
             user = self._identify(request)  # before the body: a caller without identity learns nothing more
+            hdr.check_json_body(request.headers)
             async with self.intake.body(request, user) as raw:  # the body's bytes are held until parsed
                 body_read = True
                 body = decode_json(raw)

@@ -27,6 +27,7 @@ _TYPES = {
     404: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
 }
 

@@ -1,5 +1,5 @@
-"""What the HTTP door reads from request headers: identity, request id, deadline, priority class, end user,
-opt-ins, and the caller's W3C trace context.
+"""What the HTTP door reads from request headers: identity, the body's media type, request id, deadline,
+priority class, end user, opt-ins, and the caller's W3C trace context.
 
 Identity goes through the same `Authenticator` as gRPC metadata: with API keys, `Authorization: Bearer <key>`
 alone decides the user; with `auth.identity_from_client_cert`, the TLS client certificate; otherwise the
@@ -14,22 +14,27 @@ included) is ignored, never refused (`scheduler_svc.core.trace_context`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from backends.base import TraceContext
 from scheduler_svc.core.admission import END_USER_HEADER, agreed_end_user
 from scheduler_svc.core.auth import AUTH_HEADER, USER_HEADER, Authenticator, PeerInfo, http_wording
-from scheduler_svc.core.errors import InvalidField, Unauthenticated
+from scheduler_svc.core.errors import InvalidField, Unauthenticated, UnsupportedContentType
 from scheduler_svc.core.identity import user_id_problem
+from scheduler_svc.core.text import client_text
 from scheduler_svc.core.trace_context import TRACEPARENT, TRACESTATE, read_trace_context
 
+CONTENT_TYPE_HEADER = "content-type"
+JSON_MEDIA_TYPE = "application/json"
 REQUEST_ID_HEADER = "x-request-id"
 TIMEOUT_MS_HEADER = "x-request-timeout-ms"
 SDK_TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")  # seconds: the openai SDKs' own
 PRIORITY_CLASS_HEADER = "x-priority-class"
 QUEUE_UPDATES_HEADER = "x-queue-updates"
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
+_MILLISECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")  # ASCII digits only: \d would take any script's
 
 
 def identify(
@@ -85,16 +90,39 @@ def _utf8(value: str | bytes) -> bool:
     return True
 
 
+def check_json_body(headers: Mapping[str, str]) -> None:
+    """Refuse (415, UnsupportedContentType) a body sent as anything but JSON, before any of it is read: its
+    Content-Type must name `application/json` or a `+json` type (any parameters, any case). A request that
+    names none is read as JSON (some clients leave it out); one that names another type (a form, text, a
+    file upload, curl's `-d` without a Content-Type) would only be misread."""
+    raw = single(headers, CONTENT_TYPE_HEADER)
+    if raw is None:
+        return
+    media_type = raw.split(";", 1)[0].strip().lower()
+    if not media_type or _is_json(media_type):
+        return
+    raise UnsupportedContentType(
+        f"unsupported Content-Type {client_text(raw)}: this endpoint accepts only a JSON body; send it with "
+        f"'Content-Type: {JSON_MEDIA_TYPE}'"
+    )
+
+
+def _is_json(media_type: str) -> bool:
+    kind, _, subtype = media_type.partition("/")
+    return kind == "application" and (subtype == "json" or (subtype.endswith("+json") and subtype != "+json"))
+
+
 def call_timeout_seconds(headers: Mapping[str, str]) -> float | None:
     """The whole call's deadline from `x-request-timeout-ms` (None: none), as the OpenAI SDKs' `timeout` and
-    a gRPC deadline bound a call: queued, and then while its answer is generated. A malformed value is a 400."""
+    a gRPC deadline bound a call: queued, and then while its answer is generated. The value is decimal digits,
+    a fraction allowed (`1500`, `250.5`); anything else (a sign, an exponent, `_`, spaces inside, `nan`, other
+    scripts' digits: what Python's float would take too) and zero are a 400."""
     raw = single(headers, TIMEOUT_MS_HEADER)
     if raw is None:
         return None
-    value = _positive(raw)
-    if value is None:
-        raise InvalidField(TIMEOUT_MS_HEADER, "a positive number of milliseconds")
-    return min(value / 1000, MAX_TIMEOUT_SECONDS)
+    if not _MILLISECONDS.fullmatch(raw) or (value := float(raw)) <= 0:
+        raise InvalidField(TIMEOUT_MS_HEADER, "a positive number of milliseconds in decimal digits, e.g. 1500")
+    return min(value / 1000, MAX_TIMEOUT_SECONDS)  # digits past any float read as inf: the cap
 
 
 def timeout_seconds(headers: Mapping[str, str]) -> float | None:

@@ -64,16 +64,23 @@ async def exchange(address: str, *parts: bytes | float, timeout: float = 5.0) ->
         writer.close()
 
 
-def post(path: str, body: bytes, headers: str = ALICE, length: int | None = None) -> bytes:
+def post(
+    path: str,
+    body: bytes,
+    headers: str = ALICE,
+    length: int | None = None,
+    content_type: str | None = "application/json",
+) -> bytes:
     """A request's bytes; `headers` are lines of latin-1 text, so "\xff" is the byte 0xff on the wire."""
     size = len(body) if length is None else length
+    media = "" if content_type is None else f"Content-Type: {content_type}\r\n"
     return (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n"
-        f"Connection: close\r\n{headers}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: x\r\n{media}Content-Length: {size}\r\nConnection: close\r\n{headers}\r\n"
     ).encode("latin-1") + body
 
 
 CHAT_BODY = json.dumps(chat(max_tokens=2)).encode()
+COMPLETION_BODY = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 2}).encode()
 
 
 def rejected(server: SchedulerServer, reason: str) -> float:
@@ -144,14 +151,17 @@ async def test_bodies_are_bounded_in_time_and_size(parts: tuple[bytes | float, .
 
 
 async def test_a_call_waiting_for_100_continue_is_refused_before_its_body_or_told_to_send_it() -> None:
-    """`Expect: 100-continue`: a call the door would refuse before reading a body (no identity, too large) gets
-    that answer instead of `100 Continue`, so the client never uploads; an acceptable one is told to go on."""
+    """`Expect: 100-continue`: a call the door would refuse before reading a body (no identity, not JSON, too
+    large) gets that answer instead of `100 Continue`, so the client never uploads; an acceptable one is told
+    to go on."""
     expect = "Expect: 100-continue\r\n"
     engine = ControlledEngine(auto_release=True)
     async with http_serving(engine.factory(), server=FAST) as (server, _):
         address = server.http_address
         anonymous = await exchange(address, post("/v1/chat/completions", b"", expect, len(CHAT_BODY)))
         too_large = await exchange(address, post("/v1/chat/completions", b"", ALICE + expect, 100_000_000))
+        a_form = post("/v1/chat/completions", b"", ALICE + expect, len(CHAT_BODY), "application/x-www-form-urlencoded")
+        not_json = await exchange(address, a_form)
         host, port = address.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
         try:
@@ -164,8 +174,64 @@ async def test_a_call_waiting_for_100_continue_is_refused_before_its_body_or_tol
             writer.close()
     assert (anonymous.status, anonymous.error()["code"]) == (401, "unauthenticated")
     assert (too_large.status, too_large.error()["code"]) == (413, "prompt_too_large")
-    assert b"100 Continue" not in anonymous.raw + too_large.raw
+    assert (not_json.status, not_json.error()["code"]) == (415, "unsupported_content_type")
+    assert b"100 Continue" not in anonymous.raw + too_large.raw + not_json.raw
     assert interim == b"HTTP/1.1 100 Continue\r\n\r\n" and final.status == 200
+
+
+JSON_TYPES = [None, "application/json", "Application/JSON; charset=UTF-8", "application/json;charset=latin-1"]
+JSON_TYPES += ["application/vnd.api+json", " application/merge-patch+json ; q=1", ""]
+OTHER_TYPES = ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded"]
+OTHER_TYPES += ["multipart/form-data; boundary=x", "application/octet-stream", "application/jsonl", "application/+json"]
+OTHER_TYPES += ["json", "*/*", "text/json"]
+
+
+async def test_a_body_declared_as_anything_but_json_is_415_before_it_is_read() -> None:
+    """A Content-Type naming JSON (any case, any parameters, a `+json` type) or none at all is read as JSON;
+    any other media type is refused with 415 naming the type to send, its body unread and no engine asked."""
+    engine = ControlledEngine(auto_release=True)
+    async with http_serving(engine.factory()) as (server, _):
+        address = server.http_address
+        served = [
+            (await exchange(address, post("/v1/completions", COMPLETION_BODY, content_type=t))).status
+            for t in JSON_TYPES
+        ]
+        refused = [
+            await exchange(address, post("/v1/chat/completions", CHAT_BODY, content_type=t)) for t in OTHER_TYPES
+        ]
+        twice = await exchange(address, post("/v1/chat/completions", CHAT_BODY, "Content-Type: text/plain\r\n" + ALICE))
+        counted = rejected(server, "unsupported_content_type")
+    assert served == [200] * len(JSON_TYPES)
+    assert [answer.status for answer in refused] == [415] * len(OTHER_TYPES)
+    for content_type, answer in zip(OTHER_TYPES, refused, strict=True):
+        error = answer.error()
+        assert (error["code"], error["type"], error["param"]) == (
+            "unsupported_content_type",
+            "invalid_request_error",
+            None,
+        )
+        assert repr(content_type) in error["message"] and "'Content-Type: application/json'" in error["message"]
+        assert answer.headers["x-should-retry"] == "false" and answer.headers["connection"] == "close"
+    assert (twice.status, twice.error()["code"]) == (400, "malformed_request"), "never first-wins: aiohttp refuses it"
+    assert counted == len(OTHER_TYPES)
+    assert len(engine.started) == len(JSON_TYPES)
+
+
+async def test_a_deadline_that_passes_while_the_body_uploads_is_a_timeout_not_a_bad_request() -> None:
+    """The call's deadline counts from its headers: past it once the body is in, the answer is the door's
+    timeout for a deadline (504 deadline_exceeded, not retried), never a 400, and no engine is asked. The
+    client's own pacing is the input here, so it pauses on the wall clock."""
+    engine = ControlledEngine(auto_release=True)
+    deadline = "x-request-timeout-ms: 100\r\n"
+    head, tail = CHAT_BODY[:10], CHAT_BODY[10:]
+    async with http_serving(engine.factory()) as (server, _):
+        address = server.http_address
+        late = await exchange(address, post("/v1/chat/completions", head, ALICE + deadline, len(CHAT_BODY)), 0.3, tail)
+        in_time = await exchange(address, post("/v1/chat/completions", CHAT_BODY, ALICE + deadline))
+        counted = rejected(server, "deadline_exceeded")
+    assert (late.status, late.error()["code"], late.error()["type"]) == (504, "deadline_exceeded", "server_error")
+    assert late.headers["x-should-retry"] == "false" and "deadline" in late.error()["message"]
+    assert counted == 1 and in_time.status == 200 and len(engine.started) == 1
 
 
 async def test_an_endless_chunked_body_stops_at_the_body_limit() -> None:

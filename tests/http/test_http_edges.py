@@ -179,11 +179,15 @@ async def test_deadline_header_ends_a_queued_request_with_504_and_no_retry() -> 
     engine = ControlledEngine(waiting=50)
     async with http_serving(engine.factory()) as (server, base), aiohttp.ClientSession() as session:
         status, headers, body = await _post(session, base + CHAT, chat(stream=True), {"x-request-timeout-ms": "200"})
-        bad = await _post(session, base + CHAT, chat(), {"x-request-timeout-ms": "soon"})
+        bad = [
+            await _post(session, base + CHAT, chat(), {"x-request-timeout-ms": value})
+            for value in ("soon", "1_000", "1e3", "+200", "nan", "inf", "0")
+        ]
         await until_settled(server, lambda: outcome_count(server, "expired") == 1)
     # a stream that failed while queued still gets its real status: the headers go out once an engine took it
     assert status == 504 and headers["x-should-retry"] == "false" and _error(body)["code"] == "queue_timeout"
-    assert bad[0] == 400 and engine.started == []
+    assert [(code, _error(reply)["param"]) for code, _, reply in bad] == [(400, "x-request-timeout-ms")] * len(bad)
+    assert engine.started == []
 
 
 async def test_queue_full_is_429_with_retry_after_from_the_grpc_hint() -> None:

@@ -14,13 +14,14 @@ from llmsched.v1.errors import ERRORS
 from scheduler_svc.core import errors
 from scheduler_svc.grpc.servicer import client_request
 from scheduler_svc.http.errors import error_reply
-from scheduler_svc.http.headers import peer_info, timeout_seconds
+from scheduler_svc.http.headers import MAX_TIMEOUT_SECONDS, call_timeout_seconds, peer_info, timeout_seconds
 from scheduler_svc.http.parsing import parse_call
 
 EXCEPTIONS: list[Exception] = [
     errors.InvalidRequest("x"),
     errors.InvalidField("logprobs", "unsupported"),
     errors.MalformedRequest("x"),
+    errors.UnsupportedContentType("x"),
     errors.PromptTooLarge("x", limit=10),
     errors.ModelNotFound("x"),
     errors.Unauthenticated("x"),
@@ -82,9 +83,24 @@ def test_deadline_headers() -> None:
     assert timeout_seconds({"x-stainless-read-timeout": "600.0", "x-request-timeout-ms": "100"}) == 0.1
     assert timeout_seconds({"x-stainless-timeout": "soon"}) is None  # the SDK's header: ignored when odd
     assert timeout_seconds({}) is None
-    for bad in ("0", "-5", "nan", "inf", "soon"):
-        with pytest.raises(errors.InvalidRequest):
-            timeout_seconds({"x-request-timeout-ms": bad})
+    assert timeout_seconds({"x-request-timeout-ms": "250.5"}) == 0.2505  # a fraction of a millisecond is kept
+    assert timeout_seconds({"x-request-timeout-ms": "0100"}) == 0.1
+    assert timeout_seconds({"x-request-timeout-ms": "9" * 400}) == MAX_TIMEOUT_SECONDS  # past any float: the cap
+
+
+# What Python's float takes besides decimal digits, and what a header value of milliseconds is not. (The
+# HTTP parser strips the spaces around a header's value before the door reads it.)
+NOT_MILLISECONDS = ["0", "0.0", "-5", "+5", "-0", "nan", "NaN", "inf", "-Infinity", "soon", "", "1_000", " 1e3 "]
+NOT_MILLISECONDS += ["1e3", "1E3", "0x10", "100.", ".5", "1 000", "100ms", "100\n", "\u0661\u0660\u0660", "\uff11"]
+
+
+@pytest.mark.parametrize("bad", NOT_MILLISECONDS)
+def test_a_deadline_header_that_is_not_decimal_milliseconds_is_refused_naming_it(bad: str) -> None:
+    with pytest.raises(errors.InvalidField) as refused:
+        timeout_seconds({"x-request-timeout-ms": bad})
+    assert refused.value.param == "x-request-timeout-ms"
+    with pytest.raises(errors.InvalidField):
+        call_timeout_seconds({"x-request-timeout-ms": bad})
 
 
 def test_a_peer_certificate_reads_like_grpc_auth_context() -> None:

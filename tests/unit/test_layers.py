@@ -97,6 +97,7 @@ EXPECTED_STATUS = [
     (errors.InvalidRequest("x"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
     (errors.PromptTooLarge("x", limit=3), grpc.StatusCode.INVALID_ARGUMENT, "PROMPT_TOO_LARGE"),
     (errors.MalformedRequest("x"), grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST"),
+    (errors.UnsupportedContentType("x"), grpc.StatusCode.INVALID_ARGUMENT, "UNSUPPORTED_CONTENT_TYPE"),
     (errors.ModelNotFound("x"), grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
     (errors.Unauthenticated("x"), grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"),
     (errors.PermissionDenied("x"), grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),

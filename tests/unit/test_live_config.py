@@ -386,6 +386,39 @@ def test_a_backend_still_draining_after_its_removal_comes_back_only_with_the_sam
     assert b1 is not None and not b1.draining
 
 
+async def test_an_abort_heard_after_its_close_on_a_backend_a_reload_removed_changes_nothing() -> None:
+    """A run's abort that arrives after its ticket closed, when that close let a removed backend go (its
+    series with it), is for something no longer tracked: it is a no-op, never a KeyError in the caller's task."""
+    rig = Rig(_raw())
+    for _ in range(4):
+        rig.submit("alice")
+    on_b1 = [t for t in rig.decide() if t.backend is not None and t.backend.name == "b1"]
+    without_b1 = _raw()
+    without_b1["models"][0]["backends"].pop()
+    rig.reload(without_b1)
+    for ticket in on_b1:
+        ticket.close()  # the last close lets b1 go
+    dispatcher = rig.scheduler.dispatchers["m"]
+    assert len(on_b1) == 2 and dispatcher.backend("b1") is None
+    registry = rig.scheduler.metrics.registry
+
+    def aborts() -> dict[tuple[str, str], float | None]:
+        return {
+            (b, s): registry.get_sample_value("llmsched_engine_aborts_total", {"model": "m", "backend": b, "stage": s})
+            for b in ("b0", "b1")
+            for s in ("answered", "sent")
+        }
+
+    before = aborts()
+    for ticket in on_b1:
+        dispatcher.events.on_aborted(ticket)
+    assert aborts() == before
+    assert all(t.outcome is Outcome.CANCELLED for t in on_b1)
+    running = next(t for t in rig.tickets if t.state is TicketState.DISPATCHED)  # on b0, still tracked
+    dispatcher.events.on_aborted(running)
+    assert aborts()[("b0", "sent")] == (before[("b0", "sent")] or 0) + 1, "a tracked backend's abort still counts"
+
+
 # -- models --------------------------------------------------------------------------------------------------
 async def test_a_removed_model_admits_nothing_serves_what_it_holds_then_goes() -> None:
     two = _raw()

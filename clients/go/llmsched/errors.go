@@ -48,6 +48,7 @@ var errorTable = map[string]ReasonSpec{
 	"BACKEND_NOT_FOUND":        {codes.NotFound, false},
 	"CONFIG_INVALID":           {codes.FailedPrecondition, false},
 	"CONFIG_NEEDS_RESTART":     {codes.FailedPrecondition, false},
+	"UNSUPPORTED_CONTENT_TYPE": {codes.InvalidArgument, false},
 }
 
 // Error is a failed call: the gRPC code, the reason (an llmsched.v1.ErrorReason value name, from
