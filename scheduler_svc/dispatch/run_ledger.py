@@ -14,6 +14,7 @@ from scheduler_svc.core.ticket import Ticket
 from scheduler_svc.dispatch.activity import ClassActivity
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.metrics import BackendSeries
+from scheduler_svc.policies import InFlightCounts
 
 
 class RunLedger:
@@ -26,7 +27,7 @@ class RunLedger:
         self._activity = activity
         self._series = series
         self._running: dict[str, Ticket] = {}  # request id -> ticket, for every dispatched request
-        self._in_flight = {name: h.estimator.in_flight for name, h in self._handles.items()}
+        self._in_flight = InFlightCounts({name: h.estimator.in_flight for name, h in self._handles.items()})
 
     def __len__(self) -> int:
         return len(self._running)
@@ -41,14 +42,14 @@ class RunLedger:
     def add_backend(self, handle: BackendHandle) -> None:
         """A backend joined the model (a reload added it)."""
         self._handles[handle.name] = handle
-        self._in_flight[handle.name] = handle.estimator.in_flight
+        self._in_flight.set(handle.name, handle.estimator.in_flight)
 
     def remove_backend(self, name: str) -> None:
         """A removed backend leaves the model: nothing of the model runs there any more."""
         handle = self._handles[name]
         assert handle.estimator.in_flight == 0, f"backend {name} still has requests in flight"
         del self._handles[name]
-        del self._in_flight[name]
+        self._in_flight.drop(name)
 
     def backend(self, name: str) -> BackendHandle | None:
         """The model's backend called `name`, None when there is none."""
@@ -59,7 +60,7 @@ class RunLedger:
         assert ticket.backend is not None, "the ticket was not dispatched"
         return self._handles[ticket.backend.name]
 
-    def in_flight(self) -> Mapping[str, int]:
+    def in_flight(self) -> InFlightCounts:
         """Requests in flight at each backend, by name (what the backend policy balances): kept as requests
         start and end, read-only."""
         return self._in_flight
@@ -68,7 +69,7 @@ class RunLedger:
         """The ticket was sent to `handle` (its estimator already counts it)."""
         self._running[ticket.request.request_id] = ticket
         self._activity.started(ticket.request.priority_class, now)
-        self._in_flight[handle.name] = handle.estimator.in_flight
+        self._in_flight.set(handle.name, handle.estimator.in_flight)
         self._series[handle.name].in_flight.set(handle.estimator.in_flight)
 
     def end(self, ticket: Ticket, now: float) -> BackendHandle:
@@ -78,6 +79,6 @@ class RunLedger:
         handle.estimator.finished(ticket.request.request_id, now)
         if self._running.pop(ticket.request.request_id, None) is not None:
             self._activity.ended(ticket.request.priority_class, now)
-        self._in_flight[handle.name] = handle.estimator.in_flight
+        self._in_flight.set(handle.name, handle.estimator.in_flight)
         self._series[handle.name].in_flight.set(handle.estimator.in_flight)
         return handle

@@ -1,7 +1,13 @@
 """Pluggable scheduling policies: fairness (between users), ordering (within a user), gates (backpressure),
 band choice (between priority classes), backend choice (among open backends)."""
 
-from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, BackendPolicy, Candidate, LeastLoaded
+from scheduler_svc.policies.backend_choice import (
+    BACKEND_POLICIES,
+    BackendPolicy,
+    Candidate,
+    InFlightCounts,
+    LeastLoaded,
+)
 from scheduler_svc.policies.band import BAND_POLICIES, BandPolicy, BandTurn, StrictRankBands
 from scheduler_svc.policies.configured import check_config, scheduling_params
 from scheduler_svc.policies.fairness import FAIRNESS_POLICIES, Fairness, FairnessParams
@@ -37,6 +43,7 @@ __all__ = [
     "GateCause",
     "GateDecision",
     "GateInputs",
+    "InFlightCounts",
     "LeastLoaded",
     "OrderingPolicy",
     "PrefixLocality",

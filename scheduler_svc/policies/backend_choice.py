@@ -39,6 +39,38 @@ class OpenBackend(Protocol):
 B = TypeVar("B", bound=OpenBackend)
 
 
+class InFlightCounts:
+    """Requests in flight at each backend of a model, by name, with their total kept as counts change, so a
+    policy's average load costs nothing per decision however many backends the model has. Read-only for
+    policies; whoever tracks requests (the run ledger) sets the counts."""
+
+    def __init__(self, counts: Mapping[str, int] | None = None) -> None:
+        self._counts = dict(counts or {})
+        self._total = sum(self._counts.values())
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def get(self, backend: str, default: int) -> int:
+        """The backend's count, `default` for a backend not counted here."""
+        return self._counts.get(backend, default)
+
+    def counts(self) -> dict[str, int]:
+        """Every backend's count (a copy)."""
+        return dict(self._counts)
+
+    def average(self) -> float:
+        """Requests in flight per backend (0 with no backend)."""
+        return self._total / len(self._counts) if self._counts else 0.0
+
+    def set(self, backend: str, count: int) -> None:
+        self._total += count - self._counts.get(backend, 0)
+        self._counts[backend] = count
+
+    def drop(self, backend: str) -> None:
+        self._total -= self._counts.pop(backend, 0)
+
+
 @dataclass(slots=True)
 class Candidate(Generic[B]):
     """A request that may go now, with the backends whose gates admit it (never empty, config order)."""
@@ -55,7 +87,7 @@ class BackendPolicy(Protocol):
         """`request`: the request about to go; `backends`: those whose gates admit it, in config order."""
         ...
 
-    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[PromptView, B]:
+    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: InFlightCounts) -> tuple[PromptView, B]:
         """The request to send and its backend. `candidates` (never empty): the fairness policy's choice
         first, then other users' next requests that fairness allows now, in its order; `in_flight`: every
         backend of the model (open or not) -> requests in flight there."""
@@ -88,7 +120,7 @@ class LeastLoaded:
     def choose(self, request: PromptView, backends: Sequence[B]) -> B:
         return min(backends, key=load_order)
 
-    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[PromptView, B]:
+    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: InFlightCounts) -> tuple[PromptView, B]:
         first = candidates[0]
         return first.request, self.choose(first.request, first.backends)
 

@@ -26,10 +26,17 @@ keeps is stated on `offer`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from scheduler_svc.config import LocalityConfig
-from scheduler_svc.policies.backend_choice import BACKEND_POLICIES, B, Candidate, OpenBackend, load_order
+from scheduler_svc.policies.backend_choice import (
+    BACKEND_POLICIES,
+    B,
+    Candidate,
+    InFlightCounts,
+    OpenBackend,
+    load_order,
+)
 from scheduler_svc.policies.interfaces import PromptView
 from scheduler_svc.policies.prefix_index import (
     FALLBACK_INDEX_BYTES,
@@ -83,10 +90,10 @@ class PrefixLocality:
         return chain
 
     def choose(self, request: PromptView, backends: Sequence[B]) -> B:
-        in_flight = {b.name: b.inputs.in_flight for b in backends}
+        in_flight = InFlightCounts({b.name: b.inputs.in_flight for b in backends})
         return self._best_backend(request, backends, self._within_load_bound(backends, in_flight))[1]
 
-    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: Mapping[str, int]) -> tuple[PromptView, B]:
+    def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: InFlightCounts) -> tuple[PromptView, B]:
         best: tuple[int, PromptView, B] | None = None
         offered: Sequence[B] | None = None
         allowed: list[B] = []
@@ -127,11 +134,11 @@ class PrefixLocality:
             return 0, min(allowed, key=lambda b: (load_order(b), len(self.index(b.name))))
         return best[0], min((b for score, b in scored if score == best), key=load_order)
 
-    def _within_load_bound(self, backends: Sequence[B], in_flight: Mapping[str, int]) -> list[B]:
+    def _within_load_bound(self, backends: Sequence[B], in_flight: InFlightCounts) -> list[B]:
         """The open backends not over the model's average in-flight count x factor + slack."""
         counts = [in_flight.get(b.name, b.inputs.in_flight) for b in backends]
-        loads = in_flight.values() if in_flight else counts  # every backend of the model, when known
-        average = sum(loads) / len(loads)
+        # the average over every backend of the model, when known
+        average = in_flight.average() if in_flight else sum(counts) / len(counts)
         limit = self._settings.max_load_factor * average + self._settings.load_slack
         return [b for b, count in zip(backends, counts, strict=True) if count <= limit]
 

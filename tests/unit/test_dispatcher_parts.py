@@ -125,7 +125,7 @@ def test_the_run_ledger_keeps_each_running_ticket_with_its_backend_its_class_and
     gauge = metrics.registry.get_sample_value
     assert ledger.ticket("r") is sent and ledger.backend_of(sent) is b1 and len(ledger) == 1
     assert (
-        ledger.in_flight() == {"b0": 0, "b1": 1}
+        ledger.in_flight().counts() == {"b0": 0, "b1": 1}
         and gauge("llmsched_backend_in_flight", {"model": "m", "backend": "b1"}) == 1
     )
     assert activity.better_active(PriorityClassConfig("batch", rank=1, max_engine_running_when_contended=1), 1.0)

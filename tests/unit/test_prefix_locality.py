@@ -12,7 +12,7 @@ from backends.base import BackendLoad, ChatMessage, SamplingParams
 from scheduler_svc.app.settings import config_from_dict
 from scheduler_svc.config import ConfigError, LocalityConfig
 from scheduler_svc.core.request import QueuedRequest
-from scheduler_svc.policies import BACKEND_POLICIES, Candidate, GateInputs, LeastLoaded, PrefixLocality
+from scheduler_svc.policies import BACKEND_POLICIES, Candidate, GateInputs, InFlightCounts, LeastLoaded, PrefixLocality
 from scheduler_svc.policies.backend_choice import load_of
 from scheduler_svc.policies.prefix_index import (
     CHARS_PER_TOKEN,
@@ -194,10 +194,13 @@ def test_a_backend_over_the_load_bound_is_passed_over_for_the_next_best() -> Non
     p.on_dispatched(request(text("sys", 4)), "b1")
     busy, other = opening("b0", in_flight=10), opening("b1", in_flight=2)
     # average (10 + 2) / 2 = 6; limit 1.5 x 6 + 2 = 11: b0 still takes it
-    assert p.choose_among([Candidate(request(text("sys", 8)), [busy, other])], {"b0": 10, "b1": 2})[1] is busy
+    assert (
+        p.choose_among([Candidate(request(text("sys", 8)), [busy, other])], InFlightCounts({"b0": 10, "b1": 2}))[1]
+        is busy
+    )
     # with b2 idle the average is 4, the limit 8: b0 is passed over, b1 matches 4 blocks
     idle = opening("b2")
-    loads = {"b0": 10, "b1": 2, "b2": 0}
+    loads = InFlightCounts({"b0": 10, "b1": 2, "b2": 0})
     assert p.choose_among([Candidate(request(text("sys", 8)), [busy, other, idle])], loads)[1] is other
     # every open backend over the bound: the least loaded of them
     assert p.choose_among([Candidate(request(text("sys", 8)), [busy])], loads)[1] is busy
@@ -212,7 +215,9 @@ def test_a_session_sticks_to_its_backend_within_the_load_bound() -> None:
     # over the bound, the session moves (and follows its new backend from then on)
     loaded = opening("b1", in_flight=9)
     assert (
-        p.choose_among([Candidate(request("t3", user="alice", cache_key="chat"), [b0, loaded])], {"b0": 1, "b1": 9})[1]
+        p.choose_among(
+            [Candidate(request("t3", user="alice", cache_key="chat"), [b0, loaded])], InFlightCounts({"b0": 1, "b1": 9})
+        )[1]
         is b0
     )
 
@@ -222,12 +227,14 @@ def test_d_lpm_sends_the_candidate_with_the_longest_match_and_keeps_fairness_ord
     b0, b1 = opening("b0"), opening("b1")
     p.on_dispatched(request(text("hot", 10)), "b1")
     fair, warm, hot = request(text("cold", 10)), request(text("hot", 3)), request(text("hot", 10))
-    chosen, backend = p.choose_among([Candidate(fair, [b0, b1]), Candidate(warm, [b0, b1]), Candidate(hot, [b0])], {})
+    chosen, backend = p.choose_among(
+        [Candidate(fair, [b0, b1]), Candidate(warm, [b0, b1]), Candidate(hot, [b0])], InFlightCounts()
+    )
     assert (chosen, backend) == (warm, b1)  # hot's 10 blocks are at b1, which is not open to it
     tie = request(text("cold", 10))
-    assert p.choose_among([Candidate(fair, [b0, b1]), Candidate(tie, [b0, b1])], {})[0] is fair
+    assert p.choose_among([Candidate(fair, [b0, b1]), Candidate(tie, [b0, b1])], InFlightCounts())[0] is fair
     # least_loaded always sends the fairness policy's choice
-    assert LeastLoaded().choose_among([Candidate(fair, [b0, b1]), Candidate(hot, [b1])], {})[0] is fair
+    assert LeastLoaded().choose_among([Candidate(fair, [b0, b1]), Candidate(hot, [b1])], InFlightCounts())[0] is fair
 
 
 def test_config_selects_and_validates_the_backend_policy() -> None:
