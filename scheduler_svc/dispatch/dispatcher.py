@@ -116,7 +116,7 @@ class ModelDispatcher:
         self._book = QueueBook(
             scheduling.classes,
             ORDERING_POLICIES.create(scheduling.ordering).key,
-            lambda priority_class, size: by_class[priority_class].queue_depth.set(size),
+            lambda priority_class, size: by_class[priority_class].show_depth(size),
             EndUserShares(
                 lambda: FAIRNESS_POLICIES.create(scheduling.fairness, WeightResolver(), clock, params=nested_params),
                 prices,

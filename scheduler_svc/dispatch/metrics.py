@@ -246,6 +246,18 @@ class QueuedDemand:
         yield from (prompt, output, oldest)
 
 
+class Shown:
+    """A value a gauge shows, read when the registry is collected (`Gauge.set_function`): setting it is an
+    attribute write, where the gauge's own `set` checks and takes a lock, and the decision path sets several
+    of these for every request it sends."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.value: float = 0
+        gauge.set_function(lambda: self.value)
+
+
 GATE_CLOSE_CAUSES = tuple(cause for cause in GateCause if cause is not GateCause.OPEN)
 """The values of `llmsched_gate_closed`'s `reason` label: every series exists from the start, so a query
 never mistakes a missing series for an open gate."""
@@ -255,17 +267,17 @@ never mistakes a missing series for an open gate."""
 class GateCauseSeries:
     """`llmsched_gate_closed` for one backend and class: one child per cause, resolved once."""
 
-    children: dict[GateCause, Any]
+    children: dict[GateCause, Shown]
     shown: GateCause | None = field(default=None)
 
     def show(self, cause: GateCause) -> None:
-        """Mark `cause` (OPEN: none) as what the last decision rests on; only a change touches the gauges."""
+        """Mark `cause` (OPEN: none) as what the last decision rests on."""
         if cause is self.shown:
             return
         if self.shown is not None and self.shown is not GateCause.OPEN:
-            self.children[self.shown].set(0)
+            self.children[self.shown].value = 0
         if cause is not GateCause.OPEN:
-            self.children[cause].set(1)
+            self.children[cause].value = 1
         self.shown = cause
 
 
@@ -305,33 +317,22 @@ class BackendSeries:
     aborts_sent: Any
     accept: Any
     generated_tokens: Any
-    in_flight: Any
-    gate_open: Any
-    metrics_fresh: Any
-    estimated_waiting: Any
+    in_flight: Shown
+    gate_open: Shown
+    metrics_fresh: Shown
+    estimated_waiting: Shown
     draining: Any
     gate_causes: dict[str, GateCauseSeries] = field(default_factory=dict)  # priority class -> its causes
-    _gate_shown: list[tuple[bool, bool, int] | None] = field(default_factory=lambda: [None])
 
     def show_gate(self, is_open: bool, fresh: bool, waiting: int) -> None:
-        """The gate's last decision for a user with nothing at the engine; only a gauge whose value changed is
-        set (a decision pass may ask thousands of times a second, and mostly only the waiting estimate moves)."""
-        last = self._gate_shown[0]
-        shown = (is_open, fresh, waiting)
-        if shown == last:
-            return
-        self._gate_shown[0] = shown
-        if last is None or last[0] != is_open:
-            self.gate_open.set(1 if is_open else 0)
-        if last is None or last[1] != fresh:
-            self.metrics_fresh.set(1 if fresh else 0)
-        if last is None or last[2] != waiting:
-            self.estimated_waiting.set(waiting)
+        """The gate's last decision for a user with nothing at the engine."""
+        self.gate_open.value = is_open
+        self.metrics_fresh.value = fresh
+        self.estimated_waiting.value = waiting
 
     def show_left_out(self) -> None:
         """The backend is not asked (it drains or cools down): its gate shows closed, the rest as it was."""
-        self._gate_shown[0] = None
-        self.gate_open.set(0)
+        self.gate_open.value = 0
 
 
 @dataclass(frozen=True)
@@ -339,19 +340,23 @@ class ClassSeries:
     """One priority class's labelled series for a model."""
 
     admitted: Any
-    queue_depth: Any
+    queue_depth: Shown
     queue_wait: Any
     ttft: Any
+
+    def show_depth(self, size: int) -> None:
+        """How many requests of the class are queued now."""
+        self.queue_depth.value = size
 
 
 def gate_cause_series(metrics: SchedulerMetrics, model: str, backend: str, priority_class: str) -> GateCauseSeries:
     """`llmsched_gate_closed` of one backend and class, every cause's series at 0 from the start."""
-    series = GateCauseSeries(
-        {cause: metrics.gate_closed.labels(model, backend, priority_class, cause.value) for cause in GATE_CLOSE_CAUSES}
+    return GateCauseSeries(
+        {
+            cause: Shown(metrics.gate_closed.labels(model, backend, priority_class, cause.value))
+            for cause in GATE_CLOSE_CAUSES
+        }
     )
-    for child in series.children.values():
-        child.set(0)
-    return series
 
 
 def backend_series(metrics: SchedulerMetrics, model: str, backend: str, classes: Iterable[str] = ()) -> BackendSeries:
@@ -366,10 +371,10 @@ def backend_series(metrics: SchedulerMetrics, model: str, backend: str, classes:
         aborts_sent=metrics.engine_aborts.labels(*labels, "sent"),
         accept=metrics.engine_accept.labels(*labels),
         generated_tokens=metrics.generated_tokens.labels(*labels),
-        in_flight=metrics.in_flight.labels(*labels),
-        gate_open=metrics.gate_open.labels(*labels),
-        metrics_fresh=metrics.metrics_fresh.labels(*labels),
-        estimated_waiting=metrics.estimated_waiting.labels(*labels),
+        in_flight=Shown(metrics.in_flight.labels(*labels)),
+        gate_open=Shown(metrics.gate_open.labels(*labels)),
+        metrics_fresh=Shown(metrics.metrics_fresh.labels(*labels)),
+        estimated_waiting=Shown(metrics.estimated_waiting.labels(*labels)),
         draining=draining,
         gate_causes=causes,
     )
@@ -379,7 +384,7 @@ def class_series(metrics: SchedulerMetrics, model: str, priority_class: str) -> 
     labels = (model, priority_class)
     return ClassSeries(
         admitted=metrics.admitted.labels(*labels),
-        queue_depth=metrics.queue_depth.labels(*labels),
+        queue_depth=Shown(metrics.queue_depth.labels(*labels)),
         queue_wait=metrics.queue_wait.labels(*labels),
         ttft=metrics.ttft.labels(*labels),
     )

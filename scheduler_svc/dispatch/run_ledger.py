@@ -70,7 +70,7 @@ class RunLedger:
         self._running[ticket.request.request_id] = ticket
         self._activity.started(ticket.request.priority_class, now)
         self._in_flight.set(handle.name, handle.estimator.in_flight)
-        self._series[handle.name].in_flight.set(handle.estimator.in_flight)
+        self._series[handle.name].in_flight.value = handle.estimator.in_flight
 
     def end(self, ticket: Ticket, now: float) -> BackendHandle:
         """The dispatched ticket no longer holds its backend (it ended, or comes back to the queue); returns
@@ -80,5 +80,5 @@ class RunLedger:
         if self._running.pop(ticket.request.request_id, None) is not None:
             self._activity.ended(ticket.request.priority_class, now)
         self._in_flight.set(handle.name, handle.estimator.in_flight)
-        self._series[handle.name].in_flight.set(handle.estimator.in_flight)
+        self._series[handle.name].in_flight.value = handle.estimator.in_flight
         return handle
