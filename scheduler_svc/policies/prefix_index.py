@@ -19,7 +19,6 @@ per user and one for all users: one user's keys never evict another's.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -53,13 +52,14 @@ def prompt_text(prompt: str | None, messages: Sequence[ChatMessage] | None) -> s
 
 
 def block_hashes(text: str, block_chars: int, max_blocks: int) -> list[int]:
-    """The chained hashes of the text's first full blocks (at most `max_blocks`)."""
+    """The chained hashes of the text's first full blocks (at most `max_blocks`). Python's own 64-bit hash
+    (SipHash, keyed per process) is enough: the hashes are compared only within this process, with the
+    blocks it hashed itself, and a request's chain is worked out on the dispatch path."""
     hashes: list[int] = []
-    parent = b""
+    parent = 0
     for i in range(min(len(text) // block_chars, max_blocks)):
-        block = text[i * block_chars : (i + 1) * block_chars].encode()
-        parent = hashlib.blake2b(parent + block, digest_size=8).digest()  # chained: it covers the block's prefix
-        hashes.append(int.from_bytes(parent))
+        parent = hash((parent, text[i * block_chars : (i + 1) * block_chars]))  # chained: covers the prefix
+        hashes.append(parent)
     return hashes
 
 
