@@ -45,9 +45,10 @@ class Refused(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sent:
-    """A request the core handed to a backend: what the caller's engine needs to run it."""
+    """A request the core handed to a backend: what the caller's engine needs to run it (read-only; not frozen:
+    one is built for every request sent, inside the pass a driver may be timing)."""
 
     request_id: str
     model: str
