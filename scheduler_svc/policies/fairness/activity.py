@@ -113,11 +113,14 @@ class UserActivity:
         if not self.pruning:
             return
         # the front of the sweep's order; each user checked goes to the back or is forgotten
-        for user in list(islice(self._last_seen, self.sweep_per_event)):
-            if user not in self.flows:  # what is looked at again is a queue that emptied: a backlogged one did not
-                self._refresh(user)
+        last_seen = self._last_seen
+        for user in list(islice(last_seen, self.sweep_per_event)):
+            if user in self.flows:  # backlogged: not idle, and its queue did not empty
+                last_seen.move_to_end(user)
+                continue
+            self._refresh(user)  # what is looked at again is a queue that emptied
             if not self._try_forget(user, now):
-                self._last_seen.move_to_end(user)
+                last_seen.move_to_end(user)
 
     def _try_forget(self, user: str, now: float) -> bool:
         """Forget what the rules allow of an idle user; True once nothing of it is left."""
