@@ -392,5 +392,9 @@ class ModelDispatcher:
         return sent
 
     def _choose_again_at(self) -> float | None:
+        """When the loop must pass again with no event: a fairness policy's held choice ends, or, while requests
+        wait, a backend's failover cooldown ends (its gate may open by time alone)."""
         due = [t for t in (f.wake_at() for f in self._fairness.values()) if t is not None]
+        if len(self._book) and (cooled := self._gates.cooldown_end(self.clock.now())) is not None:
+            due.append(cooled)
         return min(due) if due else None

@@ -16,6 +16,8 @@ them apart costs nothing per backend).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,6 +100,9 @@ class BackendGates:
         self._authority: DispatchAuthority = LOCAL  # its in-flight cap closes a backend like a gate would
         # the handles whose events reach `_event`, by id; holding each keeps its id from going to a later one
         self._watched: dict[int, BackendHandle] = {}
+        # (when, tiebreak, handle): failover cooldowns as they were set; one no longer the handle's is skipped
+        self._cooldowns: list[tuple[float, int, BackendHandle]] = []
+        self._cooldown_order = itertools.count()
         self.backends_changed()
 
     def backends_changed(self) -> None:
@@ -118,7 +123,7 @@ class BackendGates:
             if id(handle) not in self._watched:
                 self._watched[id(handle)] = handle
                 handle.estimator.watch(partial(self._event, handle), partial(self._user_event, handle))
-                handle.watch_cooling(partial(self._event, handle))
+                handle.watch_cooling(partial(self._cooling_set, handle))
 
     def _position(self, handle: BackendHandle) -> int | None:
         index = self._index.get(handle.name)
@@ -127,6 +132,18 @@ class BackendGates:
     def _event(self, handle: BackendHandle) -> None:
         if (index := self._position(handle)) is not None:
             self._touch(index)
+
+    def _cooling_set(self, handle: BackendHandle) -> None:
+        heapq.heappush(self._cooldowns, (handle.cool_until, next(self._cooldown_order), handle))
+        self._event(handle)
+
+    def cooldown_end(self, now: float) -> float | None:
+        """When the next failover cooldown ends after `now`, None when no backend cools down: its gate may open
+        then by time alone, which no event marks (a pass must be made then)."""
+        cooldowns = self._cooldowns
+        while cooldowns and (cooldowns[0][0] <= now or cooldowns[0][2].cool_until != cooldowns[0][0]):
+            heapq.heappop(cooldowns)
+        return cooldowns[0][0] if cooldowns else None
 
     def _user_event(self, handle: BackendHandle, user: str, count: int) -> None:
         if handle.sends_priority and (index := self._position(handle)) is not None:

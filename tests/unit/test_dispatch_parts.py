@@ -151,6 +151,20 @@ def test_failover_retries_availability_errors_within_attempts_and_deadline() -> 
     assert handle.cooling_for(6.0) == 1.0 and handle.cooling_for(7.0) == 0.0
 
 
+def test_the_loop_passes_again_when_a_cooldown_ends_while_requests_wait() -> None:
+    """A backend's cooldown ends by time alone; no event marks it, so the loop's own timer must."""
+    h = Harness(model={"failover_cooldown_seconds": 2.0})
+    h.handle.cool_until = h.clock.now() + 2.0  # a failover's cooldown, as the failover rule sets it
+    ticket = h.submit("alice")
+    assert h.dispatch() == []  # its only backend cools down
+    assert h.dispatcher.loop.choose_again_at() == h.clock.now() + 2.0  # armed for the cooldown's end
+    h.clock.advance(2.0)
+    assert h.dispatch() == [ticket]
+    assert h.dispatcher.loop.choose_again_at() is None  # nothing waits: no timer
+    h.handle.cool_until = h.clock.now() + 1.0
+    assert h.dispatcher.loop.choose_again_at() is None, "nothing queued: a cooldown's end wakes nobody"
+
+
 # -- positions -----------------------------------------------------------------------------------------
 class Waiter:
     def __init__(self, watches: bool = True) -> None:
