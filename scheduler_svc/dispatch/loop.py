@@ -2,9 +2,10 @@
 one decision pass.
 
 It wakes on events only (a new request, an engine accepting or starting a request, a request ending, a new
-metrics reading, a grant), never on a fixed tick. After each pass it arms one timer: a fairness policy may
-hold its choice briefly for a user about to return (`wake_at`), and the choice must be made again when that
-wait ends even if no other event comes.
+metrics reading, a grant), never on a fixed tick. After each pass it arms one timer for what changes by time
+alone, which no event marks: a fairness policy may hold its choice briefly for a user about to return
+(`wake_at`), and the choice must be made again when that wait ends; a backend's failover cooldown may end
+while requests wait, and its gate may open then.
 """
 
 from __future__ import annotations

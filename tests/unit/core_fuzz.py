@@ -569,9 +569,9 @@ class World:
             self._look_for_stall(name, dispatcher)
 
     def _look_for_stall(self, name: str, dispatcher: Any) -> None:
-        """Work that could go and did not, with no held choice, for longer than the model's slowest scrape:
-        a gate that opens with time alone (a reading going stale, a cooldown ending) is seen by the next
-        pass, which the next reading wakes."""
+        """Work that could go and did not, with no held choice, for longer than the model's slowest scrape: a
+        gate that opens by a reading going stale is seen by the next pass, which the next reading wakes (a
+        cooldown's end arms the loop's own timer)."""
         now = self.now()
         held = self.wake_at.get(name) is not None
         could = dispatcher._decisions.could_dispatch(now)
