@@ -395,6 +395,7 @@ class ModelDispatcher:
         """When the loop must pass again with no event: a fairness policy's held choice ends, or, while requests
         wait, a backend's failover cooldown ends (its gate may open by time alone)."""
         due = [t for t in (f.wake_at() for f in self._fairness.values()) if t is not None]
-        if len(self._book) and (cooled := self._gates.cooldown_end(self.clock.now())) is not None:
+        cooled = self._gates.cooldown_end(self.clock.now())  # asked at every pass: drops the cooldowns over
+        if cooled is not None and len(self._book):
             due.append(cooled)
         return min(due) if due else None
