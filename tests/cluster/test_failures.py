@@ -10,6 +10,7 @@ import time
 import grpc
 
 from backends.sim import SimConfig, running_simulator
+from clients import SchedulerClient
 from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.agent import ClusterAgent, LeaseState
 from scheduler_svc.cluster.messages import Roster
@@ -34,6 +35,21 @@ async def _outcomes(tasks: list[asyncio.Task[object]]) -> list[object]:
     return list(await asyncio.gather(*tasks, return_exceptions=True))
 
 
+async def _flood_under_way(
+    clients: list[SchedulerClient], count: int, max_tokens: int, under_way: int
+) -> list[asyncio.Task[object]]:
+    """`count` calls ("f0", "f1", ...) spread over the replicas' clients in turn, returned once `under_way`
+    of them have ended: the flood runs at the engine and fills the queues."""
+    flood: list[asyncio.Task[object]] = [
+        asyncio.create_task(
+            clients[i % len(clients)].submit("m", f"f {i}", max_tokens=max_tokens, ignore_eos=True, request_id=f"f{i}")
+        )
+        for i in range(count)
+    ]
+    await eventually(lambda: sum(t.done() for t in flood) >= under_way, 10.0, "the flood under way")
+    return flood
+
+
 async def test_leader_killed_a_follower_leads_within_two_timeouts_and_nothing_runs_twice() -> None:
     async with (
         running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim,
@@ -41,13 +57,7 @@ async def test_leader_killed_a_follower_leads_within_two_timeouts_and_nothing_ru
     ):
         async with contextlib.AsyncExitStack() as stack:
             clients = [await stack.enter_async_context(client_for(s, user=f"u{i}")) for i, s in enumerate(servers)]
-            flood = [
-                asyncio.create_task(
-                    clients[i % 3].submit("m", f"f {i}", max_tokens=30, ignore_eos=True, request_id=f"f{i}")
-                )
-                for i in range(60)
-            ]
-            await eventually(lambda: sum(t.done() for t in flood) >= 6, 10.0, "the flood under way")
+            flood = await _flood_under_way(clients, 60, max_tokens=30, under_way=6)
             await agent_of(servers[0]).kill()  # from here the others hear nothing from it
             killed_at = time.monotonic()
             stopping = asyncio.create_task(servers[0].stop(grace=0.0))  # its own calls end
@@ -115,13 +125,7 @@ async def test_store_down_degrades_with_the_cap_then_back_to_shared_mode_losing_
     ):
         async with contextlib.AsyncExitStack() as stack:
             clients = [await stack.enter_async_context(client_for(s, user=f"u{i}")) for i, s in enumerate(servers)]
-            flood = [
-                asyncio.create_task(
-                    clients[i % 3].submit("m", f"f {i}", max_tokens=40, ignore_eos=True, request_id=f"f{i}")
-                )
-                for i in range(90)
-            ]
-            await eventually(lambda: sum(t.done() for t in flood) >= 3, 10.0, "the flood under way")
+            flood = await _flood_under_way(clients, 90, max_tokens=40, under_way=3)
             store.down()
             await eventually(lambda: all(agent_of(s).role is Role.DEGRADED for s in servers), 3.0, "all degraded")
             registry = servers[1].scheduler.metrics.registry
@@ -211,13 +215,7 @@ async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_
                     follow(lease, holder)
 
                 leader.follower.follow = recording_follow  # type: ignore[method-assign]
-                flood = [
-                    asyncio.create_task(
-                        clients[i % 3].submit("m", f"f {i}", max_tokens=20, ignore_eos=True, request_id=f"f{i}")
-                    )
-                    for i in range(45)
-                ]
-                await eventually(lambda: sum(t.done() for t in flood) >= 3, 10.0, "the flood under way")
+                flood = await _flood_under_way(clients, 45, max_tokens=20, under_way=3)
                 store.down()
                 await eventually(lambda: leader.role is Role.DEGRADED, 10.0, "the leader degraded")
                 store.up = True  # back, state intact: the old lease has not expired
