@@ -53,7 +53,7 @@ from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.store import DuplicateReplica, StoreTimeout, StoreUnavailable
 from scheduler_svc.config import ClusterConfig, Config
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
-from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, leaders_settled
+from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, leaders_settled, stop_all
 from tests.helpers import client_for, client_label, eventually
 
 T = TypeVar("T")
@@ -556,9 +556,7 @@ async def run(seed: int, seconds: float = 4.0, kinds: Sequence[str] = FAULTS) ->
             except Exception as exc:
                 problems.append(f"harness: {exc!r}\n{traceback.format_exc()}")
             finally:
-                for server in world.alive.values():
-                    with contextlib.suppress(Exception):
-                        await server.stop(grace=0.5)
+                await stop_all(world.alive.values())
             journal = _journal(journal_path)
             if keep := os.environ.get("CHAOS_KEEP"):
                 shutil.copy(journal_path, Path(keep) / f"journal-{seed}.jsonl")

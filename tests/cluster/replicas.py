@@ -5,7 +5,7 @@ real: gRPC clients, the simulator over HTTP)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from scheduler_svc.app.server import SchedulerServer
@@ -100,9 +100,14 @@ async def replicas(
         await settled(servers)
         yield store, servers
     finally:
-        for server in servers:
-            with contextlib.suppress(Exception):
-                await server.stop(grace=0.5)
+        await stop_all(servers)
+
+
+async def stop_all(servers: Iterable[SchedulerServer], grace: float = 0.5) -> None:
+    """Stop every replica still running, whatever state a failed test left it in."""
+    for server in servers:
+        with contextlib.suppress(Exception):
+            await server.stop(grace=grace)
 
 
 async def settled(servers: list[SchedulerServer], timeout: float = 5.0) -> SchedulerServer:

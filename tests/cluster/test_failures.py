@@ -17,7 +17,7 @@ from scheduler_svc.cluster.messages import Roster
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.cluster.store import StoreTimeout, StoreUnavailable
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
-from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, settled
+from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, settled, stop_all
 from tests.cluster.test_replicas import engine_ids, first_delta
 from tests.helpers import client_for, eventually, queue_depth
 
@@ -377,9 +377,7 @@ async def test_a_lease_taken_by_a_call_answered_too_late_is_led_in_a_term_the_fo
             assert response.usage.completion_tokens == 3
             assert r1.role is Role.LEADING and r2.follower.leader_of("m") == r1.holder_of("m")
         finally:
-            for server in servers:
-                with contextlib.suppress(Exception):
-                    await server.stop(grace=0.2)
+            await stop_all(servers, grace=0.2)
 
 
 async def _leader_and_follower_through(
@@ -463,9 +461,7 @@ async def test_a_grant_reaching_a_degraded_owner_does_not_hold_the_leaders_budge
             await eventually(lambda: not leader.leader.mirrors, 5.0, "the leader's mirror released")
             assert estimator.in_flight == 0
         finally:
-            for server in servers:
-                with contextlib.suppress(Exception):
-                    await server.stop(grace=0.2)
+            await stop_all(servers, grace=0.2)
 
 
 class LateLeaseAnswer(FakeStore):
@@ -565,9 +561,7 @@ async def test_requests_registered_with_a_new_leader_before_it_knows_it_leads_ar
                     for call in done:
                         assert call.result().usage.completion_tokens == 30
             finally:
-                for server in servers:
-                    with contextlib.suppress(Exception):
-                        await server.stop(grace=0.5)
+                await stop_all(servers)
 
 
 async def test_requests_that_end_while_their_owner_is_degraded_leave_no_mirror_at_its_leader() -> None:
@@ -610,9 +604,7 @@ async def test_requests_that_end_while_their_owner_is_degraded_leave_no_mirror_a
                 await eventually(lambda: not leader.leader.mirrors, 5.0, "the live request's end reported")
                 assert estimator.in_flight == 0
         finally:
-            for server in servers:
-                with contextlib.suppress(Exception):
-                    await server.stop(grace=0.2)
+            await stop_all(servers, grace=0.2)
 
 
 async def test_a_roster_ends_only_its_owners_older_mirrors_it_does_not_name_and_only_once_whole() -> None:

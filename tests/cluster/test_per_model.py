@@ -22,7 +22,15 @@ from scheduler_svc.cluster.leases import EVERY_MODEL
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.core.ticket import Ticket
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
-from tests.cluster.replicas import HEARTBEAT, TIMEOUT, agent_of, cluster_config, leaders_settled, start_replica
+from tests.cluster.replicas import (
+    HEARTBEAT,
+    TIMEOUT,
+    agent_of,
+    cluster_config,
+    leaders_settled,
+    start_replica,
+    stop_all,
+)
 from tests.cluster.test_replicas import engine_ids, first_delta
 from tests.helpers import client_for, client_label, eventually
 
@@ -44,9 +52,7 @@ async def model_replicas(
             await leaders_settled(servers, models)
         yield store, servers
     finally:
-        for server in servers:
-            with contextlib.suppress(Exception):
-                await server.stop(grace=0.5)
+        await stop_all(servers)
 
 
 def no_request_twice(sim_stats: dict[str, object]) -> list[str]:
@@ -117,9 +123,7 @@ async def test_a_replica_above_its_share_hands_a_lease_over_and_its_running_requ
             assert agent_of(r1).metrics.sent.labels("grant")._value.get() == 0, "adopted without a grant"
             assert sorted(no_request_twice(sim.engine.stats())) == ["a", "b"]
         finally:
-            for server in servers:
-                with contextlib.suppress(Exception):
-                    await server.stop(grace=0.5)
+            await stop_all(servers)
 
 
 async def test_killing_one_models_leader_moves_that_model_only_and_loses_nothing() -> None:
@@ -197,9 +201,7 @@ async def test_with_global_fairness_counters_one_replica_leads_every_model() -> 
                     response = await client.submit(model, "hi", max_tokens=3, ignore_eos=True)
                     assert response.usage.completion_tokens == 3
         finally:
-            for server in servers:
-                with contextlib.suppress(Exception):
-                    await server.stop(grace=0.5)
+            await stop_all(servers)
 
 
 async def test_a_followers_token_counts_reach_its_models_leader_in_full() -> None:
