@@ -90,8 +90,8 @@ class PrefixLocality:
         return chain
 
     def choose(self, request: PromptView, backends: Sequence[B]) -> B:
-        in_flight = InFlightCounts({b.name: b.inputs.in_flight for b in backends})
-        return self._best_backend(request, backends, self._within_load_bound(backends, in_flight))[1]
+        # no counts of the model's other backends: the bound is over these, by their own inputs
+        return self._best_backend(request, backends, self._within_load_bound(backends, InFlightCounts()))[1]
 
     def choose_among(self, candidates: Sequence[Candidate[B]], in_flight: InFlightCounts) -> tuple[PromptView, B]:
         best: tuple[int, PromptView, B] | None = None
