@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 from attrs import define, field
 
+from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.core.queues import Band
 from scheduler_svc.core.ticket import Ticket
 from scheduler_svc.dispatch.backend_handle import BackendHandle
@@ -95,11 +96,20 @@ class Decisions:
             backlogged = [b for b in backlogged if b.priority_class.name not in broken]
         if not backlogged:
             return None
-        turn = self._bands.choose(backlogged, now, lambda cls: self._gates.any_open(cls, cls, None, now))
+        asked: dict[str, BackendChoice] = {}  # class -> the choice its gate was asked through (same class)
+
+        def gate_open(cls: PriorityClassConfig) -> bool:
+            choice = asked[cls.name] = BackendChoice(self._gates, cls, cls, now)
+            return choice.eligible(None)
+
+        turn = self._bands.choose(backlogged, now, gate_open)
         if turn is None:
             return None
         band = backlogged[turn.index]
-        return band, BackendChoice(self._gates, turn.gate_class, band.priority_class, now)
+        choice = asked.get(turn.gate_class.name)
+        if choice is None or band.priority_class is not turn.gate_class:
+            choice = BackendChoice(self._gates, turn.gate_class, band.priority_class, now)
+        return band, choice
 
     def _dispatch_one(self, band: Band, backends: BackendChoice, now: float) -> int | None:
         """Send the band's next request. Returns how many went (0: the chosen users' queues held only

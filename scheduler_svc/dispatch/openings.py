@@ -412,13 +412,18 @@ class BackendChoice:
             self._answers[key] = self._gates.open(self._gate_class, self._request_class, user, self._now)
         return self._answers[key]
 
-    def eligible(self, user: str) -> bool:
-        """Whether some backend can take `user`'s next request now (the fairness policy's filter)."""
+    def eligible(self, user: str | None) -> bool:
+        """Whether some backend can take `user`'s next request now (the fairness policy's filter; None: a
+        user with nothing in flight). For such a user the open backends are the kept answer itself, so they
+        are taken whole, once, for `for_user` to reuse; for another, `any_open` stops at the first open."""
         key = self._gates.user_key(user)
         answer = self._eligible.get(key)
         if answer is None:
             if key in self._answers:
                 answer = bool(self._answers[key])
+            elif not key:
+                answers = self._answers[key] = self._gates.open(self._gate_class, self._request_class, None, self._now)
+                answer = bool(answers)
             else:
                 answer = self._gates.any_open(self._gate_class, self._request_class, user, self._now)
             self._eligible[key] = answer
