@@ -13,8 +13,9 @@ With `x-queue-updates: true` a stream starts at admission instead and carries `:
 while it waits; a later failure then arrives in the stream. The server runs with aiohttp's handler
 cancellation: a client that disconnects cancels its handler task, which closes the run, which withdraws a
 queued request or aborts the engine request, exactly as a cancelled gRPC call does. `x-request-timeout-ms`
-bounds the whole call, as a gRPC deadline does: past it a queued request ends 504 `queue_timeout`, a
-running one is cut (its engine request aborted) and ends 504 `deadline_exceeded`.
+bounds the whole call, as a gRPC deadline does: past it a body still uploading or a call not yet admitted
+ends 504 `deadline_exceeded`, a queued request 504 `queue_timeout`, and a running one is cut (its engine
+request aborted) and ends 504 `deadline_exceeded`.
 
 What is read before admission (headers, the body, idle connections) is bounded in `intake`. Every answer
 is in OpenAI's error shape from the one error table, aiohttp's own included; a bug is INTERNAL, counted.
@@ -181,7 +182,8 @@ class HttpDoor:
         try:
             user = self._identify(request)  # before the body: a caller without identity learns nothing more
             hdr.check_json_body(request.headers)
-            async with self.intake.body(request, user) as raw:  # the body's bytes are held until parsed
+            call_timeout = hdr.call_timeout_seconds(request.headers)  # it bounds the body's upload too
+            async with self.intake.body(request, user, call_timeout=call_timeout) as raw:  # held until parsed
                 body_read = True
                 body = decode_json(raw)
                 model = body["model"] if isinstance(body.get("model"), str) else ""
@@ -195,7 +197,6 @@ class HttpDoor:
                 trace_context=hdr.trace_context(headers),
                 end_user=hdr.end_user(headers, call.request.end_user),
             )
-            call_timeout = hdr.call_timeout_seconds(headers)
             timeout = hdr.timeout_seconds(headers)
             if timeout is not None:
                 timeout -= loop.time() - started

@@ -8,7 +8,8 @@ Everything a client sends before admission (where the queue caps and byte caps t
 - Idle: a connection with no request in progress is closed after `server.http_idle_timeout_seconds`, the
   one before its first request too (aiohttp's keep-alive timer).
 - Body: a Content-Length over the body limit is refused at once, a body that grows past it while read
-  likewise (413); the whole body must arrive within `server.http_body_timeout_seconds` of its headers (408).
+  likewise (413); the whole body must arrive within `server.http_body_timeout_seconds` of its headers (408),
+  and before the call's own deadline when it names one (`x-request-timeout-ms`: 504 `deadline_exceeded`).
 - Bytes being read: every body's bytes count, as they arrive and until the body is parsed, against a bound
   per caller and, past each body's first 64 KiB, one for all callers (`server.http_max_reading_bytes*`, 503
   beyond either). A crowd of slow or stalled bodies holds bounded memory, one caller's leave room for
@@ -34,6 +35,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from scheduler_svc.core.errors import (
+    DeadlineExceeded,
     InternalError,
     MalformedRequest,
     PromptTooLarge,
@@ -105,15 +107,18 @@ class Intake:
         self.budget = budget
 
     @contextlib.asynccontextmanager
-    async def body(self, request: web.Request, user: str) -> AsyncIterator[bytes]:
-        """The request's whole body, held against the budget until the block ends (parse it inside)."""
+    async def body(self, request: web.Request, user: str, *, call_timeout: float | None = None) -> AsyncIterator[bytes]:
+        """The request's whole body, held against the budget until the block ends (parse it inside). With the
+        call's own deadline (`call_timeout`, from its headers) shorter than the body's, a body still arriving
+        then is given up on there: its client has given up by then."""
         self.check_length(request)
         limit = self.body_limit
         held = counted = 0
+        read_for = self.body_timeout if call_timeout is None else min(call_timeout, self.body_timeout)
         try:
             chunks: list[bytes] = []  # joined once complete: a growing buffer would reallocate (and fragment)
             try:
-                async with asyncio.timeout(self.body_timeout):
+                async with asyncio.timeout(read_for):
                     while chunk := await request.content.readany():
                         size = held + len(chunk)
                         if size > limit:
@@ -123,6 +128,11 @@ class Intake:
                         held, counted = size, counted + beyond_small
                         chunks.append(chunk)
             except TimeoutError:
+                if read_for < self.body_timeout:  # the call's deadline came first
+                    raise DeadlineExceeded(
+                        f"the call's deadline ({call_timeout:g} s, x-request-timeout-ms) passed while its body was "
+                        "being read"
+                    ) from None
                 raise ReadTimeout(
                     f"the request body did not arrive within {self.body_timeout:g} s (server.http_body_timeout_seconds)"
                 ) from None

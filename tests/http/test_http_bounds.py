@@ -234,6 +234,21 @@ async def test_a_deadline_that_passes_while_the_body_uploads_is_a_timeout_not_a_
     assert counted == 1 and in_time.status == 200 and len(engine.started) == 1
 
 
+async def test_a_body_still_arriving_at_the_calls_deadline_is_answered_then() -> None:
+    """A stalled body is given up on at the call's deadline when that comes before the body timeout: 504
+    deadline_exceeded then, not a 408 once the body timeout passes (a minute here: the answer could not
+    come within the exchange's 5 s), the connection closed, no engine asked."""
+    engine = ControlledEngine(auto_release=True)
+    deadline = "x-request-timeout-ms: 200\r\n"
+    async with http_serving(engine.factory(), server={**FAST, "http_body_timeout_seconds": 60.0}) as (server, _):
+        head = post("/v1/chat/completions", CHAT_BODY[:10], ALICE + deadline, len(CHAT_BODY))
+        stalled = await exchange(server.http_address, head)
+        counted = rejected(server, "deadline_exceeded")
+    assert (stalled.status, stalled.error()["code"]) == (504, "deadline_exceeded")
+    assert "body" in stalled.error()["message"] and stalled.headers["connection"] == "close"
+    assert counted == 1 and not engine.started
+
+
 async def test_an_endless_chunked_body_stops_at_the_body_limit() -> None:
     engine = ControlledEngine(auto_release=True)
     async with http_serving(engine.factory(), server={**FAST, "http_max_body_bytes": 4096}) as (server, _):
