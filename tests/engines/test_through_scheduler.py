@@ -20,8 +20,10 @@ import grpc
 import pytest
 
 from backends.metrics import MetricSamples
+from clients import pb
 from engines import EngineProcess, layout
 from tests.helpers import client_for, eventually, make_config, outcome_count, serving, until_settled
+from tests.stream_events import event_or_end
 
 pytestmark = pytest.mark.engines
 
@@ -78,11 +80,11 @@ async def engine_idle(eng: EngineProcess, kind: str) -> None:
         await asyncio.sleep(0.1)  # sampling another process's gauges: no event to wait on
 
 
-async def first_delta(call: Any) -> float:
+async def first_delta(call: grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]) -> float:
     """Read events until the first generated text; returns the time it arrived."""
     while True:
-        event = await call.read()
-        assert event is not grpc.aio.EOF, "stream ended before a token"
+        event = await event_or_end(call)
+        assert event is not None, "stream ended before a token"
         if event.HasField("delta"):
             return time.monotonic()
 
@@ -304,7 +306,7 @@ async def test_engine_killed_mid_stream_gives_unavailable_then_service_resumes(
         await first_delta(call)
         eng.kill()
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            while await call.read() is not grpc.aio.EOF:
+            while await event_or_end(call) is not None:
                 pass
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         await eng.arestart()
@@ -328,7 +330,7 @@ async def test_vllm_priority_scheduling_follows_the_priorities_the_scheduler_sen
         async def flood_one(i: int) -> None:
             call = flood.stream("m", f"flood {i}", max_tokens=128, ignore_eos=True, request_id=f"flood-{i}")
             first_token[f"flood-{i}"] = await first_delta(call)
-            while await call.read() is not grpc.aio.EOF:
+            while await event_or_end(call) is not None:
                 pass
 
         flood_size = 24  # 4 slots: when the first 4 run, 20 wait (12 inside the engine, the rest here)
