@@ -10,7 +10,7 @@ from bench.tools.reload_flood import USERS, _count
 
 def _journal(path: Path, events: list[tuple[str, str]]) -> Path:
     """A journal of (event, client id) lines, as the simulator writes them (engine ids `<client id>~<unique>`)."""
-    lines = [{"event": "boot"}]
+    lines: list[dict[str, object]] = [{"event": "boot"}]
     for seq, (event, tag) in enumerate(events):
         lines.append({"event": event, "id": f"{tag}~{seq}", "tag": tag, "seq": seq})
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))

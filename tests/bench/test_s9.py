@@ -5,6 +5,7 @@ parts run the core as configured."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
@@ -50,9 +51,10 @@ class Heard:
 
 def test_the_engine_model_steps_as_the_simulator_times_a_step() -> None:
     config = SimConfig(max_num_seqs=2, decode_base_ms=10.0, decode_per_seq_ms=2.0, prefill_per_token_ms=0.0)
-    heard, queue = Heard(), []
+    heard = Heard()
+    queue: list[tuple[float, int, Callable[[], None]]] = []
 
-    def at(when: float, action: object) -> None:
+    def at(when: float, action: Callable[[], None]) -> None:
         queue.append((when, len(queue), action))
 
     engine = BatchEngine("e", config, at, heard, report_every=1000)
@@ -62,7 +64,7 @@ def test_the_engine_model_steps_as_the_simulator_times_a_step() -> None:
     while queue:
         queue.sort(key=lambda item: (item[0], item[1]))
         heard.now, _, action = queue.pop(0)
-        action()  # type: ignore[operator]
+        action()
     one, two = sum(step_seconds(config, 1, 0)), sum(step_seconds(config, 2, 0))  # a step of one, of two requests
     ends = {rid: when for kind, rid, when in heard.events if kind == "end"}
     assert ends["a"] == pytest.approx(3 * two)
