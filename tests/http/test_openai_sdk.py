@@ -12,21 +12,22 @@ from collections.abc import AsyncIterator
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from backends.sim import SimConfig, running_simulator
 from scheduler_svc.app.server import SchedulerServer
 from tests.helpers import ControlledEngine, client_for, eventually, outcome_count, queue_depth, until_settled
 from tests.http.support import http_serving
 
-FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 USER = {"x-user-id": "alice"}
-ASK = [{"role": "user", "content": "Tell me a story"}]
+ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story"}]
 
 
 @pytest.fixture
 async def door() -> AsyncIterator[tuple[SchedulerServer, str]]:
     async with (
-        running_simulator(SimConfig(**FAST)) as sim,
+        running_simulator(FAST) as sim,
         http_serving(backend_url=sim.url) as (server, base),
     ):
         yield server, f"{base}/v1"
@@ -118,7 +119,10 @@ async def test_rate_limit_error_carries_the_retry_hint_and_the_sdk_honours_x_sho
     ],
 )
 async def test_status_errors_raise_the_sdk_classes(
-    door: tuple[SchedulerServer, str], request_fields: dict[str, object], error_class: type, code: str
+    door: tuple[SchedulerServer, str],
+    request_fields: dict[str, object],
+    error_class: type[openai.APIStatusError],
+    code: str,
 ) -> None:
     _, base = door
     fields: dict[str, object] = {"model": "m", "messages": ASK, **request_fields}
