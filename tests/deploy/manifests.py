@@ -54,6 +54,7 @@ def scheduler() -> dict[str, Any]:
 
 def scheduler_container() -> dict[str, Any]:
     (container,) = scheduler()["spec"]["template"]["spec"]["containers"]
+    assert isinstance(container, dict)
     return container
 
 
