@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 import grpc
@@ -68,7 +68,7 @@ class Call:
 class Storm:
     """The clients of one round against a live scheduler (gRPC stub and HTTP base URL)."""
 
-    def __init__(self, stub: pb_grpc.SchedulerServiceStub, session: aiohttp.ClientSession, base: str) -> None:
+    def __init__(self, stub: pb_grpc.SchedulerServiceAsyncStub, session: aiohttp.ClientSession, base: str) -> None:
         self.stub = stub
         self.session = session
         self.base = base
@@ -113,10 +113,7 @@ class Storm:
                 unary.cancel()
                 raise
             return
-        rpc = cast(
-            "grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]",
-            self.stub.Stream(pb.StreamRequest(params=params), metadata=metadata),
-        )
+        rpc = self.stub.Stream(pb.StreamRequest(params=params), metadata=metadata)
         try:
             async for event in rpc:
                 kind = event.WhichOneof("event")

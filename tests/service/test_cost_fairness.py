@@ -9,7 +9,7 @@ from backends.sim import SimConfig, running_simulator
 from clients import SchedulerClient
 from tests.helpers import client_for, make_config, serving
 
-FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5, "max_num_seqs": 2}
+FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5, max_num_seqs=2)
 
 
 def _model(name: str, url: str, price: float) -> dict[str, object]:
@@ -35,7 +35,7 @@ async def test_two_users_backlogged_on_a_cheap_and_a_dear_model_get_equal_cost_s
     """Each user asks long answers on one model and short ones on the other (a: long on dear, b: long on
     cheap), four streams each per model, so both are backlogged on both throughout. The cost each is served
     is read from llmsched_user_cost_total, whose accounts come from the config only."""
-    async with running_simulator(SimConfig(**FAST)) as cheap, running_simulator(SimConfig(**FAST)) as dear:
+    async with running_simulator(FAST) as cheap, running_simulator(FAST) as dear:
         config = make_config(
             models=[_model("cheap", cheap.url, 1.0), _model("dear", dear.url, 10.0)],
             scheduling={"fairness": "vtc", "fairness_scope": "global", "cost_accounts": {"a": "a", "b": "b"}},

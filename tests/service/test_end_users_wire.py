@@ -16,6 +16,7 @@ from clients import pb, pb_grpc
 from scheduler_svc.app.server import SchedulerServer
 from tests.helpers import ControlledEngine, client_for, make_config, serving
 from tests.http.support import chat, http_serving
+from tests.stream_events import event_or_end
 
 ONE_AT_A_TIME = {"fallback_max_in_flight": 1}  # no metrics from the engine: one request in flight
 
@@ -63,7 +64,7 @@ async def test_the_field_or_metadata_names_the_end_user_and_its_sibling_passes_t
 async def _finish(call: Any) -> Any:
     """Read a call to its end; its last message."""
     last = None
-    while (message := await call.read()) is not grpc.aio.EOF:
+    while (message := await event_or_end(call)) is not None:
         last = message
     return last
 

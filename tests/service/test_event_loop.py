@@ -19,6 +19,7 @@ from scheduler_svc.app.event_loop import run_on
 from scheduler_svc.config import ServerConfig
 from tests.helpers import ControlledEngine, client_for, make_config, serving
 from tests.service import test_rpc
+from tests.stream_events import event_or_end, next_event
 
 pytest.importorskip("uvloop")
 
@@ -60,10 +61,10 @@ def test_a_request_held_by_the_gate_goes_when_it_opens_on_uvloop() -> None:
         engine = ControlledEngine(waiting=50, auto_release=True)
         async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
             call = client.stream("m", "x", request_id="held")
-            assert (await call.read()).WhichOneof("event") == "queued"
+            assert (await next_event(call)).WhichOneof("event") == "queued"
             assert engine.started == []
             engine.waiting = 0  # read at the next scrape: the gate opens
-            while (await call.read()) is not grpc.aio.EOF:
+            while await event_or_end(call) is not None:
                 pass
             assert await call.code() == grpc.StatusCode.OK
         assert engine.finished == ["held"]

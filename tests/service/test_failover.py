@@ -18,6 +18,7 @@ from scheduler_svc.core.queues import ModelQueues
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.core.ticket import Outcome, TicketState
 from tests.helpers import ControlledEngine, client_for, outcome_count, serving, until_settled
+from tests.stream_events import next_event
 from tests.unit.dispatch_harness import Harness
 
 
@@ -78,7 +79,7 @@ async def test_a_client_that_leaves_while_its_request_waits_to_go_again_cancels_
     b0, engine = failing(BackendUnavailable("connection refused")), ControlledEngine(waiting=50)  # b1 is full
     async with serving(two_backends(), factory(b0, engine.backend("b1"))) as server, client_for(server) as client:
         call = client.stream("m", "hello")
-        kinds = [(await call.read()).WhichOneof("event") for _ in range(2)]
+        kinds = [(await next_event(call)).WhichOneof("event") for _ in range(2)]
         call.cancel()
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
         busy = server.scheduler.dispatchers["m"].busy

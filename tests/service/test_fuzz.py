@@ -89,7 +89,7 @@ def live_service() -> Iterator[LiveService]:
             try:
                 yield service
             finally:
-                service.run(service.channel.close())
+                service.run(service.channel.close(None))
         finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(10)
@@ -237,10 +237,14 @@ async def _call(channel: grpc.aio.Channel, method: str, body: bytes, metadata: t
     start = time.monotonic()
     try:
         if method == "Stream":
-            async for _ in channel.unary_stream(path)(body, metadata=metadata, timeout=DEADLINE):
+            async for _ in channel.unary_stream(path, request_serializer=None, response_deserializer=None)(
+                body, metadata=metadata, timeout=DEADLINE
+            ):
                 pass
         else:
-            await channel.unary_unary(path)(body, metadata=metadata, timeout=DEADLINE)
+            await channel.unary_unary(path, request_serializer=None, response_deserializer=None)(
+                body, metadata=metadata, timeout=DEADLINE
+            )
         code, details = grpc.StatusCode.OK, ""
     except grpc.aio.AioRpcError as exc:
         code, details = exc.code(), exc.details() or ""

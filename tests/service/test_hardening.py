@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients import error_reason, from_rpc_error, retry_delay
+from clients import error_reason, from_rpc_error, pb, retry_delay
 from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.policies.fairness.turns import FirstInTurn, TurnView
 from tests.helpers import (
@@ -23,16 +23,19 @@ from tests.helpers import (
     serving,
     until_settled,
 )
+from tests.stream_events import event_or_end, next_event
 
 
 def _error_metadata(err: grpc.aio.AioRpcError) -> dict[str, str]:
     return from_rpc_error(err).metadata  # ErrorInfo's metadata
 
 
-async def _drain(call: Any) -> list[str]:
+async def _drain(
+    call: grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse],
+) -> list[str | None]:
     """Read a stream to its end (mixing read() and iteration is not allowed); the event kinds read."""
-    kinds = []
-    while (event := await call.read()) is not grpc.aio.EOF:
+    kinds: list[str | None] = []
+    while (event := await event_or_end(call)) is not None:
         kinds.append(event.WhichOneof("event"))
     return kinds
 
@@ -79,7 +82,7 @@ async def test_a_live_request_id_is_refused_for_the_same_user_and_nothing_jams()
         assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
         assert error_reason(err.value) == "REQUEST_ID_IN_USE"
         other_user = bob.stream("m", "same id, other user", request_id="dup")  # ids are scoped to their user
-        assert (await other_user.read()).HasField("queued")
+        assert (await next_event(other_user)).HasField("queued")
         first.cancel()  # the jam of old: the cancelled twin left a queue entry nobody held
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
         assert queue_depth(server) == 1
@@ -245,7 +248,7 @@ async def test_byte_caps_count_queued_and_running_requests_per_user_and_per_mode
         assert error_reason(err.value) == "QUEUE_BYTES_FULL"
         assert (retry_delay(err.value) or 0) > 0
         bob_call = bob.stream("m", "b" * 2000)  # bob has his own allowance, and 4,500 fit the model's 5,000
-        assert (await bob_call.read()).HasField("queued")
+        assert (await next_event(bob_call)).HasField("queued")
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await carol.submit("m", "c" * 600)  # 5,100 would not
         assert error_reason(err.value) == "QUEUE_BYTES_FULL"
@@ -253,7 +256,7 @@ async def test_byte_caps_count_queued_and_running_requests_per_user_and_per_mode
         queued.cancel()  # its bytes are released with its outcome
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
         small = alice.stream("m", "x" * 600)
-        assert (await small.read()).HasField("queued")
+        assert (await next_event(small)).HasField("queued")
         engine.waiting = 0
         engine.auto_release = True
         engine.release()

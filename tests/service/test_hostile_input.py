@@ -4,7 +4,7 @@ escaped in messages and logs; bodies that do not decode get INVALID_ARGUMENT wit
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,7 +23,7 @@ HUGE = 200_000
 
 
 @contextmanager
-def _info_logs() -> Iterator[list[dict[str, Any]]]:
+def _info_logs() -> Iterator[list[MutableMapping[str, Any]]]:
     """Capture structlog events at info level (the test suite logs at warning)."""
     saved = structlog.get_config()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
@@ -138,10 +138,14 @@ async def test_undecodable_bodies_get_invalid_argument_with_error_info(method: s
             path = f"{SERVICE}/{method}"
             with _info_logs() as logs, pytest.raises(grpc.aio.AioRpcError) as err:
                 if method == "Stream":
-                    async for _ in channel.unary_stream(path)(_body(method, body), metadata=metadata, timeout=5):
+                    async for _ in channel.unary_stream(path, request_serializer=None, response_deserializer=None)(
+                        _body(method, body), metadata=metadata, timeout=5
+                    ):
                         pass
                 else:
-                    await channel.unary_unary(path)(_body(method, body), metadata=metadata, timeout=5)
+                    await channel.unary_unary(path, request_serializer=None, response_deserializer=None)(
+                        _body(method, body), metadata=metadata, timeout=5
+                    )
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
         assert error_reason(err.value) == "MALFORMED_REQUEST"
         details = err.value.details() or ""
@@ -155,5 +159,7 @@ async def test_a_valid_body_sent_as_raw_bytes_still_works() -> None:
     engine = ControlledEngine(auto_release=True, tokens=2)
     body = pb.SubmitRequest(params=pb.GenerationParams(model="m", prompt="hi", max_tokens=2)).SerializeToString()
     async with serving(make_config(), engine.factory()) as server, grpc.aio.insecure_channel(server.address) as ch:
-        raw = await ch.unary_unary(f"{SERVICE}/Submit")(body, metadata=(("x-user-id", "a"),), timeout=5)
+        raw = await ch.unary_unary(f"{SERVICE}/Submit", request_serializer=None, response_deserializer=None)(
+            body, metadata=(("x-user-id", "a"),), timeout=5
+        )
     assert pb.SubmitResponse.FromString(raw).text == "hello t1"

@@ -25,6 +25,7 @@ from tests.helpers import (
     serving,
     until_settled,
 )
+from tests.stream_events import next_event
 
 GRPCURL = shutil.which("grpcurl") or str(__import__("pathlib").Path(sys.executable).parent / "grpcurl")
 
@@ -105,7 +106,7 @@ async def test_queue_caps_answer_resource_exhausted_with_retry_info_and_a_reason
             await client.submit("m", "one too many")
         async with client_for(server, user="other") as other:  # another user is not affected
             other_call = other.stream("m", "fine")
-            assert (await other_call.read()).HasField("queued")
+            assert (await next_event(other_call)).HasField("queued")
             other_call.cancel()
         for call in calls:
             call.cancel()

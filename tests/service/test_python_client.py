@@ -50,8 +50,9 @@ from tests.helpers import (
     serving,
     until_settled,
 )
+from tests.stream_events import next_event
 
-FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 
 
 def check_event_order(events: list[Event]) -> None:
@@ -78,7 +79,7 @@ def _async_client(server: SchedulerServer, **kwargs: Any) -> AsyncClient:
 
 async def test_stream_follows_the_event_order_contract_async_and_sync() -> None:
     async with (
-        running_simulator(SimConfig(**FAST)) as sim,
+        running_simulator(FAST) as sim,
         serving(make_config(backend_url=sim.url)) as server,
         _async_client(server) as client,
     ):
@@ -119,7 +120,7 @@ async def _held_queue(server: SchedulerServer, engine: ControlledEngine) -> Any:
     await eventually(closed, what="a reading of the deep engine queue")
     raw = client_for(server)
     call = raw.stream("m", "parked")
-    assert (await call.read()).HasField("queued")
+    assert (await next_event(call)).HasField("queued")
     return raw, call
 
 
@@ -250,7 +251,7 @@ async def test_the_deadline_reaches_the_server_and_a_retry_never_extends_it(vari
         # QUEUE_FULL asks for ~1 s, the deadline has 0.5 s left: no retry, the real error at once
         raw2 = client_for(server)
         parked2 = raw2.stream("m", "parked again")
-        assert (await parked2.read()).HasField("queued")
+        assert (await next_event(parked2)).HasField("queued")
 
         def too_short() -> None:
             started = time.monotonic()

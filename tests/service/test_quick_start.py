@@ -96,7 +96,7 @@ def example_config(ports: Ports) -> str:
 def _wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+        assert proc.poll() is None, f"{proc.args!r} exited with {proc.returncode}"
         with contextlib.suppress(OSError):
             urllib.request.urlopen(url, timeout=1)
             return

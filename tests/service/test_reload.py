@@ -13,6 +13,7 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.dispatcher import ModelDispatcher
 from tests.helpers import client_label, eventually, make_config, serving
 
-FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 USERS = ("alice", "bob", "carol")
 KEYS = {user: f"sk-{user}-key" for user in (*USERS, "root", "dave")}
 
@@ -142,7 +143,7 @@ async def test_a_reload_under_a_flood_loses_reorders_and_duplicates_nothing(
     monkeypatch.setattr(Ticket, "assign", recording_assign)
     monkeypatch.setattr(ModelDispatcher, "enqueue", recording_enqueue)
     journals = {name: tmp_path / f"{name}.jsonl" for name in ("b0", "b1", "b2")}
-    sim = {name: SimConfig(max_num_seqs=4, journal=str(path), **FAST) for name, path in journals.items()}
+    sim = {name: replace(FAST, max_num_seqs=4, journal=str(path)) for name, path in journals.items()}
     # b1, which the reload removes, runs slower, so what it runs at the reload is still running when it is looked at
     sim["b1"] = SimConfig(max_num_seqs=4, journal=str(journals["b1"]), decode_base_ms=15.0, decode_per_seq_ms=0.5)
     path = tmp_path / "llmsched.toml"
@@ -267,7 +268,7 @@ async def test_a_reload_under_a_flood_loses_reorders_and_duplicates_nothing(
 async def test_admin_calls_are_for_admins_only_and_none_while_no_admin_is_named(tmp_path: Path) -> None:
     path = tmp_path / "llmsched.toml"
     async with (
-        running_simulator(SimConfig(**FAST)) as sim,
+        running_simulator(FAST) as sim,
         serving_file(path, _config({"b0": sim.url})) as server,
         _client(server, "alice") as alice,
         _client(server, "root") as root,
@@ -292,8 +293,8 @@ async def test_admin_calls_are_for_admins_only_and_none_while_no_admin_is_named(
 
 async def test_draining_a_backend_moves_the_queue_to_the_other_and_lets_running_requests_finish() -> None:
     async with (
-        running_simulator(SimConfig(max_num_seqs=2, **FAST)) as s0,
-        running_simulator(SimConfig(max_num_seqs=2, **FAST)) as s1,
+        running_simulator(replace(FAST, max_num_seqs=2)) as s0,
+        running_simulator(replace(FAST, max_num_seqs=2)) as s1,
     ):
         config = make_config(
             models=[
@@ -342,7 +343,7 @@ async def test_draining_a_backend_moves_the_queue_to_the_other_and_lets_running_
 
 async def test_sighup_reloads_a_served_file_and_the_cli_drains_and_reloads(tmp_path: Path) -> None:
     path = tmp_path / "llmsched.toml"
-    async with running_simulator(SimConfig(**FAST)) as sim:
+    async with running_simulator(FAST) as sim:
         raw = _config({"b0": sim.url}, server={"log_format": "json"})
         _write(path, raw)
         process = await asyncio.create_subprocess_exec(
@@ -381,7 +382,7 @@ async def test_traced_requests_of_a_class_a_reload_adds_or_removes(tmp_path: Pat
     them in step (a class it adds is traced at once, one it removes until its last request has gone)."""
     path = tmp_path / "llmsched.toml"
     exporter = InMemorySpanExporter()
-    async with running_simulator(SimConfig(max_num_seqs=2, **FAST)) as sim:
+    async with running_simulator(replace(FAST, max_num_seqs=2)) as sim:
         raw = {**_config({"b0": sim.url}), "tracing": {"endpoint": "http://127.0.0.1:4317"}}
         _write(path, raw)
         server = SchedulerServer(load_config(path), config_path=path, span_processor=SimpleSpanProcessor(exporter))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections import Counter
+from collections.abc import AsyncGenerator
 
 import grpc
 import pytest
@@ -14,6 +15,7 @@ from scheduler_svc.core.auth import Authenticator
 from scheduler_svc.core.keys import key_digest
 from scheduler_svc.grpc.servicer import SchedulerServicer
 from tests.helpers import ControlledEngine, client_for, make_config, outcome_count, queue_depth, serving, until_settled
+from tests.stream_events import event_or_end, next_event
 
 
 async def test_submit_returns_text_usage_timings_and_backend() -> None:
@@ -46,13 +48,13 @@ async def test_queued_updates_report_position_while_waiting() -> None:
     config = make_config(gate={"waiting_target": 3})
     async with serving(config, engine.factory()) as server, client_for(server) as client:
         first = client.stream("m", "a", request_id="first")
-        e1 = await first.read()
+        e1 = await next_event(first)
         second = client.stream("m", "b", request_id="second")
-        e2 = await second.read()
+        e2 = await next_event(second)
         assert (e1.queued.position_in_user_queue, e2.queued.position_in_user_queue) == (1, 2)
         assert e2.queued.model_queue_depth == 2 and e2.queued.priority_class == "interactive"
         first.cancel()
-        update = await second.read()  # the position changes once the first is withdrawn
+        update = await next_event(second)  # the position changes once the first is withdrawn
         assert update.queued.position_in_user_queue == 1
         second.cancel()
         await until_settled(server, lambda: outcome_count(server, "cancelled") == 2)
@@ -80,7 +82,7 @@ async def test_bad_input_gets_a_clear_status_and_leaves_others_alone(
         client_for(server) as alice,
     ):
         running = bob.stream("m", "long job", request_id="bob-1")
-        while (await running.read()).WhichOneof("event") != "delta":
+        while (await next_event(running)).WhichOneof("event") != "delta":
             pass
         for call in ("submit", "stream"):
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -94,7 +96,7 @@ async def test_bad_input_gets_a_clear_status_and_leaves_others_alone(
             assert error_reason(err.value)
         engine.release("bob-1")
         last = None
-        while (event := await running.read()) is not grpc.aio.EOF:
+        while (event := await event_or_end(running)) is not None:
             last = event.WhichOneof("event")
         assert last == "finished"
 
@@ -140,7 +142,7 @@ async def test_cancel_while_running_aborts_the_engine_request() -> None:
     engine = ControlledEngine()
     async with serving(make_config(), engine.factory()) as server, client_for(server) as client:
         call = client.stream("m", "x", request_id="victim")
-        while (await call.read()).WhichOneof("event") != "delta":
+        while (await next_event(call)).WhichOneof("event") != "delta":
             pass
         call.cancel()
         await engine.wait_for(lambda: "victim" in engine.aborted)
@@ -204,7 +206,7 @@ async def test_shutdown_rejects_what_is_still_queued_with_unavailable() -> None:
         await call.read()
         stopping = asyncio.create_task(server.stop(grace=0.2))
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            while await call.read() is not grpc.aio.EOF:
+            while await event_or_end(call) is not None:
                 pass
         await stopping
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -223,7 +225,7 @@ async def test_a_burst_of_thousands_of_streams_all_reach_admission() -> None:
         client_for(server) as client,
     ):
         calls = [client.stream("m", "x", request_id=f"r{i}") for i in range(burst)]
-        firsts = await asyncio.gather(*(call.read() for call in calls), return_exceptions=True)
+        firsts = await asyncio.gather(*(next_event(call) for call in calls), return_exceptions=True)
         queued = [e for e in firsts if not isinstance(e, BaseException) and e.HasField("queued")]
         codes = Counter(e.code() for e in firsts if isinstance(e, grpc.aio.AioRpcError))
         # one user, 1,000 queued at most: admission refuses the rest, nothing is dropped before it
@@ -258,8 +260,10 @@ async def test_a_stream_closed_at_a_yield_aborts_the_engine_request_at_once() ->
     async with serving(make_config(), engine.factory()) as server:
         handler = SchedulerServicer(server.scheduler, Authenticator(server.config.auth))
         stream = handler.Stream(
-            pb.StreamRequest(params=pb.GenerationParams(model="m", prompt="x", request_id="r1")), _HandlerContext()
-        )  # type: ignore[arg-type]
+            pb.StreamRequest(params=pb.GenerationParams(model="m", prompt="x", request_id="r1")),
+            _HandlerContext(),  # type: ignore[arg-type]  # a stand-in with only what the handler reads
+        )
+        assert isinstance(stream, AsyncGenerator)  # aclose() below is what gRPC calls on the handler
         async for event in stream:
             if event.HasField("delta"):
                 break  # the handler now sits at its `yield`

@@ -15,7 +15,7 @@ import ssl
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 import grpc
@@ -31,10 +31,19 @@ from scheduler_svc.core.auth import Authenticator
 from scheduler_svc.core.errors import Unauthenticated
 from scheduler_svc.core.keys import key_digest
 from tests.helpers import ControlledEngine, client_for, make_config, queue_depth, queued_users, serving, until_settled
+from tests.stream_events import event_or_end
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 MINIMAL: dict[str, Any] = {"models": [{"name": "m", "backends": [{"name": "b", "url": "http://127.0.0.1:8000"}]}]}
+
+
+class ClientTls(TypedDict):
+    """SchedulerClient's keyword arguments for a TLS channel with a client certificate."""
+
+    root_certificates: bytes
+    certificate_chain: bytes
+    private_key: bytes
 
 
 @dataclass
@@ -51,7 +60,7 @@ class Pki:
     def ca_pem(self) -> bytes:
         return self.ca.cert_pem.bytes()
 
-    def client(self, *identities: str, common_name: str | None = None) -> dict[str, bytes]:
+    def client(self, *identities: str, common_name: str | None = None) -> ClientTls:
         """SchedulerClient keyword arguments presenting a client certificate from this CA."""
         cert = self.ca.issue_cert(*identities, common_name=common_name)
         return {
@@ -81,8 +90,8 @@ async def _queued_as(server: SchedulerServer, client: SchedulerClient) -> list[s
     """Queue one request with `client` (the engine is busy) and return the users with queued work."""
     call = client.stream("m", "x")
     try:
-        first = await call.read()
-        assert first is not grpc.aio.EOF and first.HasField("queued")
+        first = await event_or_end(call)
+        assert first is not None and first.HasField("queued")
         return queued_users(server)
     finally:
         call.cancel()
@@ -173,8 +182,8 @@ async def test_keys_from_digests_a_file_and_the_environment(pki: Pki, monkeypatc
             async with client_for(server, user="root", api_key=key) as client:
                 assert await _queued_as(server, client) == [user]
             await _wait_empty(server)
-        for key in ("sk-wrong", key_digest("sk-dave"), "sk-from-file ", None):
-            async with client_for(server, user="alice", api_key=key) as client:
+        for bad_key in ("sk-wrong", key_digest("sk-dave"), "sk-from-file ", None):
+            async with client_for(server, user="alice", api_key=bad_key) as client:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await client.submit("m", "x")
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, key

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 
-import grpc
 import pytest
 
 from backends.sim import SimConfig, running_simulator
@@ -25,6 +24,7 @@ from tests.helpers import (
     serving,
     until_settled,
 )
+from tests.stream_events import event_or_end, next_event
 
 FAST_ENGINE = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.0)  # a token every 2 ms
 
@@ -48,7 +48,7 @@ async def _late_messages(config: Config, model: str, after: int, max_tokens: int
     async with serving(config) as server, client_for(server) as client:
         call = client.stream(model, "a long story", max_tokens=max_tokens, ignore_eos=True)
         carried, late_messages, late_since = 0, 0, 0.0
-        while (event := await call.read()) is not grpc.aio.EOF:
+        while (event := await event_or_end(call)) is not None:
             if not event.HasField("delta"):
                 continue
             if carried >= after:
@@ -96,7 +96,7 @@ async def test_a_client_that_leaves_while_its_answer_is_held_aborts_the_engine_r
         client_for(server) as client,
     ):
         call = client.stream("m", "a long story", max_tokens=2000, ignore_eos=True)
-        while not (await call.read()).HasField("delta"):
+        while not (await next_event(call)).HasField("delta"):
             pass
         call.cancel()  # the run now waits up to half a second before its next read
         await eventually(lambda: sim.engine.stats()["aborted_total"] == 1, what="engine abort")

@@ -13,7 +13,7 @@ import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 import grpc
@@ -38,6 +38,7 @@ from scheduler_svc.core.clock import FakeClock
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.cluster.replicas import agent_of, cluster_config, settled
 from tests.helpers import ControlledEngine, eventually, make_config, outcome_count, until_settled
+from tests.stream_events import event_or_end, next_event
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
@@ -106,6 +107,13 @@ async def stream_all(server: SchedulerServer, *metadata: tuple[str, str], **para
         return [event async for event in call]
 
 
+class TraceContext(TypedDict):
+    """The clients' trace-context keyword arguments."""
+
+    traceparent: str
+    tracestate: str
+
+
 def by_name(spans: Sequence[ReadableSpan]) -> dict[str, list[ReadableSpan]]:
     named: dict[str, list[ReadableSpan]] = {}
     for span in sorted(spans, key=lambda s: s.start_time or 0):
@@ -119,7 +127,8 @@ def parent_of(span: ReadableSpan) -> int | None:
 
 def span_id(span: ReadableSpan) -> int:
     assert span.context is not None
-    return span.context.span_id
+    context_id: int = span.context.span_id
+    return context_id
 
 
 def engine_traceparent(span: ReadableSpan) -> str:
@@ -153,6 +162,7 @@ async def test_a_stream_continues_the_callers_trace_into_the_engine() -> None:
     assert call.attributes["llmsched.completion_tokens"] == 16 and call.status.status_code is not StatusCode.ERROR
     # in order: admitted, waited, sent; the first token ends the engine's time to it, and the stream starts there
     assert wait.end_time is not None and dispatch.start_time is not None and ttft.end_time is not None
+    assert ttft.start_time is not None and stream.start_time is not None
     assert wait.end_time <= dispatch.start_time <= ttft.start_time <= ttft.end_time <= stream.start_time
     assert [e.name for e in dispatch.events] == ["engine.accepted"]
     # the engine heard the dispatch span as its parent, and the caller's trace state
@@ -225,7 +235,7 @@ async def test_a_cancelled_stream_ends_its_spans_as_cancelled_with_the_engine_ab
     async with tracing_server(traced(make_config()), engine.factory()) as (server, exporter):
         channel, call = stream_call(server)
         async with channel:
-            while not (await call.read()).HasField("delta"):
+            while not (await next_event(call)).HasField("delta"):
                 pass
             call.cancel()
             await until_settled(server, lambda: outcome_count(server, "cancelled") == 1)
@@ -243,22 +253,25 @@ async def test_the_queue_wait_names_the_gates_that_held_it() -> None:
     async with tracing_server(traced(make_config()), engine.factory()) as (server, exporter):
         channel, call = stream_call(server)
         async with channel:
-            assert (await call.read()).HasField("queued")
+            assert (await next_event(call)).HasField("queued")
             # held until the engine's queue drains: the next reading opens the gate
             engine.waiting = 0
             events = []
-            while (event := await call.read()) is not grpc.aio.EOF:
+            while (event := await event_or_end(call)) is not None:
                 events.append(event)
         await until_settled(server, lambda: outcome_count(server, "completed") == 1)
     assert events[-1].HasField("finished")
     (wait,) = by_name(exporter.get_finished_spans())["queue_wait"]
-    assert wait.attributes is not None and list(wait.attributes["llmsched.gate.causes"]) == ["engine_waiting"]
+    assert wait.attributes is not None
+    causes = wait.attributes["llmsched.gate.causes"]
+    assert isinstance(causes, tuple | list) and list(causes) == ["engine_waiting"]
     held = [(e.name, dict(e.attributes or {})) for e in wait.events]
     assert held[0] == (
         "gate.closed",
         {"llmsched.backend": "b0", "llmsched.priority_class": "interactive", "llmsched.gate.cause": "engine_waiting"},
     )
     assert held[-1][0] == "gate.opened"
+    assert wait.start_time is not None and wait.end_time is not None
     assert all(wait.start_time <= e.timestamp <= wait.end_time for e in wait.events)
 
 
@@ -304,8 +317,8 @@ async def test_with_tracing_off_a_valid_traceparent_reaches_the_engine_unchanged
             headers = {"x-user-id": "bob", "traceparent": TRACEPARENT}
             async with session.post(f"http://{server.http_address}/v1/completions", json=body, headers=headers) as r:
                 assert r.status == 200
-            headers = [("x-user-id", "bob"), ("traceparent", TRACEPARENT), ("traceparent", TRACEPARENT)]
-            async with session.post(f"http://{server.http_address}/v1/completions", json=body, headers=headers) as r:
+            twice = [("x-user-id", "bob"), ("traceparent", TRACEPARENT), ("traceparent", TRACEPARENT)]
+            async with session.post(f"http://{server.http_address}/v1/completions", json=body, headers=twice) as r:
                 assert r.status == 200  # sent twice: ignored, never refused
     assert seen == [{"traceparent": TRACEPARENT, "tracestate": "a=1"}, {}, {"traceparent": TRACEPARENT}, {}]
     assert exporter.get_finished_spans() == ()
@@ -315,7 +328,7 @@ async def test_the_python_clients_send_a_callers_trace_context_on_every_call() -
     """`traceparent=`/`tracestate=` on the asyncio, blocking and raw clients' calls, and the CLI's flags, reach
     the engine unchanged (tracing off: nothing of the scheduler's own in between)."""
     async with recording_simulator() as (url, seen), tracing_server(make_config(backend_url=url)) as (server, _):
-        trace = {"traceparent": TRACEPARENT, "tracestate": "a=1"}
+        trace = TraceContext(traceparent=TRACEPARENT, tracestate="a=1")
         async with AsyncClient(server.address, user="alice") as client:
             await client.submit("m", "hi", max_tokens=2, **trace)
             async with client.stream("m", "hi", max_tokens=2, traceparent=TRACEPARENT) as events:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -19,14 +20,15 @@ from scheduler_svc.core.ticket import Ticket
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.dispatcher import ModelDispatcher
 from tests.helpers import client_for, client_label, eventually, make_config, outcome_count, serving, until_settled
+from tests.stream_events import event_or_end
 
-FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 
 
 async def _first_delta(call: grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]) -> None:
     while True:
-        event = await call.read()
-        assert event is not grpc.aio.EOF, "stream ended before a token"
+        event = await event_or_end(call)
+        assert event is not None, "stream ended before a token"
         if event.HasField("delta"):
             return
 
@@ -47,7 +49,7 @@ async def test_s1_latecomers_are_served_long_before_the_flood_drains(monkeypatch
 
     monkeypatch.setattr(Ticket, "assign", recording_assign)
     monkeypatch.setattr(ModelDispatcher, "enqueue", recording_enqueue)
-    async with running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim:
+    async with running_simulator(replace(FAST, max_num_seqs=4)) as sim:
         # round robin, whose bound on the latecomer's wait this checks; the engine's slots unknown, as a bound
         # on its queue holds only then (known slots let a request bound for a slot freed mid-step wait a step)
         config = make_config(
@@ -115,7 +117,7 @@ async def test_the_engines_intake_is_timed_from_sending_to_its_answer(monkeypatc
 
     monkeypatch.setattr(VllmApi, "completions", slow_front_end)
     async with (
-        running_simulator(SimConfig(**FAST)) as sim,
+        running_simulator(FAST) as sim,
         serving(make_config(backend_url=sim.url)) as server,
         client_for(server) as client,
     ):
@@ -141,10 +143,10 @@ async def test_engine_killed_mid_stream_gives_unavailable_and_service_resumes_wh
             await _first_delta(call)
             await first_engine.__aexit__(None, None, None)  # the engine dies with the stream open
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                while await call.read() is not grpc.aio.EOF:
+                while await event_or_end(call) is not None:
                     pass
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            async with running_simulator(SimConfig(**FAST), port=sim.port):
+            async with running_simulator(FAST, port=sim.port):
                 response = await client.submit("m", "back again", max_tokens=5, ignore_eos=True)
             assert response.usage.completion_tokens == 5
             assert outcome_count(server, "failed") == 1
@@ -156,7 +158,7 @@ async def test_engine_killed_mid_stream_gives_unavailable_and_service_resumes_wh
 async def test_a_dead_engine_fails_requests_over_to_a_live_one_over_real_http() -> None:
     """b0's port refuses connections (the adapter's BackendUnavailable), b1 is a live simulator: every
     request completes on b1, and only the first one ever tried b0 while it cooled down."""
-    async with running_simulator(SimConfig(**FAST)) as sim:
+    async with running_simulator(FAST) as sim:
         config = make_config(
             models=[
                 {
@@ -181,7 +183,7 @@ async def test_a_dead_engine_fails_requests_over_to_a_live_one_over_real_http() 
 
 
 async def test_dead_metrics_endpoint_degrades_to_a_concurrency_cap() -> None:
-    async with running_simulator(SimConfig(max_num_seqs=8, **FAST)) as sim:
+    async with running_simulator(replace(FAST, max_num_seqs=8)) as sim:
         sim.faults.update({"metrics_down": True})
         config = make_config(backend_url=sim.url, gate={"fallback_max_in_flight": 2})
         async with serving(config) as server, client_for(server) as client:
