@@ -65,7 +65,7 @@ class Harness:
         self.config = config
         self.clock = FakeClock()
         model_config = config.models[0]
-        backend = FakeBackend(_never, capabilities=BackendCapabilities(supports_priority=priority_scheduling))  # type: ignore[arg-type]
+        backend = FakeBackend(_never, capabilities=BackendCapabilities(supports_priority=priority_scheduling))
         gate = CapGate(cap) if cap is not None else GATE_POLICIES.create(model_config.gate.policy, model_config.gate)
         self.handle = BackendHandle(model_config.backends[0], backend, gate, LoadEstimator())
         self.metrics = SchedulerMetrics()
@@ -110,9 +110,9 @@ class Harness:
             prompt_chars=len(prompt),
             end_user=end_user,
         )
-        priority_class = self.config.scheduling.priority_class(request.priority_class)
-        assert priority_class is not None
-        ttl = priority_class.queue_ttl_seconds
+        class_config = self.config.scheduling.priority_class(request.priority_class)
+        assert class_config is not None
+        ttl = class_config.queue_ttl_seconds
         deadlines = [request.admitted_at + t for t in (timeout, ttl or None) if t is not None]
         request.deadline = min(deadlines, default=None)
         ticket = self.dispatcher.enqueue(request)

@@ -56,7 +56,12 @@ def test_strict_rank_serves_the_top_band_and_waits_while_its_gate_is_closed() ->
     turn = policy.choose(bands, 101.0, lambda cls: True)
     assert turn is not None and (turn.index, turn.gate_class) == (0, TOP)
     asked: list[str] = []
-    assert policy.choose(bands, 200.0, lambda cls: asked.append(cls.name) or False) is None
+
+    def closed(cls: PriorityClassConfig) -> bool:
+        asked.append(cls.name)
+        return False
+
+    assert policy.choose(bands, 200.0, closed) is None
     assert asked == ["interactive"]  # only the top band's gate is asked: lower bands wait with it
 
 

@@ -173,7 +173,7 @@ def test_an_end_users_request_that_fails_over_goes_first_again_for_its_end_user(
     h.clock.advance(0.01)
     assert h.events.fail_over(first, BackendUnavailable("connection refused"))
     h.clock.advance(5.0)  # past the failed backend's cool-down
-    order = []
+    order: list[str] = []
     for _ in range(40):
         order.extend(t.request.request_id for t in h.dispatch())
         h.step()

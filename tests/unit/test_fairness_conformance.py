@@ -128,6 +128,7 @@ def test_a_requeued_request_costs_its_user_nothing(harness: Harness) -> None:
     harness.serve()
     before = harness.policy.account.counters()
     user = harness.policy.select(harness.band.flow_views)
+    assert user is not None
     request = harness.band.flows[user].head()
     harness.queues.remove(request.request_id)
     harness.policy.account.on_dispatched(request)
@@ -156,7 +157,7 @@ def test_state_for_4000_one_off_users_stays_bounded(policy: str) -> None:
     """Each policy forgets an idle user once the rules allow; the idle TTL (here 100 s of
     fake time) bounds what the safe rule cannot drop (vtc's length estimates)."""
     h, _ = _one_off_users(policy, 4000, ttl=100.0)
-    assert h.policy.account.tracked_users() <= 110  # type: ignore[attr-defined]
+    assert h.policy.account.tracked_users() <= 110
     assert len(h.policy.account.counters()) <= 110
 
 
@@ -250,12 +251,12 @@ def test_the_stated_service_bound_holds_on_a_multi_slot_engine(
             for user in ("a", "b"):  # two queued before each choice: a flow never empties, so never lifted
                 while user not in h.band.flows or len(h.band.flows[user]) < 2:
                     h.add(user, 1, max_tokens=next(cycle[user]))
-            user = p.select(h.band.flow_views)
-            assert user is not None
-            request = h.band.flows[user].head()
+            chosen = p.select(h.band.flow_views)
+            assert chosen is not None
+            request = h.band.flows[chosen].head()
             h.queues.remove(request.request_id)
             p.account.on_dispatched(request)
-            served[user] += prices[0] * request.prompt_tokens_estimate
+            served[chosen] += prices[0] * request.prompt_tokens_estimate
             running[request.request_id] = (request, 0)
         clock.advance(0.02)
         for rid, (request, done) in list(running.items()):

@@ -153,7 +153,7 @@ def test_a_gate_registered_without_declaring_its_limits_honours_none(monkeypatch
     assert ignored_limits("undeclared_test_gate", cls) == ["waiting_target", "max_tpot_seconds"]
 
 
-_inputs = st.builds(
+_inputs: st.SearchStrategy[dict[str, Any]] = st.builds(
     dict,
     waiting=st.integers(0, 12),
     running=st.integers(0, 12),

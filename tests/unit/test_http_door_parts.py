@@ -12,7 +12,7 @@ from backends.base import GenerationRequest, SamplingParams
 from llmsched.v1 import scheduler_pb2 as pb
 from llmsched.v1.errors import ERRORS
 from scheduler_svc.core import errors
-from scheduler_svc.grpc.servicer import client_request
+from scheduler_svc.grpc.requests import client_request
 from scheduler_svc.http.errors import error_reply
 from scheduler_svc.http.headers import MAX_TIMEOUT_SECONDS, call_timeout_seconds, peer_info, timeout_seconds
 from scheduler_svc.http.parsing import parse_call

@@ -19,17 +19,17 @@ from scheduler_svc.policies import SignalGate
 from tests.unit.dispatch_harness import Harness
 
 
-def keep_backlogged(h: Harness, users: dict[str, int], depth: int = 8, **kwargs: object) -> None:
+def keep_backlogged(h: Harness, users: dict[str, int], depth: int = 8) -> None:
     """Top every user's queue up to `depth` requests of `users[user]` tokens."""
     for user, tokens in users.items():
         while h.user_depth(user) < depth:
-            h.submit(user, max_tokens=tokens, **kwargs)  # type: ignore[arg-type]
+            h.submit(user, max_tokens=tokens)
 
 
-def run(h: Harness, users: dict[str, int], steps: int, **kwargs: object) -> Counter[str]:
+def run(h: Harness, users: dict[str, int], steps: int, depth: int = 8) -> Counter[str]:
     """All users backlogged for `steps` engine steps; returns tokens served per user."""
     for _ in range(steps):
-        keep_backlogged(h, users, **kwargs)
+        keep_backlogged(h, users, depth)
         h.dispatch()
         h.step()
     return Counter(h.tokens_by_user)
