@@ -17,6 +17,9 @@ from scheduler_svc.core.queues import ModelQueues
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import FAIRNESS_POLICIES, Fairness, WeightResolver
 from scheduler_svc.policies.cost import LocalCounters, Prices
+from scheduler_svc.policies.fairness.activity import UserActivity
+from scheduler_svc.policies.fairness.counters import CounterAccount
+from scheduler_svc.policies.fairness.turns import TurnAccount
 from tests.unit import prompt_share_policy
 from tests.unit.queued import queue_request
 
@@ -138,11 +141,18 @@ def test_a_requeued_request_costs_its_user_nothing(harness: Harness) -> None:
     assert harness.serve() is request
 
 
+def activity_of(h: Harness) -> UserActivity:
+    """The account's record of who is active and when (every account here keeps one)."""
+    account = h.policy.account
+    assert isinstance(account, CounterAccount | TurnAccount), account
+    return account.activity
+
+
 def _one_off_users(policy: str, users: int, ttl: float, pruning: bool = True) -> tuple[Harness, FakeClock]:
     clock = FakeClock()
     params = {"idle_user_ttl_seconds": ttl}
     h = Harness(FAIRNESS_POLICIES.create(policy, WeightResolver(), clock, params=params), clock)
-    h.policy.account.activity.pruning = pruning  # type: ignore[attr-defined]
+    activity_of(h).pruning = pruning
     h.add("steady", 2 * users)  # one user stays backlogged throughout
     for i in range(users):
         h.add(f"one-off-{i}")
@@ -171,8 +181,8 @@ def test_pruning_changes_no_decision(policy: str) -> None:
         h = Harness(
             FAIRNESS_POLICIES.create(policy, WeightResolver(), clock, params={"idle_user_ttl_seconds": 0}), clock
         )
-        h.policy.account.activity.pruning = pruning  # type: ignore[attr-defined]
-        h.policy.account.activity.sweep_per_event = 50  # type: ignore[attr-defined]
+        activity_of(h).pruning = pruning
+        activity_of(h).sweep_per_event = 50
         order = []
         for _ in range(3000):
             if rng.random() < 0.5:

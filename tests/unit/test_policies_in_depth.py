@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from typing import TypedDict
 
 import pytest
 
@@ -193,6 +194,15 @@ def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() 
     assert err.value.retry_after_seconds > 0.1  # a's own share of the drain is lower
 
 
+class ReadingFields(TypedDict, total=False):
+    """The engine signals a gate case sets; the rest of its reading keeps BackendLoad's defaults."""
+
+    waiting: int
+    running: int
+    tpot_seconds: float | None
+    kv_cache_usage: float | None
+
+
 @pytest.mark.parametrize(
     ("cls", "reading", "open_", "why"),
     [
@@ -215,10 +225,10 @@ def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() 
     ],
 )
 def test_each_gate_signal_for_each_class(
-    cls: PriorityClassConfig, reading: dict[str, object], open_: bool, why: str
+    cls: PriorityClassConfig, reading: ReadingFields, open_: bool, why: str
 ) -> None:
     ledger, gate = LoadEstimator(), SignalGate(GateConfig(waiting_target=3))
-    load = BackendLoad(ok=True, read_at=10.0, **reading)  # type: ignore[arg-type]
+    load = BackendLoad(ok=True, read_at=10.0, **reading)
     ledger.record_reading(load)
     gate.observe(load)
     decision = gate.decide(ledger.gate_inputs(10.1), cls)
