@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
@@ -21,34 +22,42 @@ from backends.adapters.tgi import TgiBackend
 from backends.adapters.vllm import VllmBackend
 from backends.base import Backend, BackendSpec, GenerationEvent
 from backends.sim import SimConfig, running_simulator
+from backends.sim.config import Flavor
 from tests.helpers import eventually
 
-FAST = {"decode_base_ms": 1.0, "decode_per_seq_ms": 0.2}
+FAST = SimConfig(decode_base_ms=1.0, decode_per_seq_ms=0.2)
 
 
-def req(rid: str = "r1", tokens: int = 5, **kwargs: object) -> GenerationRequest:
+def req(
+    rid: str = "r1",
+    tokens: int = 5,
+    messages: tuple[ChatMessage, ...] | None = None,
+    engine_priority: int | None = None,
+) -> GenerationRequest:
     return GenerationRequest(
         request_id=rid,
-        prompt=kwargs.pop("prompt", "Hello world") if "messages" not in kwargs else None,  # type: ignore[arg-type]
+        prompt="Hello world" if messages is None else None,
+        messages=messages,
         params=SamplingParams(max_tokens=tokens, ignore_eos=True, seed=1),
-        **kwargs,  # type: ignore[arg-type]
+        engine_priority=engine_priority,
     )
 
 
 async def collect(events: AsyncIterator[GenerationEvent]) -> tuple[str, Finished]:
-    text, finished = [], None
+    text: list[str] = []
+    finished: Finished | None = None
     async for event in events:
         if isinstance(event, TextDelta):
             text.append(event.text)
-        else:
+        elif isinstance(event, Finished):
             finished = event
     assert finished is not None
     return "".join(text), finished
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "tgi"])
-async def test_streams_exactly_max_tokens_with_usage(flavor: str) -> None:
-    async with running_simulator(SimConfig(flavor=flavor, **FAST)) as sim:  # type: ignore[arg-type]
+async def test_streams_exactly_max_tokens_with_usage(flavor: Flavor) -> None:
+    async with running_simulator(dataclasses.replace(FAST, flavor=flavor)) as sim:
         backend: Backend = (VllmBackend if flavor == "vllm" else TgiBackend)(
             BackendSpec(name="b", url=sim.url, engine_model="sim-model")
         )
@@ -63,8 +72,8 @@ async def test_streams_exactly_max_tokens_with_usage(flavor: str) -> None:
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "tgi"])
-async def test_chat_messages_use_the_chat_endpoint(flavor: str) -> None:
-    async with running_simulator(SimConfig(flavor=flavor, **FAST)) as sim:  # type: ignore[arg-type]
+async def test_chat_messages_use_the_chat_endpoint(flavor: Flavor) -> None:
+    async with running_simulator(dataclasses.replace(FAST, flavor=flavor)) as sim:
         backend = (VllmBackend if flavor == "vllm" else TgiBackend)(
             BackendSpec(name="b", url=sim.url, engine_model="sim-model")
         )
@@ -81,7 +90,7 @@ async def test_chat_messages_use_the_chat_endpoint(flavor: str) -> None:
 
 
 async def test_vllm_priority_is_sent_only_when_configured() -> None:
-    async with running_simulator(SimConfig(scheduling_policy="fcfs", **FAST)) as sim:
+    async with running_simulator(dataclasses.replace(FAST, scheduling_policy="fcfs")) as sim:
         plain = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
         wrong = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model", priority_scheduling=True))
         try:
@@ -117,9 +126,9 @@ async def test_vllm_load_reads_waiting_running_and_tpot_under_load() -> None:
 @pytest.mark.parametrize(("flavor", "chat"), [("vllm", False), ("vllm", True), ("tgi", False), ("tgi", True)])
 @pytest.mark.parametrize("events_read", [1, 2])  # closed at Accepted (the engine's answer), or at the first text
 async def test_closing_the_stream_at_any_event_aborts_the_request_in_the_engine(
-    flavor: str, chat: bool, events_read: int
+    flavor: Flavor, chat: bool, events_read: int
 ) -> None:
-    async with running_simulator(SimConfig(flavor=flavor, decode_base_ms=20.0)) as sim:  # type: ignore[arg-type]
+    async with running_simulator(SimConfig(flavor=flavor, decode_base_ms=20.0)) as sim:
         backend = (VllmBackend if flavor == "vllm" else TgiBackend)(
             BackendSpec(name="b", url=sim.url, engine_model="sim-model")
         )
@@ -139,10 +148,10 @@ async def test_closing_the_stream_at_any_event_aborts_the_request_in_the_engine(
 
 
 async def test_tgi_error_inside_the_stream_is_unavailable() -> None:
-    async with running_simulator(SimConfig(flavor="tgi", **FAST)) as sim:
+    async with running_simulator(dataclasses.replace(FAST, flavor="tgi")) as sim:
         sim.faults.update({"stream_error_after_tokens": 2})
         backend = TgiBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
-        seen: list[GenerationEvent] = []
+        seen: list[TextDelta] = []
         try:
             with pytest.raises(BackendUnavailable, match="reported"):
                 async for event in backend.generate(req(tokens=10)):
@@ -161,14 +170,14 @@ async def test_tgi_over_its_concurrency_cap_is_overloaded() -> None:
             await anext(first)
             with pytest.raises(BackendOverloaded):
                 await collect(backend.generate(req("b", tokens=3)))
-            await first.aclose()  # type: ignore[attr-defined]
+            await first.aclose()
         finally:
             await backend.aclose()
 
 
 @pytest.mark.parametrize("fault", [{"stream_cut_after_tokens": 3}, {"reject_all_with_status": 503}])
 async def test_engine_failures_are_unavailable(fault: dict[str, int]) -> None:
-    async with running_simulator(SimConfig(**FAST)) as sim:
+    async with running_simulator(FAST) as sim:
         sim.faults.update(fault)
         backend = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
         try:
@@ -179,7 +188,7 @@ async def test_engine_failures_are_unavailable(fault: dict[str, int]) -> None:
 
 
 async def test_unreachable_engine_is_unavailable_and_its_load_not_ok() -> None:
-    async with running_simulator(SimConfig(**FAST)) as sim:
+    async with running_simulator(FAST) as sim:
         url = sim.url
     backend = VllmBackend(BackendSpec(name="b", url=url, engine_model="sim-model"))  # nothing listens there any more
     try:
@@ -192,7 +201,7 @@ async def test_unreachable_engine_is_unavailable_and_its_load_not_ok() -> None:
 
 
 async def test_metrics_down_gives_a_failed_reading() -> None:
-    async with running_simulator(SimConfig(**FAST)) as sim:
+    async with running_simulator(FAST) as sim:
         backend = VllmBackend(BackendSpec(name="b", url=sim.url, engine_model="sim-model"))
         try:
             assert (await backend.load()).ok

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from backends.adapters.vllm import VllmBackend
 from backends.base import BackendSpec, HttpSettings
 from backends.sim import SimConfig, running_simulator
 
-FAST = {"decode_base_ms": 1.0, "decode_per_seq_ms": 0.2}
+FAST = SimConfig(decode_base_ms=1.0, decode_per_seq_ms=0.2)
 
 
 @dataclass
@@ -80,7 +81,7 @@ async def finish(backend: VllmBackend, rid: str) -> Finished:
 
 
 async def test_a_connection_dropped_before_any_answer_is_retried_once_on_another() -> None:
-    async with running_simulator(SimConfig(**FAST)) as sim, relay_to(sim.port, drop_first=1) as relay:
+    async with running_simulator(FAST) as sim, relay_to(sim.port, drop_first=1) as relay:
         backend = VllmBackend(BackendSpec(name="b", url=f"http://127.0.0.1:{relay.port}", engine_model="sim-model"))
         try:
             finished = await finish(backend, "r1")
@@ -92,7 +93,7 @@ async def test_a_connection_dropped_before_any_answer_is_retried_once_on_another
 
 
 async def test_a_second_drop_fails_the_request() -> None:
-    async with running_simulator(SimConfig(**FAST)) as sim, relay_to(sim.port, drop_first=2) as relay:
+    async with running_simulator(FAST) as sim, relay_to(sim.port, drop_first=2) as relay:
         backend = VllmBackend(BackendSpec(name="b", url=f"http://127.0.0.1:{relay.port}", engine_model="sim-model"))
         try:
             with pytest.raises(BackendUnavailable, match="cannot reach"):
@@ -104,7 +105,10 @@ async def test_a_second_drop_fails_the_request() -> None:
 
 async def test_idle_connections_are_closed_by_us_before_the_engine_closes_them() -> None:
     # The engine keeps idle connections for a minute here, so only our side can close this one.
-    async with running_simulator(SimConfig(keep_alive_seconds=60.0, **FAST)) as sim, relay_to(sim.port) as relay:
+    async with (
+        running_simulator(dataclasses.replace(FAST, keep_alive_seconds=60.0)) as sim,
+        relay_to(sim.port) as relay,
+    ):
         settings = HttpSettings(idle_connection_seconds=0.2)
         backend = VllmBackend(
             BackendSpec(name="b", url=f"http://127.0.0.1:{relay.port}", engine_model="sim-model", http=settings)
@@ -119,7 +123,7 @@ async def test_idle_connections_are_closed_by_us_before_the_engine_closes_them()
 
 
 async def test_the_simulator_closes_idle_connections_like_vllm() -> None:
-    async with running_simulator(SimConfig(keep_alive_seconds=0.2, **FAST)) as sim:
+    async with running_simulator(dataclasses.replace(FAST, keep_alive_seconds=0.2)) as sim:
         reader, writer = await asyncio.open_connection("127.0.0.1", sim.port)
         writer.write(b"GET /health HTTP/1.1\r\nHost: sim\r\n\r\n")
         await writer.drain()

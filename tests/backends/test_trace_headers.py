@@ -15,12 +15,13 @@ from backends import ChatMessage, GenerationRequest, SamplingParams, TraceContex
 from backends.base import BackendSpec
 from backends.sim import SimConfig
 from backends.sim.app import create_app
+from backends.sim.config import Flavor
 
 TRACE = TraceContext("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "congo=t61rcWkgMzE")
 
 
 @asynccontextmanager
-async def recording(flavor: str) -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
+async def recording(flavor: Flavor) -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
     seen: list[dict[str, str]] = []
 
     @web.middleware
@@ -30,7 +31,7 @@ async def recording(flavor: str) -> AsyncIterator[tuple[str, list[dict[str, str]
         response: web.StreamResponse = await handler(request)
         return response
 
-    app = create_app(SimConfig(flavor=flavor, decode_base_ms=1.0, decode_per_seq_ms=0.0))  # type: ignore[arg-type]
+    app = create_app(SimConfig(flavor=flavor, decode_base_ms=1.0, decode_per_seq_ms=0.0))
     app.middlewares.append(record)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -52,7 +53,7 @@ async def recording(flavor: str) -> AsyncIterator[tuple[str, list[dict[str, str]
         ("tgi", "tgi", True),
     ],
 )
-async def test_the_engine_request_carries_the_trace_context(kind: str, flavor: str, chat: bool) -> None:
+async def test_the_engine_request_carries_the_trace_context(kind: str, flavor: Flavor, chat: bool) -> None:
     async with recording(flavor) as (url, seen):
         backend = create_backend(kind, BackendSpec(name="b0", url=url, engine_model="sim-model"))
         try:

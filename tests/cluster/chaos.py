@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -60,7 +61,7 @@ T = TypeVar("T")
 
 OP_LIMIT = 0.1  # the store's time limit per call, as RedisStore.from_config sets it for these heartbeats
 CALL_BOUND = 40.0  # a call still open this long after the faults stopped is lost
-SIM = {"max_num_seqs": 6, "decode_base_ms": 3.0, "decode_per_seq_ms": 0.5}
+SIM = SimConfig(max_num_seqs=6, decode_base_ms=3.0, decode_per_seq_ms=0.5)
 GATE = {"waiting_target": 2, "fallback_max_in_flight": 6}
 USERS = ("ann", "bob", "cat", "dan")
 
@@ -526,7 +527,7 @@ async def run(seed: int, seconds: float = 4.0, kinds: Sequence[str] = FAULTS) ->
     models = rng.choice([("m",), ("a", "b")])
     with tempfile.TemporaryDirectory() as tmp:
         journal_path = Path(tmp) / "journal.jsonl"
-        sim_config = SimConfig(**SIM, journal=str(journal_path))  # type: ignore[arg-type]
+        sim_config = dataclasses.replace(SIM, journal=str(journal_path))
         async with running_simulator(sim_config) as sim:
             faults = StoreFaults(random.Random(rng.random()))
             world = World(seed, seconds, rng, FakeStoreBackend(), faults, sim.url, models)

@@ -271,14 +271,12 @@ async def cluster(
     redis_url: str,
     names: Sequence[str] = ("r1", "r2", "r3"),
     heartbeat_timeout: float = TIMEOUT,
+    models: Sequence[str] = ("m",),
     **gate: int,
 ) -> AsyncIterator[tuple[list[Replica], RoleWatch]]:
     """Start the replicas (all at once), wait until one leads and the others follow it, yield them and a
     running `RoleWatch`; kill whatever is still alive afterwards."""
-    replicas = [
-        spawn_replica(name, directory, sim_url, redis_url, heartbeat_timeout=heartbeat_timeout, **gate)
-        for name in names
-    ]
+    replicas = [spawn_replica(name, directory, sim_url, redis_url, models, heartbeat_timeout, **gate) for name in names]
     try:
         async with watching(replicas) as watch:
             try:

@@ -8,10 +8,12 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from scheduler_svc.app.server import SchedulerServer
+from scheduler_svc.app.server import SchedulerServer, StoreFactory
 from scheduler_svc.app.settings import config_from_dict
+from scheduler_svc.cluster.agent import ClusterAgent
 from scheduler_svc.cluster.leases import fair_share
 from scheduler_svc.cluster.modes import Role
+from scheduler_svc.cluster.store import ClusterStore
 from scheduler_svc.config import Config
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.helpers import eventually
@@ -74,7 +76,12 @@ def cluster_config(
     )
 
 
-def agent_of(server: SchedulerServer) -> Any:
+def serving(store: ClusterStore) -> StoreFactory:
+    """A store factory that hands the replica `store` (a handle made beforehand, to fault or watch)."""
+    return lambda _config, _registry: store
+
+
+def agent_of(server: SchedulerServer) -> ClusterAgent:
     assert server.agent is not None
     return server.agent
 

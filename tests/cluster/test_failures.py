@@ -5,23 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 
 import grpc
+import pytest
 
 from backends.sim import SimConfig, running_simulator
-from clients import SchedulerClient
-from scheduler_svc.app.server import SchedulerServer
+from clients import SchedulerClient, pb
+from scheduler_svc.app.server import SchedulerServer, StoreFactory
 from scheduler_svc.cluster.agent import ClusterAgent, LeaseState
 from scheduler_svc.cluster.messages import Roster
 from scheduler_svc.cluster.modes import Role
 from scheduler_svc.cluster.store import StoreTimeout, StoreUnavailable
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
-from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, settled, stop_all
+from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, serving, settled, stop_all
 from tests.cluster.test_replicas import engine_ids, first_delta
 from tests.helpers import client_for, eventually, queue_depth
 
-FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 
 
 async def kill(server: SchedulerServer) -> None:
@@ -52,7 +54,7 @@ async def _flood_under_way(
 
 async def test_leader_killed_a_follower_leads_within_two_timeouts_and_nothing_runs_twice() -> None:
     async with (
-        running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim,
+        running_simulator(dataclasses.replace(FAST, max_num_seqs=4)) as sim,
         replicas(sim.url, gate={"waiting_target": 2}) as (_, servers),
     ):
         async with contextlib.AsyncExitStack() as stack:
@@ -105,7 +107,7 @@ async def test_follower_killed_its_mirrors_are_released_at_the_leader() -> None:
 
 
 async def test_sigterm_of_the_leader_hands_the_lead_over_at_once() -> None:
-    async with running_simulator(SimConfig(**FAST)) as sim, replicas(sim.url) as (_, servers):
+    async with running_simulator(FAST) as sim, replicas(sim.url) as (_, servers):
         stopped_at = time.monotonic()
         await servers[0].stop(grace=0.2)
         survivors = servers[1:]
@@ -120,7 +122,7 @@ async def test_sigterm_of_the_leader_hands_the_lead_over_at_once() -> None:
 async def test_store_down_degrades_with_the_cap_then_back_to_shared_mode_losing_nothing() -> None:
     fallback = 6  # degraded: each of 3 replicas may hold 6 // 3 = 2 in flight at the engine
     async with (
-        running_simulator(SimConfig(max_num_seqs=8, **FAST)) as sim,
+        running_simulator(dataclasses.replace(FAST, max_num_seqs=8)) as sim,
         replicas(sim.url, gate={"waiting_target": 2, "fallback_max_in_flight": fallback}) as (store, servers),
     ):
         async with contextlib.AsyncExitStack() as stack:
@@ -172,7 +174,7 @@ async def test_running_requests_are_adopted_by_the_next_leader() -> None:
         (adopted,) = agent_of(leader).leader.mirrors.values()
         assert adopted.ticket.first_token_at is not None and adopted.ticket.completion_tokens > 0
         for call in calls:
-            while await call.read() is not grpc.aio.EOF:
+            while isinstance(await call.read(), pb.StreamResponse):
                 pass
         await eventually(lambda: estimator.in_flight == 0, 2.0, "both released")
         assert agent_of(leader).metrics.sent.labels("grant")._value.get() == 0, "adopted without a grant"
@@ -180,7 +182,9 @@ async def test_running_requests_are_adopted_by_the_next_leader() -> None:
     assert len(ids) == len(set(ids)) == 2
 
 
-async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_holder() -> None:
+async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_holder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The store stops answering for less than the lease's life and comes back with its state: the leader's
     lease (an earlier term's holder string) is still there. The leader takes the lead again at once rather
     than follow, and register its own requests with, its own earlier term (which once queued every one of its
@@ -190,7 +194,7 @@ async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_
     expire meanwhile however slow the machine: the hiccup is shorter than the lease by construction, the lead
     never moves by itself, and the leader can lead again only by freeing its own earlier term's lease."""
     async with (
-        running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim,
+        running_simulator(dataclasses.replace(FAST, max_num_seqs=4)) as sim,
         replicas(sim.url, gate={"waiting_target": 2}) as (store, servers),
     ):
         followed: list[str | None] = []
@@ -214,12 +218,13 @@ async def test_a_store_hiccup_shorter_than_the_lease_gives_the_lead_back_to_its_
                     followed.append(holder)
                     follow(lease, holder)
 
-                leader.follower.follow = recording_follow  # type: ignore[method-assign]
+                monkeypatch.setattr(leader.follower, "follow", recording_follow)
                 flood = await _flood_under_way(clients, 45, max_tokens=20, under_way=3)
                 store.down()
                 await eventually(lambda: leader.role is Role.DEGRADED, 10.0, "the leader degraded")
                 store.up = True  # back, state intact: the old lease has not expired
-                assert store.lease_now("m") is not None and store.lease_now("m")[0] == old_holder
+                held = store.lease_now("m")
+                assert held is not None and held[0] == old_holder
                 # No bound on "at once" is needed: the old lease never expires while the store's time stands
                 # still, so a leader that waited for it, or followed it, would never lead again.
                 await eventually(lambda: leader.role is Role.LEADING, 10.0, "the leader leads again")
@@ -279,12 +284,12 @@ async def test_a_replica_stops_even_when_its_heartbeat_loses_a_cancellation() ->
     assert server.agent is None
 
 
-async def test_a_late_inbox_read_is_read_again_not_taken_for_an_outage() -> None:
+async def test_a_late_inbox_read_is_read_again_not_taken_for_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
     """A receive that runs past its time limit (StoreTimeout: the process's own loop too busy to read the
     answer) leaves the replica in its role and reads again; a receive that cannot reach the store at all
     (StoreUnavailable) degrades it at once."""
     async with (
-        running_simulator(SimConfig(**FAST)) as sim,
+        running_simulator(FAST) as sim,
         replicas(sim.url, count=2) as (_, servers),
     ):
         follower = agent_of(servers[1])
@@ -299,7 +304,7 @@ async def test_a_late_inbox_read_is_read_again_not_taken_for_an_outage() -> None
             roles.append(role)
             apply(lease, role, holder)
 
-        follower._apply = recording_apply
+        monkeypatch.setattr(follower, "_apply", recording_apply)
 
         async def flaky_receive(me: str, timeout: float) -> list[bytes]:
             if failures:
@@ -307,7 +312,7 @@ async def test_a_late_inbox_read_is_read_again_not_taken_for_an_outage() -> None
             reads_after.set()
             return await receive(me, timeout)
 
-        store.receive = flaky_receive  # type: ignore[method-assign]
+        monkeypatch.setattr(store, "receive", flaky_receive)
         await asyncio.wait_for(reads_after.wait(), 5.0)
         assert Role.DEGRADED not in roles and follower.role is Role.FOLLOWING
         assert (servers[1].scheduler.metrics.registry.get_sample_value("llmsched_cluster_store_errors_total") or 0) >= 2
@@ -346,7 +351,7 @@ async def test_a_lease_taken_by_a_call_answered_too_late_is_led_in_a_term_the_fo
     degraded holding the lease. r2 follows r1's holder string at once and registers its request there, which
     r1, not leading, ignores. r1 must lead in a term of its own that r2 sees change and registers with again
     (leading again under the same holder string left r2's request waiting for a grant forever)."""
-    async with running_simulator(SimConfig(**FAST)) as sim:
+    async with running_simulator(FAST) as sim:
         store = FakeStoreBackend()
         handles: dict[str, FakeStore] = {}
 
@@ -354,12 +359,13 @@ async def test_a_lease_taken_by_a_call_answered_too_late_is_led_in_a_term_the_fo
             handles[name] = {"r1": AcquiresLate, "r2": TakesNoFreeLease}.get(name, FakeStore)(store)
             return handles[name]
 
+        def factory_for(name: str) -> StoreFactory:
+            return lambda _config, _registry: factory(name)
+
         servers: list[SchedulerServer] = []
         try:
             for name in ("r0", "r1", "r2"):
-                server = SchedulerServer(
-                    cluster_config(sim.url, name), store_factory=lambda _c, _r, name=name: factory(name)
-                )
+                server = SchedulerServer(cluster_config(sim.url, name), store_factory=factory_for(name))
                 await server.start()
                 servers.append(server)
                 if name == "r0":
@@ -386,9 +392,7 @@ async def _leader_and_follower_through(
     """Start r0, leading, and r1, whose store calls go through `handle`, into `servers` (the caller stops them)."""
     for name in ("r0", "r1"):
         config = cluster_config(url, name, cluster=cluster)
-        server = SchedulerServer(
-            config, store_factory=lambda _c, _r, name=name: handle if name == "r1" else FakeStore(store)
-        )
+        server = SchedulerServer(config, store_factory=serving(handle if name == "r1" else FakeStore(store)))
         await server.start()
         servers.append(server)
         if name == "r0":
@@ -432,7 +436,7 @@ async def test_a_grant_reaching_a_degraded_owner_does_not_hold_the_leaders_budge
     answered too late, its inbox still read): the follower runs the request alone and it ends before the
     follower follows again. The leader must not keep its mirror, granted and counted in the engine budget,
     for ever: the follower tells a leader it does not follow that the request is not its to run."""
-    async with running_simulator(SimConfig(**FAST)) as sim:
+    async with running_simulator(FAST) as sim:
         store = FakeStoreBackend()
         handle = HeldStore(store)
         servers: list[SchedulerServer] = []
@@ -512,9 +516,7 @@ async def test_requests_registered_with_a_new_leader_before_it_knows_it_leads_ar
         async with running_simulator(SimConfig(max_num_seqs=1, decode_base_ms=10.0)) as sim:
             try:
                 for name, handle in (("r0", late), ("r1", cut_off)):
-                    server = SchedulerServer(
-                        cluster_config(sim.url, name, gate=gate), store_factory=lambda _c, _r, h=handle: h
-                    )
+                    server = SchedulerServer(cluster_config(sim.url, name, gate=gate), store_factory=serving(handle))
                     await server.start()
                     servers.append(server)
                     await eventually(lambda: agent_of(servers[0]).role is Role.LEADING, 5.0, "r0 leading")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections import Counter
@@ -25,7 +26,7 @@ import pytest
 
 from backends.metrics import MetricSamples
 from backends.sim import SimConfig, SimServer, running_simulator
-from clients import SchedulerClient, error_reason
+from clients import SchedulerClient, error_reason, pb
 from scheduler_svc.cluster.modes import degraded_cap
 from scheduler_svc.config import ClusterConfig, GateConfig, ModelConfig
 from tests.cluster.live import (
@@ -44,7 +45,7 @@ from tests.cluster.live import (
 from tests.cluster.redis_server import RedisServer
 from tests.helpers import eventually
 
-FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 WAITING_TARGET = 2
 WAITING_SLACK = 1  # a grant in flight while the leader's reading of the engine is a scrape old
 USERS = 4
@@ -138,9 +139,9 @@ def by_role(replicas: list[Replica], watch: RoleWatch, role: str) -> list[Replic
 
 
 @contextlib.asynccontextmanager
-async def simulator(tmp_path: Path, **config: int) -> AsyncIterator[tuple[SimServer, Path]]:
+async def simulator(tmp_path: Path, max_num_seqs: int = 4) -> AsyncIterator[tuple[SimServer, Path]]:
     journal = tmp_path / "engine.jsonl"
-    async with running_simulator(SimConfig(journal=str(journal), **{"max_num_seqs": 4, **FAST, **config})) as sim:
+    async with running_simulator(dataclasses.replace(FAST, max_num_seqs=max_num_seqs, journal=str(journal))) as sim:
         yield sim, journal
 
 
@@ -176,7 +177,7 @@ async def test_one_engine_budget_for_a_flood_over_three_replica_processes(
     engine = EngineLog.read(journal)
     failed = {rid: o for rid, o in outcomes.items() if not ok(o)}
     assert not failed, f"calls failed: {failed}"
-    assert all(o.usage.completion_tokens == 20 for o in outcomes.values())  # type: ignore[attr-defined]
+    assert all(isinstance(o, pb.SubmitResponse) and o.usage.completion_tokens == 20 for o in outcomes.values())
     assert sorted(engine.received()) == sorted(outcomes), "each request reached the engine exactly once"
     assert len(sampled) >= 20, f"only {len(sampled)} samples of the engine's metrics"
     exact = stats["max_waiting_seen"]
@@ -358,8 +359,9 @@ async def test_leader_sigterm_hands_the_lead_over_at_once(tmp_path: Path, redis_
         outcome = outcomes[rid]
         assert ok(outcome) or rid in shut, f"{rid}: {outcome!r}"
     for rid in shut:
-        assert isinstance(outcomes[rid], grpc.aio.AioRpcError)
-        assert error_reason(outcomes[rid]) == "SHUTTING_DOWN", f"{rid}: {outcomes[rid]!r}"  # type: ignore[arg-type]
+        outcome = outcomes[rid]
+        assert isinstance(outcome, grpc.aio.AioRpcError)
+        assert error_reason(outcome) == "SHUTTING_DOWN", f"{rid}: {outcome!r}"
     assert shut, "none of the old leader's queued calls ended SHUTTING_DOWN"
     failed = {rid: o for rid, o in outcomes.items() if calls.owner[rid] != old.name and not ok(o)}
     assert not failed, f"calls at the other replicas failed: {failed}"

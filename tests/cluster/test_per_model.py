@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import pytest
 
 from backends.sim import SimConfig, running_simulator
+from clients import pb
 from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.agent import LeaseState
 from scheduler_svc.cluster.leases import EVERY_MODEL
@@ -34,7 +38,7 @@ from tests.cluster.replicas import (
 from tests.cluster.test_replicas import engine_ids, first_delta
 from tests.helpers import client_for, client_label, eventually
 
-FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 MODELS = ("a", "b")
 
 
@@ -53,6 +57,10 @@ async def model_replicas(
         yield store, servers
     finally:
         await stop_all(servers)
+
+
+def holds_no_mirrors(server: SchedulerServer) -> bool:
+    return not agent_of(server).leader.mirrors
 
 
 def no_request_twice(sim_stats: dict[str, object]) -> list[str]:
@@ -85,10 +93,10 @@ async def test_each_model_is_led_by_its_own_replica_and_its_requests_go_to_that_
                 }
                 assert sorted(held.values()) == [model], f"{model}'s leader holds {held}"
             for call in calls.values():
-                while await call.read() is not grpc.aio.EOF:
+                while isinstance(await call.read(), pb.StreamResponse):
                     pass
         for leader in leaders.values():
-            await eventually(lambda leader=leader: not agent_of(leader).leader.mirrors, 10.0, "mirrors released")
+            await eventually(functools.partial(holds_no_mirrors, leader), 10.0, "mirrors released")
         assert sorted(no_request_twice(sim.engine.stats())) == ["a", "b"]
         for model, leader in leaders.items():
             granted = agent_of(leader).metrics.sent.labels("grant")._value.get()
@@ -117,7 +125,7 @@ async def test_a_replica_above_its_share_hands_a_lease_over_and_its_running_requ
                 estimator = r1.scheduler.dispatchers["b"].backends[0].estimator
                 await eventually(lambda: estimator.in_flight == 1, 10.0, "r1 counts r0's running b request")
                 for call in calls:
-                    while await call.read() is not grpc.aio.EOF:
+                    while isinstance(await call.read(), pb.StreamResponse):
                         pass
                 await eventually(lambda: estimator.in_flight == 0, 10.0, "released at its end")
             assert agent_of(r1).metrics.sent.labels("grant")._value.get() == 0, "adopted without a grant"
@@ -126,9 +134,11 @@ async def test_a_replica_above_its_share_hands_a_lease_over_and_its_running_requ
             await stop_all(servers)
 
 
-async def test_killing_one_models_leader_moves_that_model_only_and_loses_nothing() -> None:
+async def test_killing_one_models_leader_moves_that_model_only_and_loses_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     async with (
-        running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim,
+        running_simulator(dataclasses.replace(FAST, max_num_seqs=4)) as sim,
         model_replicas(sim.url, gate={"waiting_target": 2}) as (_, servers),
     ):
         leaders = await leaders_settled(servers, MODELS)
@@ -142,7 +152,7 @@ async def test_killing_one_models_leader_moves_that_model_only_and_loses_nothing
                 changes.append((lease.models, role))
             apply(lease, role, holder)
 
-        agent_of(keeper)._apply = recording_apply
+        monkeypatch.setattr(agent_of(keeper), "_apply", recording_apply)
         async with contextlib.AsyncExitStack() as stack:
             clients = [await stack.enter_async_context(client_for(s, user=f"u{i}")) for i, s in enumerate(servers)]
             owner = {f"f{i}": servers[i % 3] for i in range(60)}
@@ -186,7 +196,7 @@ async def test_killing_one_models_leader_moves_that_model_only_and_loses_nothing
 
 async def test_with_global_fairness_counters_one_replica_leads_every_model() -> None:
     """A user's counter shared by every model needs one replica deciding for every model: one lease."""
-    async with running_simulator(SimConfig(**FAST)) as sim:
+    async with running_simulator(FAST) as sim:
         store = FakeStoreBackend()
         servers = []
         try:
@@ -204,7 +214,7 @@ async def test_with_global_fairness_counters_one_replica_leads_every_model() -> 
             await stop_all(servers)
 
 
-async def test_a_followers_token_counts_reach_its_models_leader_in_full() -> None:
+async def test_a_followers_token_counts_reach_its_models_leader_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
     """The leader's fairness counters are charged every token a follower's request generated: counts queued
     before the mirror's first token and counts taken at once after it add up to the answer."""
     async with (
@@ -220,7 +230,7 @@ async def test_a_followers_token_counts_reach_its_models_leader_in_full() -> Non
             charged[ticket.request.request_id] += tokens
             on_generated(ticket, tokens)
 
-        dispatcher.events.on_generated = counting  # type: ignore[method-assign]
+        monkeypatch.setattr(dispatcher.events, "on_generated", counting)
         async with client_for(owner, user="bob") as client:
             response = await client.submit("a", "count me", max_tokens=80, ignore_eos=True)
         assert response.usage.completion_tokens == 80
@@ -228,11 +238,11 @@ async def test_a_followers_token_counts_reach_its_models_leader_in_full() -> Non
         assert list(charged.values()) == [80]
 
 
-async def test_a_lease_nobody_takes_comes_back_and_is_not_handed_over_again() -> None:
+async def test_a_lease_nobody_takes_comes_back_and_is_not_handed_over_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A member that takes no lease (a replica draining after SIGTERM still counts as one) puts r0 above its
     share: r0 hands "b" over, nobody takes it, r0 takes it back by the free-lease rule, and while the members
     stay the same it hands nothing over again (no lease swinging back and forth, re-registering each time)."""
-    async with running_simulator(SimConfig(**FAST)) as sim:
+    async with running_simulator(FAST) as sim:
         store = FakeStoreBackend()
         r0 = await start_replica(store, cluster_config(sim.url, "r0", models=MODELS))
         try:
@@ -245,7 +255,7 @@ async def test_a_lease_nobody_takes_comes_back_and_is_not_handed_over_again() ->
                 handed.append(lease.models)
                 await hand_over(lease, members)
 
-            agent._hand_over = recording_hand_over
+            monkeypatch.setattr(agent, "_hand_over", recording_hand_over)
             idle = FakeStore(store)
             await idle.join("draining", "t", 3600.0)  # a member that never looks at the leases
             await eventually(lambda: handed == [("b",)], 5.0, "b handed over")

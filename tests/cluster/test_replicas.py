@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 import grpc
 import pytest
@@ -18,7 +19,7 @@ from tests.cluster.fake_store import FakeStore
 from tests.cluster.replicas import agent_of, cluster_config, replicas
 from tests.helpers import client_for, client_label, eventually, queue_depth
 
-FAST = {"decode_base_ms": 2.0, "decode_per_seq_ms": 0.5}
+FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 
 
 def engine_ids(sim_stats: dict[str, object]) -> list[str]:
@@ -30,7 +31,7 @@ def engine_ids(sim_stats: dict[str, object]) -> list[str]:
 async def first_delta(call: grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]) -> None:
     while True:
         event = await call.read()
-        assert event is not grpc.aio.EOF, "stream ended before a token"
+        assert isinstance(event, pb.StreamResponse), "stream ended before a token"
         if event.HasField("delta"):
             return
 
@@ -40,7 +41,7 @@ def mirrors(server: SchedulerServer) -> int:
 
 
 async def test_a_request_at_a_follower_is_dispatched_by_the_leader_and_run_by_its_owner() -> None:
-    async with running_simulator(SimConfig(**FAST)) as sim, replicas(sim.url) as (_, servers):
+    async with running_simulator(FAST) as sim, replicas(sim.url) as (_, servers):
         leader, follower = servers[0], servers[1]
         grants_before = agent_of(leader).metrics.sent.labels("grant")._value.get()
         async with client_for(follower, user="alice") as client:
@@ -69,7 +70,7 @@ def counted(servers: list[SchedulerServer], name: str) -> float:
 async def test_a_request_at_a_follower_is_counted_once_over_all_replicas() -> None:
     """The leader's mirror decides for the request, its owner serves it: the per-request series are the
     owner's, so summing them over the replicas counts each call once (not once per replica that held it)."""
-    async with running_simulator(SimConfig(**FAST)) as sim, replicas(sim.url) as (_, servers):
+    async with running_simulator(FAST) as sim, replicas(sim.url) as (_, servers):
         leader, follower = servers[0], servers[1]
         async with client_for(follower, user="alice") as client:
             await client.submit("m", "hello there", max_tokens=5, ignore_eos=True, request_id="one")
@@ -89,7 +90,7 @@ async def test_one_engine_budget_for_a_flood_spread_over_three_replicas() -> Non
     flood arriving round robin at three replicas (three independent schedulers would reach 3x target)."""
     target = 2
     async with (
-        running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim,
+        running_simulator(dataclasses.replace(FAST, max_num_seqs=4)) as sim,
         replicas(sim.url, gate={"waiting_target": target}) as (_, servers),
     ):
         clients = [client_for(s, user=f"u{i}") for i, s in enumerate(servers)]
@@ -113,7 +114,7 @@ async def test_global_fairness_a_latecomer_at_a_follower_is_served_soon() -> Non
     dispatches (round robin at the leader), long before the flood drains."""
     target = 2
     async with (
-        running_simulator(SimConfig(max_num_seqs=4, **FAST)) as sim,
+        running_simulator(dataclasses.replace(FAST, max_num_seqs=4)) as sim,
         replicas(sim.url, gate={"waiting_target": target}) as (_, servers),
         contextlib.AsyncExitStack() as stack,
     ):
@@ -198,7 +199,7 @@ async def test_cancel_at_a_follower_releases_the_leaders_queue_and_budget() -> N
 
 
 async def test_a_second_replica_with_a_live_name_is_refused_at_start() -> None:
-    async with running_simulator(SimConfig(**FAST)) as sim, replicas(sim.url, count=2) as (store, _):
+    async with running_simulator(FAST) as sim, replicas(sim.url, count=2) as (store, _):
         twin = SchedulerServer(cluster_config(sim.url, "r1"), store_factory=lambda _config, _registry: FakeStore(store))
         with pytest.raises(DuplicateReplica):
             await twin.start()
@@ -208,7 +209,7 @@ async def test_a_second_replica_with_a_live_name_is_refused_at_start() -> None:
 async def test_a_failover_at_a_follower_is_decided_by_the_leader() -> None:
     """b0 refuses connections: the owner's attempt there fails before any token, the owner requeues it and
     reports; the leader's failover rule cools b0 down and grants b1, where it completes."""
-    async with running_simulator(SimConfig(**FAST)) as sim:
+    async with running_simulator(FAST) as sim:
         backends = [
             {"name": "b0", "kind": "vllm", "url": "http://127.0.0.1:1", "engine_model": "sim-model"},
             {"name": "b1", "kind": "vllm", "url": sim.url, "engine_model": "sim-model"},
@@ -238,10 +239,10 @@ async def test_a_streaming_client_at_a_follower_hears_its_position_in_the_leader
         held = [at_leader.stream("m", f"h{i}", max_tokens=2000, ignore_eos=True) for i in range(4)]
         await eventually(lambda: queue_depth(servers[0]) == 2, 5.0, "two of alice's queued at the leader")
         call = at_follower.stream("m", "mine", max_tokens=5, ignore_eos=True)
-        positions = []
+        positions: list[int] = []
         while not positions or positions[-1] != 3:
             event = await asyncio.wait_for(call.read(), 5.0)
-            assert event is not grpc.aio.EOF and event.HasField("queued"), event
+            assert isinstance(event, pb.StreamResponse) and event.HasField("queued"), event
             positions.append(event.queued.position_in_user_queue)
         assert positions[-1] == 3, positions
         for c in [call, *held]:
@@ -253,7 +254,7 @@ async def test_a_grant_ignored_while_following_the_leaders_previous_term_is_sent
     owner's Admit still reached it (inboxes are per replica name) but the owner ignored the grant (another
     holder). When the owner registers with the new term, the leader grants again; nothing waits forever."""
     async with (
-        running_simulator(SimConfig(**FAST)) as sim,
+        running_simulator(FAST) as sim,
         replicas(sim.url, count=2, cluster={"heartbeat_timeout_seconds": 5.0}) as (_, servers),
     ):
         leader, owner = servers

@@ -466,7 +466,7 @@ class World:
             model, backend = key
             dispatcher = self.scheduler.dispatchers.get(model)
             handle = dispatcher.backend(backend) if dispatcher is not None else None
-            if handle is None:  # gone: nothing reads it any more
+            if dispatcher is None or handle is None:  # gone: nothing reads it any more
                 self.next_scrape.pop(key)
                 continue
             self.next_scrape[key] = now + handle.config.scrape_interval_seconds
@@ -483,7 +483,7 @@ class World:
                     kv_cache_usage=kv,
                 )
                 handle.record_reading(load)
-            dispatcher.wake()  # type: ignore[union-attr]
+            dispatcher.wake()
 
     # -- reloads -------------------------------------------------------------------------------------
     def reload(self) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import AsyncGenerator
 from typing import Any
 
-from backends.base import BackendCapabilities, BackendLoad, SamplingParams
+from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest, SamplingParams
 from backends.fake import FakeBackend
 from scheduler_svc.app.settings import config_from_dict
 from scheduler_svc.config import GateConfig, PriorityClassConfig
@@ -35,8 +36,10 @@ class CapGate:
         return GateDecision(inputs.in_flight < self.cap, f"in flight {inputs.in_flight}/{self.cap}", True)
 
 
-async def _never(_: object) -> Any:  # pragma: no cover - generation is not run in these tests
-    raise AssertionError("not used")
+async def never_generates(
+    _: GenerationRequest,
+) -> AsyncGenerator[GenerationEvent, None]:  # pragma: no cover
+    raise AssertionError("generation is not run in these tests")
     yield
 
 
@@ -65,7 +68,7 @@ class Harness:
         self.config = config
         self.clock = FakeClock()
         model_config = config.models[0]
-        backend = FakeBackend(_never, capabilities=BackendCapabilities(supports_priority=priority_scheduling))  # type: ignore[arg-type]
+        backend = FakeBackend(never_generates, capabilities=BackendCapabilities(supports_priority=priority_scheduling))
         gate = CapGate(cap) if cap is not None else GATE_POLICIES.create(model_config.gate.policy, model_config.gate)
         self.handle = BackendHandle(model_config.backends[0], backend, gate, LoadEstimator())
         self.metrics = SchedulerMetrics()
@@ -110,9 +113,9 @@ class Harness:
             prompt_chars=len(prompt),
             end_user=end_user,
         )
-        priority_class = self.config.scheduling.priority_class(request.priority_class)
-        assert priority_class is not None
-        ttl = priority_class.queue_ttl_seconds
+        class_config = self.config.scheduling.priority_class(request.priority_class)
+        assert class_config is not None
+        ttl = class_config.queue_ttl_seconds
         deadlines = [request.admitted_at + t for t in (timeout, ttl or None) if t is not None]
         request.deadline = min(deadlines, default=None)
         ticket = self.dispatcher.enqueue(request)

@@ -43,7 +43,7 @@ SENT = [*_all_subclasses(SchedulerError), *_all_subclasses(BackendError), Runtim
 
 def _error_info(status: grpc.Status) -> tuple[error_details_pb2.ErrorInfo, int]:
     raw = dict(status.trailing_metadata)["grpc-status-details-bin"]
-    decoded = status_pb2.Status.FromString(raw)  # type: ignore[arg-type]
+    decoded = status_pb2.Status.FromString(raw)
     infos = []
     for detail in decoded.details:
         info = error_details_pb2.ErrorInfo()

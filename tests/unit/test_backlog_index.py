@@ -13,13 +13,13 @@ import pytest
 
 from scheduler_svc.config import PriorityClassConfig, WeightsConfig
 from scheduler_svc.core.clock import FakeClock
-from scheduler_svc.core.queues import ModelQueues
+from scheduler_svc.core.queues import Flow, ModelQueues
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import FAIRNESS_POLICIES, Fairness, WeightResolver
 from scheduler_svc.policies.cost import CounterScope, Prices
 from scheduler_svc.policies.fairness.counters import CounterAccount
 from tests.golden.record import trace_path, trace_text
-from tests.golden.scenarios import SCENARIOS
+from tests.golden.scenarios import SCENARIOS, Scenario
 from tests.unit import prompt_share_policy
 from tests.unit.checked_order import CheckedOrder, checking
 from tests.unit.queued import queue_request
@@ -39,11 +39,11 @@ def _test_policy() -> Iterator[None]:
     ids=lambda s: s.name,
 )
 def test_the_golden_scenarios_run_on_an_index_that_agrees_with_the_scan_at_every_step(
-    scenario: object, monkeypatch: pytest.MonkeyPatch
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with checking(monkeypatch) as orders:
-        text = trace_text(scenario)  # type: ignore[arg-type]
-    assert text == trace_path(scenario).read_text()  # type: ignore[arg-type]
+        text = trace_text(scenario)
+    assert text == trace_path(scenario).read_text()
     assert sum(o.questions for o in orders) > 200, "the scenario asked the index too little to say anything"
 
 
@@ -73,8 +73,8 @@ class TwoBands:
         self.running: list[tuple[int, QueuedRequest, int]] = []  # (band, request, tokens so far)
         self._n = 0
 
-    def flows(self, band: int) -> dict[str, object]:
-        return self.queues[band].band("interactive").flows  # type: ignore[return-value]
+    def flows(self, band: int) -> dict[str, Flow]:
+        return self.queues[band].band("interactive").flows
 
     def add(self, band: int, user: str) -> None:
         self._n += 1
@@ -94,7 +94,7 @@ class TwoBands:
         flows = self.flows(band)
         if flows:
             user = self.rng.choice(sorted(flows))
-            self.queues[band].remove(flows[user].head().request_id)  # type: ignore[attr-defined]
+            self.queues[band].remove(flows[user].head().request_id)
 
     def choose(self, band: int) -> None:
         flows = self.queues[band].band("interactive").flow_views

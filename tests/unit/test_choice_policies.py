@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -27,7 +28,8 @@ from scheduler_svc.policies import (
     StrictRankBands,
 )
 from scheduler_svc.policies.backend_choice import load_of
-from tests.unit.dispatch_harness import CapGate, Harness
+from scheduler_svc.policies.band import BandView
+from tests.unit.dispatch_harness import CapGate, Harness, never_generates
 
 TOP = PriorityClassConfig(name="interactive", rank=0)
 LOW = PriorityClassConfig(name="batch", rank=1, starvation_after_seconds=10.0)
@@ -56,7 +58,12 @@ def test_strict_rank_serves_the_top_band_and_waits_while_its_gate_is_closed() ->
     turn = policy.choose(bands, 101.0, lambda cls: True)
     assert turn is not None and (turn.index, turn.gate_class) == (0, TOP)
     asked: list[str] = []
-    assert policy.choose(bands, 200.0, lambda cls: asked.append(cls.name) or False) is None
+
+    def closed(cls: PriorityClassConfig) -> bool:
+        asked.append(cls.name)
+        return False
+
+    assert policy.choose(bands, 200.0, closed) is None
     assert asked == ["interactive"]  # only the top band's gate is asked: lower bands wait with it
 
 
@@ -129,7 +136,7 @@ def gates(priority_scheduling: bool = True, caps: tuple[int, ...] = (1, 1)) -> B
     )
     capabilities = BackendCapabilities(supports_priority=priority_scheduling)
     handles = [
-        BackendHandle(b, FakeBackend(lambda _: None, capabilities=capabilities), CapGate(cap), LoadEstimator())  # type: ignore[arg-type, return-value]
+        BackendHandle(b, FakeBackend(never_generates, capabilities=capabilities), CapGate(cap), LoadEstimator())
         for b, cap in zip(config.models[0].backends, caps, strict=True)
     ]
     classes = {c.name: c for c in config.scheduling.classes}
@@ -222,7 +229,7 @@ def test_kept_answers_are_asked_again_only_after_an_event_at_their_backend() -> 
 def test_a_kept_answer_on_a_fresh_reading_goes_stale_at_its_time() -> None:
     config = config_from_dict({"models": [{"name": "m", "backends": [{"name": "b0"}]}]})
     model = config.models[0]
-    handle = BackendHandle(model.backends[0], FakeBackend(lambda _: None), SignalGate(model.gate), LoadEstimator())  # type: ignore[arg-type, return-value]
+    handle = BackendHandle(model.backends[0], FakeBackend(never_generates), SignalGate(model.gate), LoadEstimator())
     classes = config.scheduling.classes
     metrics = SchedulerMetrics()
     g = BackendGates(
@@ -247,7 +254,9 @@ def test_a_kept_answer_on_a_fresh_reading_goes_stale_at_its_time() -> None:
 class WorstRankFirst:
     """A band policy for the test: the worst-ranked backlogged band first (the opposite of strict_rank)."""
 
-    def choose(self, backlogged, now, gate_open):  # type: ignore[no-untyped-def]
+    def choose(
+        self, backlogged: Sequence[BandView], now: float, gate_open: Callable[[PriorityClassConfig], bool]
+    ) -> BandTurn:
         return BandTurn(len(backlogged) - 1, backlogged[-1].priority_class)
 
 

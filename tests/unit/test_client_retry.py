@@ -16,8 +16,8 @@ def _full(delay: float | None = 0.5) -> SchedulerError:
     return ResourceExhaustedError(grpc.StatusCode.RESOURCE_EXHAUSTED, "full", reason="QUEUE_FULL", retry_delay=delay)
 
 
-def _retrier(timeout: float | None = None, seed: int = 7, **policy: float) -> Retrier:
-    return Retrier(RetryPolicy(**policy), Deadline(timeout), rng=random.Random(seed))  # type: ignore[arg-type]
+def _retrier(timeout: float | None = None, seed: int = 7, policy: RetryPolicy | None = None) -> Retrier:
+    return Retrier(RetryPolicy() if policy is None else policy, Deadline(timeout), rng=random.Random(seed))
 
 
 def test_retry_info_is_a_floor_and_jitter_only_adds() -> None:
@@ -30,7 +30,7 @@ def test_no_retry_after_tokens_for_unknown_reasons_or_past_the_attempts() -> Non
     assert _retrier().next_delay(_full(), produced_tokens=True) is None
     unknown = UnavailableError(grpc.StatusCode.UNAVAILABLE, "no connection")  # no reason: not retryable
     assert _retrier().next_delay(unknown, produced_tokens=False) is None
-    retrier = _retrier(max_attempts=2)
+    retrier = _retrier(policy=RetryPolicy(max_attempts=2))
     assert retrier.next_delay(_full(), produced_tokens=False) is not None
     assert retrier.next_delay(_full(), produced_tokens=False) is None
 

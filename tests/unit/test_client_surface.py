@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Callable
 
 import pytest
 
@@ -13,8 +14,8 @@ from clients._arguments import generation_call
 from clients._loop import shared_loop
 
 
-def _parameters(function: object) -> list[inspect.Parameter]:
-    return [p for p in inspect.signature(function).parameters.values() if p.name != "self"]  # type: ignore[arg-type]
+def _parameters(function: Callable[..., object]) -> list[inspect.Parameter]:
+    return [p for p in inspect.signature(function).parameters.values() if p.name != "self"]
 
 
 def test_the_blocking_client_takes_the_asyncio_clients_arguments() -> None:

@@ -28,8 +28,8 @@ def _bounded_fields(cls: type[Any] = Config, prefix: str = "") -> Iterator[tuple
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else hint
-        if dataclasses.is_dataclass(item):
-            yield from _bounded_fields(item, f"{prefix}{f.name}.")  # type: ignore[arg-type]
+        if isinstance(item, type) and dataclasses.is_dataclass(item):
+            yield from _bounded_fields(item, f"{prefix}{f.name}.")
         elif f.metadata.get("bounds") and hint in (int, float):
             yield f"{prefix}{f.name}", hint, f.metadata["bounds"]
 

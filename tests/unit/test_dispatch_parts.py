@@ -28,7 +28,7 @@ from scheduler_svc.dispatch.capacity import (
 from scheduler_svc.dispatch.failover import FailoverRule
 from scheduler_svc.dispatch.load import LoadEstimator
 from scheduler_svc.dispatch.positions import PositionNotifier
-from tests.unit.dispatch_harness import CapGate, Harness
+from tests.unit.dispatch_harness import CapGate, Harness, never_generates
 
 
 def model(**fields: Any) -> tuple[ModelConfig, ModelQueues]:
@@ -145,7 +145,7 @@ def test_failover_retries_availability_errors_within_attempts_and_deadline() -> 
     assert not rule.may_retry(live, BackendUnavailable("refused"), attempts=2, now=5.0)  # used its attempts
     assert not rule.may_retry(live, BackendUnavailable("refused"), attempts=1, now=10.0)  # deadline passed
     assert not rule.may_retry(live, BackendError("bad request"), attempts=1, now=5.0)  # about the request
-    backend = FakeBackend(lambda _: None, capabilities=BackendCapabilities())  # type: ignore[arg-type, return-value]
+    backend = FakeBackend(never_generates, capabilities=BackendCapabilities())
     handle = BackendHandle(config.backends[0], backend, CapGate(1), LoadEstimator())
     rule.cool_down(handle, 5.0)
     assert handle.cooling_for(6.0) == 1.0 and handle.cooling_for(7.0) == 0.0

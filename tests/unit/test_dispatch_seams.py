@@ -49,7 +49,7 @@ def test_a_dispatcher_that_does_not_decide_sends_only_what_is_granted() -> None:
     h = Harness(cap=4)
     h.dispatcher.cluster.steer(Follows())
     a, b, c = h.submit("alice"), h.submit("bob"), h.submit("carol")
-    assert h.dispatcher.decide() == 0 and a.state is TicketState.QUEUED
+    assert (h.dispatcher.decide(), a.state) == (0, TicketState.QUEUED)
     assert h.events.position(a) == 7, "the deciding replica's position"
     assert h.events.position(b) == 1, "unknown there: the local queue's"
     assert h.dispatcher.cluster.grant(b.request.request_id, "b0", 3)

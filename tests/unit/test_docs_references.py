@@ -167,8 +167,8 @@ def _fields(cls: type[Any], prefix: str = "") -> Iterator[str]:
         yield path
         hint = hints[f.name]
         item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else hint
-        if dataclasses.is_dataclass(item):
-            yield from _fields(item, path + ".")  # type: ignore[arg-type]
+        if isinstance(item, type) and dataclasses.is_dataclass(item):
+            yield from _fields(item, path + ".")
 
 
 @cache
@@ -345,9 +345,9 @@ def toml_problems(table: dict[str, Any], cls: type[Any], where: str = "") -> lis
             continue
         hint = hints[key]
         item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else hint
-        if dataclasses.is_dataclass(item):
+        if isinstance(item, type) and dataclasses.is_dataclass(item):
             for sub in value if isinstance(value, list) else [value]:
-                problems += toml_problems(sub, item, f"{where}{key}.")  # type: ignore[arg-type]
+                problems += toml_problems(sub, item, f"{where}{key}.")
     return problems
 
 

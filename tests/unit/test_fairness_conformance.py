@@ -17,6 +17,9 @@ from scheduler_svc.core.queues import ModelQueues
 from scheduler_svc.core.request import QueuedRequest
 from scheduler_svc.policies import FAIRNESS_POLICIES, Fairness, WeightResolver
 from scheduler_svc.policies.cost import LocalCounters, Prices
+from scheduler_svc.policies.fairness.activity import UserActivity
+from scheduler_svc.policies.fairness.counters import CounterAccount
+from scheduler_svc.policies.fairness.turns import TurnAccount
 from tests.unit import prompt_share_policy
 from tests.unit.queued import queue_request
 
@@ -128,6 +131,7 @@ def test_a_requeued_request_costs_its_user_nothing(harness: Harness) -> None:
     harness.serve()
     before = harness.policy.account.counters()
     user = harness.policy.select(harness.band.flow_views)
+    assert user is not None
     request = harness.band.flows[user].head()
     harness.queues.remove(request.request_id)
     harness.policy.account.on_dispatched(request)
@@ -137,11 +141,18 @@ def test_a_requeued_request_costs_its_user_nothing(harness: Harness) -> None:
     assert harness.serve() is request
 
 
+def activity_of(h: Harness) -> UserActivity:
+    """The account's record of who is active and when (every account here keeps one)."""
+    account = h.policy.account
+    assert isinstance(account, CounterAccount | TurnAccount), account
+    return account.activity
+
+
 def _one_off_users(policy: str, users: int, ttl: float, pruning: bool = True) -> tuple[Harness, FakeClock]:
     clock = FakeClock()
     params = {"idle_user_ttl_seconds": ttl}
     h = Harness(FAIRNESS_POLICIES.create(policy, WeightResolver(), clock, params=params), clock)
-    h.policy.account.activity.pruning = pruning  # type: ignore[attr-defined]
+    activity_of(h).pruning = pruning
     h.add("steady", 2 * users)  # one user stays backlogged throughout
     for i in range(users):
         h.add(f"one-off-{i}")
@@ -156,7 +167,7 @@ def test_state_for_4000_one_off_users_stays_bounded(policy: str) -> None:
     """Each policy forgets an idle user once the rules allow; the idle TTL (here 100 s of
     fake time) bounds what the safe rule cannot drop (vtc's length estimates)."""
     h, _ = _one_off_users(policy, 4000, ttl=100.0)
-    assert h.policy.account.tracked_users() <= 110  # type: ignore[attr-defined]
+    assert h.policy.account.tracked_users() <= 110
     assert len(h.policy.account.counters()) <= 110
 
 
@@ -170,8 +181,8 @@ def test_pruning_changes_no_decision(policy: str) -> None:
         h = Harness(
             FAIRNESS_POLICIES.create(policy, WeightResolver(), clock, params={"idle_user_ttl_seconds": 0}), clock
         )
-        h.policy.account.activity.pruning = pruning  # type: ignore[attr-defined]
-        h.policy.account.activity.sweep_per_event = 50  # type: ignore[attr-defined]
+        activity_of(h).pruning = pruning
+        activity_of(h).sweep_per_event = 50
         order = []
         for _ in range(3000):
             if rng.random() < 0.5:
@@ -250,12 +261,12 @@ def test_the_stated_service_bound_holds_on_a_multi_slot_engine(
             for user in ("a", "b"):  # two queued before each choice: a flow never empties, so never lifted
                 while user not in h.band.flows or len(h.band.flows[user]) < 2:
                     h.add(user, 1, max_tokens=next(cycle[user]))
-            user = p.select(h.band.flow_views)
-            assert user is not None
-            request = h.band.flows[user].head()
+            chosen = p.select(h.band.flow_views)
+            assert chosen is not None
+            request = h.band.flows[chosen].head()
             h.queues.remove(request.request_id)
             p.account.on_dispatched(request)
-            served[user] += prices[0] * request.prompt_tokens_estimate
+            served[chosen] += prices[0] * request.prompt_tokens_estimate
             running[request.request_id] = (request, 0)
         clock.advance(0.02)
         for rid, (request, done) in list(running.items()):

@@ -7,11 +7,12 @@ used to state by hand. Until the slots are known the queue is `waiting_target` d
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
 
-from backends.base import BackendCapabilities, BackendLoad
+from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest
 from backends.fake import FakeBackend
 from scheduler_svc.app.settings import load_config
 from scheduler_svc.config import DEFAULT_CLASSES, Config, GateConfig, derived
@@ -38,8 +39,11 @@ def minimal(tmp_path: Path) -> Config:
     return load_config(path)
 
 
-async def _never(_: object) -> object:  # pragma: no cover - nothing is generated here
-    raise AssertionError("not used")
+async def _never(
+    _: GenerationRequest,
+) -> AsyncGenerator[GenerationEvent, None]:  # pragma: no cover
+    raise AssertionError("nothing is generated here")
+    yield
 
 
 def reading(at: float, running: int, waiting: int) -> BackendLoad:
@@ -51,7 +55,7 @@ def _handle(config: Config) -> BackendHandle:
     capabilities = BackendCapabilities(supports_priority=True, has_tpot=True, has_kv_usage=True)
     scheduler = Scheduler(
         config,
-        backend_factory=lambda _model, b: FakeBackend(_never, name=b.name, capabilities=capabilities),  # type: ignore[arg-type]
+        backend_factory=lambda _model, b: FakeBackend(_never, name=b.name, capabilities=capabilities),
         clock=FakeClock(),
     )
     (handle,) = scheduler.dispatchers["m"].backends

@@ -45,6 +45,7 @@ def reading(waiting: int = 0, running: int = 0, **kwargs: Any) -> BackendLoad:
 
 def honoured(policy: str) -> list[str]:
     """The class limits `policy` acts on (a class setting any other is a config error with it)."""
+    # Every limit set by name to 1 (true for the flag), on purpose: the list is CLASS_LIMITS, whatever it holds.
     everything = PriorityClassConfig(**{name: 1 for name in CLASS_LIMITS})  # type: ignore[arg-type]
     ignored = set(ignored_limits(policy, everything))
     return [name for name in CLASS_LIMITS if name not in ignored]
@@ -147,13 +148,14 @@ def test_a_gate_registered_without_declaring_its_limits_honours_none(monkeypatch
             self.config = config
 
     registry: Registry[Gate] = Registry("gate")  # a private copy: the process-wide registry stays as it is
+    # Undeclared lacks what a Gate declares, on purpose: the registry must cope with such a gate.
     registry.register("undeclared_test_gate", Undeclared, "a test gate that declares no limits")  # type: ignore[arg-type]
     monkeypatch.setattr(gate_module, "GATE_POLICIES", registry)
     cls = PriorityClassConfig("interactive", max_tpot_seconds=0.1, waiting_target=2)
     assert ignored_limits("undeclared_test_gate", cls) == ["waiting_target", "max_tpot_seconds"]
 
 
-_inputs = st.builds(
+_inputs: st.SearchStrategy[dict[str, Any]] = st.builds(
     dict,
     waiting=st.integers(0, 12),
     running=st.integers(0, 12),

@@ -84,7 +84,7 @@ def test_a_config_loads_only_the_adapter_of_the_kind_it_names() -> None:
 
 def test_the_registry_is_the_one_list_of_kinds() -> None:
     assert BACKEND_KINDS == ("vllm", "tgi", "llamacpp")
-    assert {adapter_class(kind).__name__ for kind in BACKEND_KINDS} == {"VllmBackend", "TgiBackend", "LlamaCppBackend"}
+    assert {_class_name(kind) for kind in BACKEND_KINDS} == {"VllmBackend", "TgiBackend", "LlamaCppBackend"}
     assert "one of vllm, tgi, llamacpp" in BackendConfig.__dataclass_fields__["kind"].metadata["doc"]
     with pytest.raises(ValueError, match="unknown backend kind 'nope'"):
         create_backend("nope", BackendSpec(name="b", url="http://127.0.0.1:1", engine_model="m"))
@@ -142,5 +142,12 @@ def test_every_exception_class_has_a_mapped_status() -> None:
     assert every <= classes, f"not in the expected table: {every - classes}"
 
 
+def _class_name(kind: str) -> str:
+    cls = adapter_class(kind)
+    assert isinstance(cls, type), f"the registry gives a class for {kind!r}"
+    return cls.__name__
+
+
 def _subclasses(cls: type) -> list[type]:
-    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+    direct: list[type] = cls.__subclasses__()
+    return [sub for child in direct for sub in (child, *_subclasses(child))]

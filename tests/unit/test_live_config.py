@@ -142,10 +142,10 @@ def _patterns(cls: type[Any], prefix: str = "") -> set[str]:
         found.add(name)
         hint = typing.get_type_hints(cls)[f.name]
         item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
-        if dataclasses.is_dataclass(hint):
-            found |= _patterns(hint, name + ".")  # type: ignore[arg-type]
-        elif item is not None and dataclasses.is_dataclass(item):
-            found |= {name + "[]"} | _patterns(item, name + "[].")  # type: ignore[arg-type]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            found |= _patterns(hint, name + ".")
+        elif isinstance(item, type) and dataclasses.is_dataclass(item):
+            found |= {name + "[]"} | _patterns(item, name + "[].")
     return found
 
 

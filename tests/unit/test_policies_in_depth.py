@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from typing import TypedDict
 
 import pytest
 
@@ -19,17 +20,17 @@ from scheduler_svc.policies import SignalGate
 from tests.unit.dispatch_harness import Harness
 
 
-def keep_backlogged(h: Harness, users: dict[str, int], depth: int = 8, **kwargs: object) -> None:
+def keep_backlogged(h: Harness, users: dict[str, int], depth: int = 8) -> None:
     """Top every user's queue up to `depth` requests of `users[user]` tokens."""
     for user, tokens in users.items():
         while h.user_depth(user) < depth:
-            h.submit(user, max_tokens=tokens, **kwargs)  # type: ignore[arg-type]
+            h.submit(user, max_tokens=tokens)
 
 
-def run(h: Harness, users: dict[str, int], steps: int, **kwargs: object) -> Counter[str]:
+def run(h: Harness, users: dict[str, int], steps: int, depth: int = 8) -> Counter[str]:
     """All users backlogged for `steps` engine steps; returns tokens served per user."""
     for _ in range(steps):
-        keep_backlogged(h, users, **kwargs)
+        keep_backlogged(h, users, depth)
         h.dispatch()
         h.step()
     return Counter(h.tokens_by_user)
@@ -193,6 +194,15 @@ def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() 
     assert err.value.retry_after_seconds > 0.1  # a's own share of the drain is lower
 
 
+class ReadingFields(TypedDict, total=False):
+    """The engine signals a gate case sets; the rest of its reading keeps BackendLoad's defaults."""
+
+    waiting: int
+    running: int
+    tpot_seconds: float | None
+    kv_cache_usage: float | None
+
+
 @pytest.mark.parametrize(
     ("cls", "reading", "open_", "why"),
     [
@@ -215,10 +225,10 @@ def test_per_user_and_model_caps_reject_with_a_retry_hint_from_the_drain_rate() 
     ],
 )
 def test_each_gate_signal_for_each_class(
-    cls: PriorityClassConfig, reading: dict[str, object], open_: bool, why: str
+    cls: PriorityClassConfig, reading: ReadingFields, open_: bool, why: str
 ) -> None:
     ledger, gate = LoadEstimator(), SignalGate(GateConfig(waiting_target=3))
-    load = BackendLoad(ok=True, read_at=10.0, **reading)  # type: ignore[arg-type]
+    load = BackendLoad(ok=True, read_at=10.0, **reading)
     ledger.record_reading(load)
     gate.observe(load)
     decision = gate.decide(ledger.gate_inputs(10.1), cls)

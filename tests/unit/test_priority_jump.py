@@ -40,22 +40,22 @@ def _ledger_with_a_flood(foreign_waiting: int = 0) -> LoadEstimator:
 )
 def test_waiting_ahead_counts_ours_with_a_priority_as_good_or_better(candidate: int | None, ahead: int) -> None:
     inputs = _ledger_with_a_flood().gate_inputs(100.1)
-    inputs = type(inputs)(**{**_fields(inputs), "candidate_priority": candidate})
+    inputs = dataclasses.replace(inputs, candidate_priority=candidate)
     assert inputs.estimated_waiting() == 2
     assert inputs.waiting_ahead() == ahead
 
 
 def test_other_clients_waiting_requests_count_as_ahead_of_anyone() -> None:
     inputs = _ledger_with_a_flood(foreign_waiting=1).gate_inputs(100.1)
-    inputs = type(inputs)(**{**_fields(inputs), "candidate_priority": 0})
+    inputs = dataclasses.replace(inputs, candidate_priority=0)
     assert inputs.waiting_ahead() == 1
 
 
 def test_the_gate_opens_for_a_better_priority_only_and_never_for_batch() -> None:
     gate = SignalGate(GateConfig(waiting_target=2, priority_waiting_target=2))
-    base = _fields(_ledger_with_a_flood().gate_inputs(100.1))
-    flood_next = type(_ledger_with_a_flood().gate_inputs(100.1))(**{**base, "candidate_priority": 6})
-    latecomer = type(flood_next)(**{**base, "candidate_priority": 0})
+    base = _ledger_with_a_flood().gate_inputs(100.1)
+    flood_next = dataclasses.replace(base, candidate_priority=6)
+    latecomer = dataclasses.replace(base, candidate_priority=0)
     assert not gate.decide(flood_next, CLS).open
     assert gate.decide(latecomer, CLS).open
     batch = PriorityClassConfig("batch", rank=2, require_idle_engine=True)
@@ -68,21 +68,17 @@ def test_a_priority_engine_takes_its_own_deeper_target_and_a_fifo_engine_keeps_t
     own target still wins over both. Left at 0 it is derived from the engine's slots (6 at 4), and is
     `waiting_target` while they are unknown."""
     gate = SignalGate(GateConfig(waiting_target=2, priority_waiting_target=3))
-    base = _fields(_ledger_with_a_flood().gate_inputs(100.1))
-    flood_next = type(_ledger_with_a_flood().gate_inputs(100.1))(**{**base, "candidate_priority": 6})
-    at_fifo_engine = type(flood_next)(**{**base, "candidate_priority": None})
+    base = _ledger_with_a_flood().gate_inputs(100.1)
+    flood_next = dataclasses.replace(base, candidate_priority=6)
+    at_fifo_engine = dataclasses.replace(base, candidate_priority=None)
     assert flood_next.waiting_ahead() == at_fifo_engine.waiting_ahead() == 2
     assert gate.decide(flood_next, CLS).open
     assert not gate.decide(at_fifo_engine, CLS).open
     assert not gate.decide(flood_next, PriorityClassConfig(waiting_target=2)).open
     derived = SignalGate(GateConfig(waiting_target=2))
     assert flood_next.engine_slots == 4 and derived.decide(flood_next, CLS).open  # 2 ahead, target 6
-    slots_unknown = type(flood_next)(**{**_fields(flood_next), "engine_slots": 0, "waiting_bound": None})
+    slots_unknown = dataclasses.replace(flood_next, engine_slots=0, waiting_bound=None)
     assert not derived.decide(slots_unknown, CLS).open  # 2 ahead, target 2
-
-
-def _fields(inputs: object) -> dict[str, object]:
-    return {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs) if f.init}
 
 
 def _flood_then_latecomers(priority_scheduling: bool, fairness: str, health: LoopHealth | None = None) -> Harness:

@@ -60,8 +60,9 @@ def test_until_learned_it_predicts_the_steepest_line_through_the_readings() -> N
     feed(model, 10.0, 4, step(4))  # 80 ms at 4
     fit = model.fit()
     assert fit is not None and not fit.learned
-    assert model.predict(8) == pytest.approx(0.16)  # proportional: above the truth (120 ms), never below
-    assert model.predict(8) >= step(8)
+    predicted = model.predict(8)
+    assert predicted == pytest.approx(0.16)  # proportional: above the truth (120 ms), never below
+    assert predicted is not None and predicted >= step(8)
 
 
 def test_it_follows_an_engine_that_gets_slower() -> None:
@@ -184,7 +185,7 @@ def test_config_validation_follows_each_adapters_capability_flags(
 ) -> None:
     """A class limit on a signal is accepted exactly when the kind's adapter says it exports that signal."""
     caps: BackendCapabilities = adapter.CAPABILITIES
-    config = raw(kind=kind, **{limit: value})
+    config = raw("signals", kind, **{limit: value})
     if getattr(caps, flag):
         config_from_dict(config)
     else:

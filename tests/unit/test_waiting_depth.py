@@ -93,8 +93,8 @@ def test_no_slot_count_or_adaptation_off_keeps_the_configured_target() -> None:
     assert unknown_slots.target == 3 and off.target == 3
 
 
-def _inputs(at: float, running: int, waiting: int, **changes: object) -> GateInputs:
-    base = GateInputs(
+def _inputs(at: float, running: int, waiting: int) -> GateInputs:
+    return GateInputs(
         reading=reading(at, running, waiting),
         now=at + 0.01,
         in_flight=running + waiting,
@@ -105,7 +105,6 @@ def _inputs(at: float, running: int, waiting: int, **changes: object) -> GateInp
         unstarted=waiting,
         holding_work=True,
     )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 def _decide(gate: SignalGate, inputs: GateInputs) -> GateDecision:
@@ -125,15 +124,17 @@ def test_the_signal_gate_holds_a_fifo_engine_at_the_learned_depth_once_its_slots
     assert not decision.open and decision.cause is GateCause.ENGINE_WAITING, decision.reason
     assert gate.decide(_inputs(4.4, SLOTS, 0), CLS).open  # nothing queued there: one may go
     # a request bound for a priority engine still queues behind its own target, not the learned depth
-    assert gate.decide(_inputs(4.4, SLOTS, 2, candidate_priority=5, unstarted_priorities=(5, 5)), CLS).open
+    assert gate.decide(
+        dataclasses.replace(_inputs(4.4, SLOTS, 2), candidate_priority=5, unstarted_priorities=(5, 5)), CLS
+    ).open
 
 
 def test_introspection_and_priority_engines_do_not_teach_the_depth() -> None:
     introspected = SignalGate(GateConfig(waiting_target=3, waiting_target_adapt_seconds=2.0))
     priority = SignalGate(GateConfig(waiting_target=3, waiting_target_adapt_seconds=2.0))
     for i in range(30):
-        _decide(introspected, _inputs(i * 0.2, SLOTS, 1, holding_work=False))
-        _decide(priority, _inputs(i * 0.2, SLOTS, 1, candidate_priority=0))
+        _decide(introspected, dataclasses.replace(_inputs(i * 0.2, SLOTS, 1), holding_work=False))
+        _decide(priority, dataclasses.replace(_inputs(i * 0.2, SLOTS, 1), candidate_priority=0))
     assert introspected.waiting.depth.target == 3 and priority.waiting.depth.target == 3
     assert introspected.decide(_inputs(6.2, SLOTS, 2), CLS).open
 
