@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 import trustme
 
+from tests.client_certs import issue_client_cert
 from tests.helpers import ControlledEngine, eventually, queue_depth
 from tests.http.support import chat, http_serving
 
@@ -32,7 +33,7 @@ def _client_context(authority: trustme.CA, *identities: str, common_name: str | 
     context = ssl.create_default_context()
     authority.configure_trust(context)
     if identities or common_name:
-        authority.issue_cert(*identities, common_name=common_name).configure_cert(context)
+        issue_client_cert(authority, *identities, common_name=common_name).configure_cert(context)
     return context
 
 

@@ -30,6 +30,7 @@ from scheduler_svc.config import AuthConfig, ConfigError
 from scheduler_svc.core.auth import Authenticator
 from scheduler_svc.core.errors import Unauthenticated
 from scheduler_svc.core.keys import key_digest
+from tests.client_certs import issue_client_cert
 from tests.helpers import ControlledEngine, client_for, make_config, queue_depth, queued_users, serving, until_settled
 from tests.stream_events import event_or_end
 
@@ -62,7 +63,7 @@ class Pki:
 
     def client(self, *identities: str, common_name: str | None = None) -> ClientTls:
         """SchedulerClient keyword arguments presenting a client certificate from this CA."""
-        cert = self.ca.issue_cert(*identities, common_name=common_name)
+        cert = issue_client_cert(self.ca, *identities, common_name=common_name)
         return {
             "root_certificates": self.ca_pem,
             "certificate_chain": b"".join(blob.bytes() for blob in cert.cert_chain_pems),
