@@ -28,7 +28,7 @@ from scheduler_svc.dispatch.queue_book import QueueBook
 from scheduler_svc.dispatch.run_ledger import RunLedger
 from scheduler_svc.dispatch.shutdown import Shutdown
 from scheduler_svc.policies.ordering import EdfOrdering
-from tests.unit.dispatch_harness import CapGate, Harness
+from tests.unit.dispatch_harness import CapGate, Harness, never_generates
 
 CLASSES = [PriorityClassConfig("interactive", rank=0), PriorityClassConfig("batch", rank=1)]
 
@@ -73,12 +73,9 @@ def ticket(rid: str, user: str = "u", cls: str = "interactive", host: Host | Non
 
 def handle(name: str = "b0") -> BackendHandle:
     config = config_from_dict({"models": [{"name": "m", "backends": [{"name": name}]}]})
-    return BackendHandle(config.models[0].backends[0], FakeBackend(_never, name=name), CapGate(4), LoadEstimator())
-
-
-async def _never(_: object) -> Any:  # pragma: no cover - nothing is generated here
-    raise AssertionError("not used")
-    yield
+    return BackendHandle(
+        config.models[0].backends[0], FakeBackend(never_generates, name=name), CapGate(4), LoadEstimator()
+    )
 
 
 # -- the queue book ---------------------------------------------------------------------------------------------

@@ -7,18 +7,18 @@ used to state by hand. Until the slots are known the queue is `waiting_target` d
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
 
-from backends.base import BackendCapabilities, BackendLoad, GenerationEvent, GenerationRequest
+from backends.base import BackendCapabilities, BackendLoad
 from backends.fake import FakeBackend
 from scheduler_svc.app.settings import load_config
 from scheduler_svc.config import DEFAULT_CLASSES, Config, GateConfig, derived
 from scheduler_svc.core.clock import FakeClock
 from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.scheduler import Scheduler
+from tests.unit.dispatch_harness import never_generates
 
 MINIMAL = """
 [[models]]
@@ -39,13 +39,6 @@ def minimal(tmp_path: Path) -> Config:
     return load_config(path)
 
 
-async def _never(
-    _: GenerationRequest,
-) -> AsyncGenerator[GenerationEvent, None]:  # pragma: no cover
-    raise AssertionError("nothing is generated here")
-    yield
-
-
 def reading(at: float, running: int, waiting: int) -> BackendLoad:
     """A fast engine's reading: 5 ms per output token (under the interactive class's TPOT limit), KV to spare."""
     return BackendLoad(ok=True, read_at=at, running=running, waiting=waiting, kv_cache_usage=0.2, tpot_seconds=0.005)
@@ -55,7 +48,7 @@ def _handle(config: Config) -> BackendHandle:
     capabilities = BackendCapabilities(supports_priority=True, has_tpot=True, has_kv_usage=True)
     scheduler = Scheduler(
         config,
-        backend_factory=lambda _model, b: FakeBackend(_never, name=b.name, capabilities=capabilities),
+        backend_factory=lambda _model, b: FakeBackend(never_generates, name=b.name, capabilities=capabilities),
         clock=FakeClock(),
     )
     (handle,) = scheduler.dispatchers["m"].backends

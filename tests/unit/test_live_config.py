@@ -7,13 +7,11 @@ import asyncio
 import copy
 import dataclasses
 import typing
-from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from backends.base import GenerationEvent, GenerationRequest
 from backends.fake import FakeBackend
 from bench.configs import to_toml
 from scheduler_svc.app.reload import ConfigReloader
@@ -28,11 +26,7 @@ from scheduler_svc.core.request import ClientRequest
 from scheduler_svc.core.ticket import Outcome, Ticket, TicketState
 from scheduler_svc.dispatch.backend_handle import Drain
 from scheduler_svc.dispatch.scheduler import Scheduler
-
-
-async def _never(_: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:  # pragma: no cover
-    raise AssertionError("these tests generate tokens by hand")
-    yield
+from tests.unit.dispatch_harness import never_generates
 
 
 def _raw(**changes: Any) -> dict[str, Any]:
@@ -63,7 +57,9 @@ class Rig:
     def __init__(self, raw: dict[str, Any]) -> None:
         self.clock = FakeClock()
         self.scheduler = Scheduler(
-            config_from_dict(raw), backend_factory=lambda m, b: FakeBackend(_never, name=b.name), clock=self.clock
+            config_from_dict(raw),
+            backend_factory=lambda m, b: FakeBackend(never_generates, name=b.name),
+            clock=self.clock,
         )
         self.tickets: list[Ticket] = []
         self.sent: list[tuple[str, str]] = []  # (request id, backend), every dispatch in order
@@ -484,7 +480,7 @@ class Served:
 def _served(tmp_path: Path, raw: dict[str, Any], *, clustered: bool = False) -> Served:
     path = tmp_path / "llmsched.toml"
     path.write_text(to_toml(raw))
-    scheduler = Scheduler(load_config(path), backend_factory=lambda m, b: FakeBackend(_never, name=b.name))
+    scheduler = Scheduler(load_config(path), backend_factory=lambda m, b: FakeBackend(never_generates, name=b.name))
     auth = Authenticator(scheduler.config.auth)
     return Served(
         path, scheduler, auth, ConfigReloader(path, scheduler, auth, scheduler.metrics.registry, clustered=clustered)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import AsyncGenerator
 
-from backends.base import BackendCapabilities, BackendLoad, GenerationEvent
+from backends.base import BackendCapabilities, BackendLoad
 from backends.fake import FakeBackend
 from scheduler_svc.core.clock import FakeClock
 from scheduler_svc.dispatch.load import LoadEstimator, _seen_by, scrape
+from tests.unit.dispatch_harness import never_generates
 
 
 def test_users_are_counted_while_their_requests_are_in_flight() -> None:
@@ -45,11 +45,7 @@ async def test_a_reading_is_stamped_with_the_core_clock_before_the_scrape() -> N
         clock.advance(2.0)  # the scrape takes a while to answer
         return BackendLoad(ok=True, read_at=time.monotonic(), waiting=3)
 
-    async def never(_: object) -> AsyncGenerator[GenerationEvent, None]:  # pragma: no cover
-        raise AssertionError("no generation here")
-        yield
-
-    backend = FakeBackend(never, load, capabilities=BackendCapabilities())
+    backend = FakeBackend(never_generates, load, capabilities=BackendCapabilities())
     reading = await scrape(backend, clock)
     assert reading.read_at == 50.0 and reading.waiting == 3
     estimator = LoadEstimator()
