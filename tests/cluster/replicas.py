@@ -87,7 +87,7 @@ def agent_of(server: SchedulerServer) -> ClusterAgent:
 
 
 async def start_replica(store: FakeStoreBackend, config: Config) -> SchedulerServer:
-    server = SchedulerServer(config, store_factory=lambda _config, _registry: FakeStore(store))
+    server = SchedulerServer(config, store_factory=serving(FakeStore(store)))
     await server.start()
     return server
 

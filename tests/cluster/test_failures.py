@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from backends.sim import SimConfig, running_simulator
-from clients import SchedulerClient, pb
+from clients import SchedulerClient
 from scheduler_svc.app.server import SchedulerServer, StoreFactory
 from scheduler_svc.cluster.agent import ClusterAgent, LeaseState
 from scheduler_svc.cluster.messages import Roster
@@ -22,6 +22,7 @@ from tests.cluster.fake_store import FakeStore, FakeStoreBackend
 from tests.cluster.replicas import TIMEOUT, agent_of, cluster_config, replicas, serving, settled, stop_all
 from tests.cluster.test_replicas import engine_ids, first_delta
 from tests.helpers import client_for, eventually, queue_depth
+from tests.stream_events import event_or_end
 
 FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 
@@ -174,7 +175,7 @@ async def test_running_requests_are_adopted_by_the_next_leader() -> None:
         (adopted,) = agent_of(leader).leader.mirrors.values()
         assert adopted.ticket.first_token_at is not None and adopted.ticket.completion_tokens > 0
         for call in calls:
-            while isinstance(await call.read(), pb.StreamResponse):
+            while await event_or_end(call) is not None:
                 pass
         await eventually(lambda: estimator.in_flight == 0, 2.0, "both released")
         assert agent_of(leader).metrics.sent.labels("grant")._value.get() == 0, "adopted without a grant"

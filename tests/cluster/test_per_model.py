@@ -19,7 +19,6 @@ import grpc
 import pytest
 
 from backends.sim import SimConfig, running_simulator
-from clients import pb
 from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.agent import LeaseState
 from scheduler_svc.cluster.leases import EVERY_MODEL
@@ -37,6 +36,7 @@ from tests.cluster.replicas import (
 )
 from tests.cluster.test_replicas import engine_ids, first_delta
 from tests.helpers import client_for, client_label, eventually
+from tests.stream_events import event_or_end
 
 FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 MODELS = ("a", "b")
@@ -93,7 +93,7 @@ async def test_each_model_is_led_by_its_own_replica_and_its_requests_go_to_that_
                 }
                 assert sorted(held.values()) == [model], f"{model}'s leader holds {held}"
             for call in calls.values():
-                while isinstance(await call.read(), pb.StreamResponse):
+                while await event_or_end(call) is not None:
                     pass
         for leader in leaders.values():
             await eventually(functools.partial(holds_no_mirrors, leader), 10.0, "mirrors released")
@@ -125,7 +125,7 @@ async def test_a_replica_above_its_share_hands_a_lease_over_and_its_running_requ
                 estimator = r1.scheduler.dispatchers["b"].backends[0].estimator
                 await eventually(lambda: estimator.in_flight == 1, 10.0, "r1 counts r0's running b request")
                 for call in calls:
-                    while isinstance(await call.read(), pb.StreamResponse):
+                    while await event_or_end(call) is not None:
                         pass
                 await eventually(lambda: estimator.in_flight == 0, 10.0, "released at its end")
             assert agent_of(r1).metrics.sent.labels("grant")._value.get() == 0, "adopted without a grant"

@@ -16,8 +16,9 @@ from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.store import DuplicateReplica
 from scheduler_svc.core.ticket import TicketState
 from tests.cluster.fake_store import FakeStore
-from tests.cluster.replicas import agent_of, cluster_config, replicas
+from tests.cluster.replicas import agent_of, cluster_config, replicas, serving
 from tests.helpers import client_for, client_label, eventually, queue_depth
+from tests.stream_events import next_event
 
 FAST = SimConfig(decode_base_ms=2.0, decode_per_seq_ms=0.5)
 
@@ -29,11 +30,8 @@ def engine_ids(sim_stats: dict[str, object]) -> list[str]:
 
 
 async def first_delta(call: grpc.aio.UnaryStreamCall[pb.StreamRequest, pb.StreamResponse]) -> None:
-    while True:
-        event = await call.read()
-        assert isinstance(event, pb.StreamResponse), "stream ended before a token"
-        if event.HasField("delta"):
-            return
+    while not (await next_event(call)).HasField("delta"):
+        pass
 
 
 def mirrors(server: SchedulerServer) -> int:
@@ -200,7 +198,7 @@ async def test_cancel_at_a_follower_releases_the_leaders_queue_and_budget() -> N
 
 async def test_a_second_replica_with_a_live_name_is_refused_at_start() -> None:
     async with running_simulator(FAST) as sim, replicas(sim.url, count=2) as (store, _):
-        twin = SchedulerServer(cluster_config(sim.url, "r1"), store_factory=lambda _config, _registry: FakeStore(store))
+        twin = SchedulerServer(cluster_config(sim.url, "r1"), store_factory=serving(FakeStore(store)))
         with pytest.raises(DuplicateReplica):
             await twin.start()
         await twin.scheduler.aclose()
@@ -241,8 +239,8 @@ async def test_a_streaming_client_at_a_follower_hears_its_position_in_the_leader
         call = at_follower.stream("m", "mine", max_tokens=5, ignore_eos=True)
         positions: list[int] = []
         while not positions or positions[-1] != 3:
-            event = await asyncio.wait_for(call.read(), 5.0)
-            assert isinstance(event, pb.StreamResponse) and event.HasField("queued"), event
+            event = await asyncio.wait_for(next_event(call), 5.0)
+            assert event.HasField("queued"), event
             positions.append(event.queued.position_in_user_queue)
         assert positions[-1] == 3, positions
         for c in [call, *held]:

@@ -36,7 +36,7 @@ from scheduler_svc.cluster.modes import Role
 from scheduler_svc.config import BackendConfig, Config, ModelConfig, TracingConfig
 from scheduler_svc.core.clock import FakeClock
 from tests.cluster.fake_store import FakeStore, FakeStoreBackend
-from tests.cluster.replicas import agent_of, cluster_config, settled
+from tests.cluster.replicas import agent_of, cluster_config, serving, settled
 from tests.helpers import ControlledEngine, eventually, make_config, outcome_count, until_settled
 from tests.stream_events import event_or_end, next_event
 
@@ -375,7 +375,7 @@ async def test_in_a_cluster_the_replica_that_received_the_call_traces_it_alone()
                 config = traced(cluster_config(url, f"r{i}"))
                 server = SchedulerServer(
                     config,
-                    store_factory=lambda _config, _registry: FakeStore(store),
+                    store_factory=serving(FakeStore(store)),
                     span_processor=SimpleSpanProcessor(exporter),
                 )
                 await server.start()
