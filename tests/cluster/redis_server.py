@@ -46,21 +46,28 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_handed_out: set[int] = set()
+
+
 def server_port() -> int:
-    """A free port below the kernel's ephemeral range. A port the kernel handed out (`free_port`) may be taken
-    as the source port of some outgoing connection (a replica reconnecting) while the server is down, and its
-    restart on the same port then fails with "address in use"; below the range no connection gets it."""
+    """A free port below the kernel's ephemeral range, never the same one twice in this test process. A port
+    the kernel handed out (`free_port`) may be taken as the source port of some outgoing connection (a replica
+    connecting to Redis or to the engine) between the test choosing it and the server binding it, or while the
+    server is down, and the server then fails with "address in use"; below the range no connection gets it."""
     low = 32768
     with contextlib.suppress(OSError, ValueError):
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     candidates = range(max(1024, low - 10_000), low)
     for port in random.sample(candidates, min(200, len(candidates))):
+        if port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _handed_out.add(port)
+        return port
     return free_port()
 
 

@@ -422,13 +422,15 @@ async def test_a_second_process_with_a_live_replicas_name_refuses_to_start(
 
 
 async def leaders_spread(replicas: list[Replica], models: tuple[str, ...], timeout: float) -> dict[str, Replica]:
-    """Wait until each model is led by exactly one live replica and no replica leads two (by the replicas'
-    `llmsched_cluster_leading` gauges); model -> its leader."""
+    """Wait until each model is led by exactly one of `replicas` and no replica leads two (by the replicas'
+    `llmsched_cluster_leading` gauges); model -> its leader. Every one of `replicas` must stay alive."""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
         while True:
-            alive = [r for r in replicas if r.alive]
-            led = list(zip(alive, await asyncio.gather(*(leading(session, r, models) for r in alive)), strict=True))
+            for replica in replicas:
+                assert replica.alive, f"{replica.name} exited with {replica.popen.returncode}: {replica.log_tail()}"
+            answers = await asyncio.gather(*(leading(session, r, models) for r in replicas))
+            led = list(zip(replicas, answers, strict=True))
             holders = {m: [r for r, ms in led if ms is not None and m in ms] for m in models}
             if all(len(h) == 1 for h in holders.values()) and all(ms is not None and len(ms) <= 1 for _, ms in led):
                 return {m: h[0] for m, h in holders.items()}
