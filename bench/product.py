@@ -7,9 +7,10 @@ is reported as "not available" instead of a scheduler dying at start-up; it take
 its setups run the service as it ships; CN speaks the cluster's wire protocol to one leader; and the scrape
 tool times the adapters and the real `Scheduler` in-process; S9 runs the core on a stepped clock
 (`SteppedCore`) against its own model of the simulator's engine (`step_seconds`, `PrefixCache`), with the
-index-free fairness and gate baselines it builds from the policy registries. Every such import is here: the
-rest of the bench imports this module, the public client package (`clients`) and the engine tools (`engines`), never the
-service's modules, so a rename there is one edit here.
+index-free fairness and gate baselines it builds from the policy registries. Every such import is here or,
+for the core alone, in `bench.product_core`, which this module re-exports: the rest of the bench imports
+this module, the public client package (`clients`) and the engine tools (`engines`), never the service's
+modules, so a rename there is one edit here.
 """
 
 from __future__ import annotations
@@ -31,12 +32,10 @@ from backends.sim import SimConfig, running_simulator
 from backends.sim.engine import step_seconds
 from backends.sim.journal import read_journal
 from backends.sim.prefix_cache import PrefixCache
+from bench.product_core import ConfigRefused, Refused, Sent, SteppedCore, configure_logging, load_config
 from scheduler_svc.app.event_loop import EVENT_LOOPS, run_on
-from scheduler_svc.app.logs import configure_logging
 from scheduler_svc.app.server import SchedulerServer
-from scheduler_svc.app.settings import config_from_dict
 from scheduler_svc.app.settings import load_config as load_config_file
-from scheduler_svc.app.stepped import Refused, Sent, SteppedCore
 from scheduler_svc.cluster.messages import (
     Admit,
     Fail,
@@ -49,7 +48,7 @@ from scheduler_svc.cluster.messages import (
     encode_batch,
 )
 from scheduler_svc.cluster.redis_store import INBOX_LIMIT, RedisStore, inbox_key
-from scheduler_svc.config import BackendConfig, Config, ConfigError, GateConfig, PriorityClassConfig, ServerConfig
+from scheduler_svc.config import BackendConfig, GateConfig, PriorityClassConfig, ServerConfig
 from scheduler_svc.dispatch.scheduler import Scheduler
 from scheduler_svc.policies import FAIRNESS_POLICIES, GATE_POLICIES, Fairness, GateDecision, GateInputs, SignalGate
 from scheduler_svc.policies.fairness.backlog_scan import BacklogScan
@@ -126,18 +125,6 @@ SHIPPED_SCRAPE_INTERVAL = BackendConfig.scrape_interval_seconds
 VTC_RETURN_GRACE = VtcParams().vtc_return_grace_seconds
 # the samples the vLLM adapter reads from an engine's /metrics
 VLLM_METRICS = VllmBackend.METRICS
-
-
-class ConfigRefused(Exception):
-    """The service's own loader refuses a config (an unknown policy, a missing or misspelt key)."""
-
-
-def load_config(config: dict[str, Any]) -> Config:
-    """The service's own configuration from `config` (the parsed TOML); raises `ConfigRefused` with its message."""
-    try:
-        return config_from_dict(config)
-    except (ConfigError, TypeError) as exc:
-        raise ConfigRefused(str(exc)) from exc
 
 
 def validate_config(config: dict[str, Any]) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from bench.scenario import Definition, Scenario
-from bench.scenarios import c1, c3, c4, c6, cb, cl, r1, s1, s3, s4, s5, s6, s7, s8, s9
+from bench.scenarios import c1, c3, c4, c6, cb, cl, r1, s1, s3, s4, s5, s6, s7, s8
+from bench.scenarios.s9 import scenario as s9
 
 SCENARIOS: tuple[Scenario, ...] = (
     s1.SCENARIO,  # S1 and S2

@@ -5,7 +5,10 @@ parts run the core as configured."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +21,8 @@ from bench.scenarios.s9.parts import policy_modes
 from bench.scenarios.s9.summary import build_result
 
 TINY_DAY = day.DayParams(users=90, engines=3, seconds=90.0, load=1.4)
+FACE_LIBRARIES = ("grpc", "google.protobuf", "opentelemetry", "redis")  # the vLLM adapters load aiohttp
+ROOT = Path(__file__).resolve().parents[2]
 MACHINE = ("wall_seconds", "cpu_seconds", "cpu_us_per_request", "decision_cpu_us_per_request")
 
 
@@ -121,3 +126,16 @@ def test_queued_requests_stay_queued_behind_full_engines_and_the_figures_reach_t
     result = build_result(figures, dataclasses.replace(QUICK, policy_users=(10, 30)), targets=False)
     assert result.table is not None and result.table.rows[0][0] == "10"
     assert any(note.startswith("memory: 300 requests") for note in result.notes)
+
+
+def test_the_memory_part_holds_the_core_alone_none_of_the_faces_libraries() -> None:
+    """Its fresh process counts what the core holds: a library the core never loads (gRPC, protobuf,
+    OpenTelemetry, the Redis client) imported on the way would count its tens of megabytes as the core's."""
+    script = (
+        "import sys\n"
+        "from bench.scenarios.s9 import memory\n"
+        "memory.measure(memory.MemoryParams(requests=20, users=4, backends=2))\n"
+        f"print(sorted(m for m in {FACE_LIBRARIES!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

@@ -18,16 +18,13 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from bench.product import SimConfig
 from bench.scenarios.s9 import baseline
+from bench.scenarios.s9.core_config import CLASSES, MODEL, PRIORITY_ENGINES, config
 from bench.scenarios.s9.simulation import Call, Observer, Simulation
 
-MODEL = "m"
-CLASSES = (("interactive", 0, 0), ("review", 1, 4), ("batch", 2, 8))  # (name, rank, engine priority)
 USERS = (10, 100, 1_000, 10_000, 100_000)
-PRIORITY_ENGINES = False
 
 
 @dataclass
@@ -41,46 +38,6 @@ class Costs:
     dispatch_us_p90: float
     decision_us_per_dispatch: float  # every pass's CPU (those that sent nothing included) / dispatches
     wall_seconds: float
-
-
-def config(
-    backends: int, fairness: str, gate: str, deficit_bound: float, groups: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """One model on `backends` simulated vLLM engines; `groups`: user -> its shared group (weight 1 each)."""
-    weights = {"groups": {g: 1.0 for g in set(groups.values())}, "members": groups} if groups else {}
-    return {
-        "scheduling": {
-            "fairness": fairness,
-            "weights": weights,
-            "classes": [
-                {"name": name, "rank": rank, "engine_priority": priority, "starvation_after_seconds": 0.0}
-                for name, rank, priority in CLASSES
-            ],
-        },
-        "models": [
-            {
-                "name": MODEL,
-                "backend_policy": "prefix_locality",
-                "max_queued": 10**7,
-                "max_queued_per_user": 10**6,
-                "max_queued_bytes": 10**12,
-                "max_queued_bytes_per_user": 10**12,
-                "locality": {"deficit_bound": deficit_bound},
-                "gate": {"policy": gate},
-                "backends": [
-                    {
-                        "name": f"b{i}",
-                        "kind": "vllm",
-                        "url": f"http://b{i}.sim.invalid:8000",
-                        "priority_scheduling": PRIORITY_ENGINES,
-                        "max_num_seqs": 8,
-                        "scrape_interval_seconds": 0.2,
-                    }
-                    for i in range(backends)
-                ],
-            }
-        ],
-    }
 
 
 class PassTimes(Observer):

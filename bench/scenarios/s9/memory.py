@@ -1,6 +1,7 @@
 """S9 (c): the core's resident memory with many requests queued.
 
-In a fresh process (`python -m bench.scenarios.s9.memory`, so nothing else is resident): the core of one
+In a fresh process (`python -m bench.scenarios.s9.memory`, which imports the core alone, so nothing else is
+resident: no gRPC, protobuf, tracing or Redis library, which the core never loads): the core of one
 model on 100 backends (vtc, `prefix_locality`), every engine shown full so nothing goes; then `requests`
 calls from `users` users, each with its own prompt of `prompt_bytes` ASCII characters, admitted and queued.
 Resident memory (VmRSS) is read before the first call and after the last, after a full garbage
@@ -19,8 +20,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.product import SteppedCore, configure_logging, load_config
-from bench.scenarios.s9.decision_cost import MODEL, config
+from bench.product_core import SteppedCore, configure_logging, load_config
+from bench.scenarios.s9.core_config import MODEL, config
 
 
 @dataclass(frozen=True)
