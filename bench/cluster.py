@@ -30,6 +30,7 @@ from bench import harness
 from bench.configs import NotAvailable, Toml, validated_toml
 from bench.product import MetricSamples
 from clients import pb, pb_grpc
+from engines import free_port
 
 STORES = ("memory", "redis")
 REDIS_SERVER = "redis-server"
@@ -133,7 +134,7 @@ async def redis_server() -> AsyncIterator[str]:
     """A private `redis-server` on a free port with its own data dir, nothing persisted; yields its URL."""
     if shutil.which(REDIS_SERVER) is None:
         raise NotAvailable(f"{REDIS_SERVER} is not installed (Debian: apt-get install redis-server)")
-    port = harness.free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="llmsched-bench-redis-") as data_dir:
         args = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", data_dir]
         proc = harness.spawn([*args, "--save", "", "--appendonly", "no"], f"redis-{port}")
@@ -167,7 +168,7 @@ async def cluster(config: Toml, layout: Layout, *, ready_timeout: float = 30.0) 
     them; stop everything afterwards."""
     async with contextlib.AsyncExitStack() as stack:
         redis_url = await stack.enter_async_context(redis_server()) if layout.store == "redis" else ""
-        key_prefix = f"llmsched-bench-{harness.free_port()}"
+        key_prefix = f"llmsched-bench-{free_port()}"
         texts = [
             validated_toml(layout.replica_config(config, i, redis_url, key_prefix)) for i in range(layout.replicas)
         ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,11 +32,31 @@ class EngineError(RuntimeError):
     """An engine is not installed, did not become ready, or died."""
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free right now, below the kernel's ephemeral range and never the same
+    one twice in this process. A port the kernel hands out for bind(0) may be taken as the source port of
+    some outgoing connection (another server's, connecting to Redis or an engine) between choosing it and
+    the server binding it, or while a server restarts on it; below the range no connection gets it."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = range(max(1024, low - 10_000), low)
+    for port in random.sample(candidates, min(200, len(candidates))):
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # the low range is taken: the kernel's
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def tail(path: Path, n: int = 40) -> str:

@@ -8,7 +8,6 @@ also streams every token.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,16 +19,10 @@ from backends.adapters.vllm import VllmBackend
 from backends.base import BackendSpec
 from backends.metrics import MetricSamples
 from backends.sim import SimConfig, running_simulator
+from engines import free_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RECORDED = (Path(__file__).resolve().parents[1] / "engines" / "data" / "vllm_metrics.txt").read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @asynccontextmanager

@@ -26,7 +26,8 @@ import aiohttp
 
 from backends.metrics import MetricSamples
 from backends.sim.journal import read_journal
-from tests.cluster.redis_server import dies_with_parent, server_port
+from engines import free_port
+from tests.cluster.redis_server import dies_with_parent
 from tests.helpers import client_label
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ def spawn_replica(
     **gate: int,
 ) -> Replica:
     """Start one replica process (not waiting for it); its config and log go to `directory`."""
-    grpc_port, metrics_port = server_port(), server_port()
+    grpc_port, metrics_port = free_port(), free_port()
     config = directory / f"{name}-{grpc_port}.toml"
     config.write_text(
         replica_toml(

@@ -15,9 +15,7 @@ skips, unless LLMSCHED_REQUIRE_REDIS=1 (set by `make test`, after `make redis` i
 
 from __future__ import annotations
 
-import contextlib
 import os
-import random
 import shutil
 import signal
 import socket
@@ -29,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from engines import free_port
+
 READY_SECONDS = 10.0
 
 
@@ -38,37 +38,6 @@ def dies_with_parent(argv: list[str]) -> list[str]:
     fork and exec in a process with gRPC threads (a test's clients) now and then crashes the child (SIGSEGV)."""
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", *argv] if setpriv else argv
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-_handed_out: set[int] = set()
-
-
-def server_port() -> int:
-    """A free port below the kernel's ephemeral range, never the same one twice in this test process. A port
-    the kernel handed out (`free_port`) may be taken as the source port of some outgoing connection (a replica
-    connecting to Redis or to the engine) between the test choosing it and the server binding it, or while the
-    server is down, and the server then fails with "address in use"; below the range no connection gets it."""
-    low = 32768
-    with contextlib.suppress(OSError, ValueError):
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    candidates = range(max(1024, low - 10_000), low)
-    for port in random.sample(candidates, min(200, len(candidates))):
-        if port in _handed_out:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    return free_port()
 
 
 def redis_server_binary() -> str:
@@ -88,7 +57,7 @@ class RedisServer:
     def __init__(self, binary: str, root: Path, port: int | None = None) -> None:
         self.binary = binary
         self.root = root
-        self.port = port if port is not None else server_port()
+        self.port = port if port is not None else free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 

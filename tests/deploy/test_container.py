@@ -16,7 +16,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from engines import free_port
 from tests.deploy import dockerfile
 from tests.deploy.manifests import (
     config_raw,
@@ -39,12 +39,6 @@ from tests.helpers import REPO_ROOT, eventually
 
 VENV = "/opt/llmsched"
 EXPECTED_PORTS = {"grpc": 50051, "http": 8080, "metrics": 9464}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_recipe_is_multi_stage_pinned_unprivileged_and_declares_the_three_ports() -> None:

@@ -4,13 +4,13 @@ its own process against a live server."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from pathlib import Path
 
 import trustme
 from grpc_health.v1 import health_pb2
 
+from engines import free_port
 from tests.helpers import ControlledEngine, make_config, serving
 
 
@@ -22,12 +22,6 @@ async def health(*args: str) -> tuple[int, str]:
     out, _ = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode is not None
     return process.returncode, out.decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_serving_exits_0_and_anything_else_exits_1() -> None:

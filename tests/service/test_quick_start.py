@@ -13,7 +13,6 @@ import contextlib
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from engines import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- quick-start:"
@@ -50,13 +51,6 @@ def quick_start_commands() -> list[str]:
                     break
         commands.append(command)
     return commands
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)
@@ -107,7 +101,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float = 60.0) -
 @pytest.fixture(scope="module")
 def make_run() -> Iterator[Ports]:
     """The simulator and the scheduler as `make run` starts them, on free ports."""
-    ports = Ports(_free_port(), _free_port(), _free_port(), _free_port())
+    ports = Ports(free_port(), free_port(), free_port(), free_port())
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "example.toml"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import aiohttp
 
 from backends.sim import running_simulator
 from backends.sim.journal import read_journal
+from engines import free_port
 from tests.helpers import eventually
 from tests.sim.support import fast_config
 
@@ -74,12 +74,6 @@ async def test_journal_records_completed_aborted_failed_and_refused(
     assert [(r["x_request_id"], r["status"], r["tag"][:7]) for r in refused] == [("big-1", 400, "tag-big")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn_sim(port: int, journal: Path) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "scheduler_svc.app.cli", "sim", "--port", str(port), "--journal", str(journal),
@@ -103,7 +97,7 @@ async def _wait_healthy(session: aiohttp.ClientSession, url: str, proc: subproce
 
 async def test_journal_survives_sigkill_and_a_restart_appends(session: aiohttp.ClientSession, tmp_path: Path) -> None:
     path = tmp_path / "journal.jsonl"
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _spawn_sim(port, path)
     try:

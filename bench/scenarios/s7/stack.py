@@ -15,6 +15,7 @@ from bench.configs import SCHEDULED_MODEL, STANDARD_CLASS, Toml, validated_toml
 from bench.product import SERVICE_COMMAND
 from bench.scenarios.s7.calls import Load
 from bench.scenarios.s7.params import KILL_CANCEL_MARGIN, S7Params
+from engines import free_port
 
 
 def scheduler_toml(p: S7Params, engine_url: str, metrics_port: int) -> str:
@@ -60,9 +61,9 @@ class Stack:
         self.p = p
         self.journal = workdir / "s7-journal.jsonl"
         self.journal.unlink(missing_ok=True)
-        self.sim_port = harness.free_port()
+        self.sim_port = free_port()
         self.sim_url = f"http://127.0.0.1:{self.sim_port}"
-        self.metrics_port = harness.free_port()
+        self.metrics_port = free_port()
         self.sim: harness.Proc | None = None
         self.sim_starts = 0
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import aiohttp
 import grpc
 
-from bench.harness import free_port, scheduler_process, wait_until
+from bench.harness import scheduler_process, wait_until
 from bench.tools import stream_memory
 from bench.tools.stream_memory.calls import OpenFailed, cancel_all, open_calls
 from bench.tools.stream_memory.engine import full_engine
@@ -25,6 +25,7 @@ from bench.tools.stream_memory.scheduler import (
     wait_queued,
 )
 from clients import pb_grpc
+from engines import free_port
 
 
 async def run(args: argparse.Namespace) -> int:
