@@ -39,7 +39,9 @@ DEFINITION = Definition(
     "next). Decision cost: one model on 100 engines of 8 slots, prefix_locality, vtc, the signals gate; "
     "beside it the same with the walks put back (the fairness policy scanning every backlogged user, every "
     f"gate asked at every pass). Day: {_P.day.engines} engines of {_P.day.max_num_seqs} slots over 3 models; vtc "
-    "against FIFO (every call under one user, so one queue per model in arrival order)",
+    "against FIFO (every call under one user, so one queue per model in arrival order). Memory: a fresh process "
+    "that loads the core alone (with its vLLM adapters); a serving process also loads its faces' libraries "
+    "(gRPC, protobuf, OpenTelemetry, the Redis client), which the figure leaves out",
     measures="CPU (process time) per admission and per dispatch: the median over passes of a pass's CPU over "
     "what it sent; in the day, light users' TTFT p50 and p99 (unserved calls count with their wait so far), "
     "the heaviest user's share of its model's service against its max-min fair share, vtc's stated "
