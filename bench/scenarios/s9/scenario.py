@@ -56,10 +56,11 @@ DEFINITION = Definition(
         "resident memory <= 300 MB with 100,000 requests queued (prompts included)",
     ),
     facts=(
-        "Without the D-LPM window a dispatch costs the same at 10 and 10,000 backlogged users for every fairness "
-        "policy (users in shared groups: up to 2x). With the window on, a dispatch walks every user within the "
-        "bound of the least served: with ten thousand users inside it (equal counters) that is tens of "
-        "milliseconds per dispatch.",
+        "Without the D-LPM window a dispatch costs about the same at 10 and 10,000 backlogged users for every "
+        "fairness policy; users in shared groups add a second level to choose in (about 2x). With the window on, "
+        "a decision weighs at most `max_candidates` users within the bound of the least served, a prefix lookup "
+        "each, so its cost stops growing once that many are backlogged: a few times the cost at 10 users, where "
+        "fewer are weighed.",
         "In the day, vtc keeps light users' TTFT near the engines' own queueing while FIFO's grows with the "
         "backlog, and holds the heaviest user near its max-min fair share; under vtc fewer engine steps run "
         "with every slot busy while work is queued than under FIFO.",
