@@ -33,9 +33,12 @@ def metrics_app(kind: str, text: str) -> web.Application:
         if gzipped:
             response.headers["Content-Encoding"] = "gzip"
         response.enable_chunked_encoding()
-        await response.prepare(request)
-        await response.write(selections[names, gzipped])
-        await response.write_eof()
+        try:
+            await response.prepare(request)
+            await response.write(selections[names, gzipped])
+            await response.write_eof()
+        except ConnectionResetError:  # the scheduler of a window that just ended closed its connections
+            pass
         return response
 
     app = web.Application()
