@@ -13,7 +13,7 @@ import pytest
 
 from backends.sim import SimConfig, running_simulator
 from clients import SchedulerClient
-from scheduler_svc.app.server import SchedulerServer, StoreFactory
+from scheduler_svc.app.server import SchedulerServer
 from scheduler_svc.cluster.agent import ClusterAgent, LeaseState
 from scheduler_svc.cluster.messages import Roster
 from scheduler_svc.cluster.modes import Role
@@ -360,13 +360,10 @@ async def test_a_lease_taken_by_a_call_answered_too_late_is_led_in_a_term_the_fo
             handles[name] = {"r1": AcquiresLate, "r2": TakesNoFreeLease}.get(name, FakeStore)(store)
             return handles[name]
 
-        def factory_for(name: str) -> StoreFactory:
-            return lambda _config, _registry: factory(name)
-
         servers: list[SchedulerServer] = []
         try:
             for name in ("r0", "r1", "r2"):
-                server = SchedulerServer(cluster_config(sim.url, name), store_factory=factory_for(name))
+                server = SchedulerServer(cluster_config(sim.url, name), store_factory=serving(factory(name)))
                 await server.start()
                 servers.append(server)
                 if name == "r0":
