@@ -28,6 +28,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 _NUMBER = r"[0-9a-zA-Z.+-]+"  # what float() reads; anything else goes to prometheus-client
 # name{labels} value [timestamp], single spaces: the form every engine writes (the labels checked apart)
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LINE = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{(.*)\}})? ({_NUMBER})(?: ({_NUMBER}))?", re.DOTALL)
 _LABEL = r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*(?:\\.[^"\\]*)*)"'
 _LABELS = re.compile(rf"(?:{_LABEL}(?:,{_LABEL})*,?)?", re.DOTALL)  # label="value",... (a trailing comma)
@@ -45,8 +46,16 @@ def samples_named(text: str, names: Iterable[str]) -> Samples:
     finder = _finder(wanted)
     found: Samples = {}
     for match in finder.lines(text):
+        name, labels_text, value, stamp = match.group("name", "labels", "value", "stamp")
+        if value is not None and name in finder.plain:  # the usual form, taken apart by the finder itself
+            labels = _labels(labels_text) if labels_text else {}
+            if labels is not None:
+                number = _number(value)
+                if stamp is not None:
+                    _number(stamp)  # a timestamp: checked, as prometheus-client does, not kept
+                found.setdefault(name, []).append((dict(labels), number))
+                continue
         line = match.group(0).strip()
-        name = match.group("name")
         if name is None and line.startswith("#"):  # a counter TYPE: prometheus-client renames its family
             return whole_text_samples(text, wanted)
         for sample_name, sample in _line_samples(line, name, wanted):
@@ -70,15 +79,21 @@ class _Finder:
     name starts, those that start with `{` (a name given as a label), and TYPE comments that declare a
     counter of a family that may hold a wanted name (`_families`). Lines split at `\n` only, as
     prometheus-client reads them. The pattern starts with a newline, which the regex engine looks for at
-    memchr speed: `str.find` per name, or a `^` in multiline mode, costs several times more on a 50 KB text."""
+    memchr speed: `str.find` per name, or a `^` in multiline mode, costs several times more on a 50 KB text.
+
+    A line in the usual form (`_LINE`'s, whitespace around it aside) comes out taken apart: its labels,
+    value and timestamp as groups, so the usual line costs no second match. `plain`: the wanted names
+    `_LINE` reads as names; a line of any other comes out whole, for `_line_samples`."""
 
     def __init__(self, names: tuple[str, ...]) -> None:
         alternatives = "|".join(re.escape(name) for name in names)
         families = sorted({family for name in names for family in _families(name)})
         stems = "|".join(re.escape(family) for family in families)
+        self.plain = frozenset(name for name in names if _NAME.fullmatch(name))
+        usual = rf"(?:\{{(?P<labels>[^\n]*)\}})? (?P<value>{_NUMBER})(?: (?P<stamp>{_NUMBER}))?[^\S\n]*(?=\n|\Z)"
         line = (
-            rf"[^\S\n]*(?:(?P<name>{alternatives})(?![a-zA-Z0-9_:])|\{{"
-            rf'|#[^\S\n]*TYPE[^\S\n]+"?(?:{stems})"?[^\S\n]+counter)[^\n]*'
+            rf"[^\S\n]*(?:(?P<name>{alternatives})(?![a-zA-Z0-9_:])(?:{usual}|[^\n]*)|\{{[^\n]*"
+            rf'|#[^\S\n]*TYPE[^\S\n]+"?(?:{stems})"?[^\S\n]+counter[^\n]*)'
         )
         self._first = re.compile(line)
         self._rest = re.compile(r"\n" + line)

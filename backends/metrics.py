@@ -40,11 +40,7 @@ class MetricSamples:
 
         None when no such sample exists, so callers can tell "0" from "not exposed".
         """
-        matched = [
-            value
-            for sample_labels, value in self.by_name.get(name, [])
-            if all(sample_labels.get(k) == v for k, v in labels.items())
-        ]
+        matched = self._values(name, labels)
         return sum(matched) if matched else None
 
     def labels(self, name: str) -> list[dict[str, str]]:
@@ -57,12 +53,14 @@ class MetricSamples:
 
     def maximum(self, name: str, **labels: str) -> float | None:
         """Largest matching sample (for ratios such as KV-cache usage, which must not be summed)."""
-        matched = [
-            value
-            for sample_labels, value in self.by_name.get(name, [])
-            if all(sample_labels.get(k) == v for k, v in labels.items())
-        ]
+        matched = self._values(name, labels)
         return max(matched) if matched else None
+
+    def _values(self, name: str, labels: dict[str, str]) -> list[float]:
+        """The values of the samples called `name` whose labels include `labels`, in text order (a subset
+        test of the items views: done in C, a scrape reads five or six such sums)."""
+        wanted = labels.items()
+        return [value for sample_labels, value in self.by_name.get(name, ()) if wanted <= sample_labels.items()]
 
 
 class RateTracker:

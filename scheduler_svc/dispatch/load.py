@@ -14,7 +14,6 @@ and its estimate of the engine's waiting queue stays an upper bound when we are 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from backends.base import Backend, BackendLoad
@@ -40,7 +39,7 @@ async def scrape(backend: Backend, clock: Clock) -> BackendLoad:
     stamp is still known not to be reflected in the numbers."""
     sent_at = clock.now()
     reading = await backend.load()
-    return dataclasses.replace(reading, read_at=sent_at)
+    return reading.stamped(sent_at)
 
 
 class LoadEstimator:

@@ -12,6 +12,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from backends.base import BackendLoad
 from scheduler_svc.config import PriorityClassConfig
 from scheduler_svc.core.clock import Clock
 from scheduler_svc.core.request import QueuedRequest
@@ -25,7 +26,7 @@ _ACCEPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 _BY_CLASS = ("model", "priority_class")
 """The labels of a model's series per priority class (`class_series` resolves them in this order)."""
 _BY_BACKEND = ("model", "backend")
-"""The labels of a model's series per backend (`backend_series`, `engine_series` resolve them in this order)."""
+"""The labels of a model's series per backend (`backend_series`, `EngineSeries` resolve them in this order)."""
 
 
 class Families:
@@ -281,30 +282,29 @@ class GateCauseSeries:
         self.shown = cause
 
 
-@dataclass(frozen=True)
 class EngineSeries:
-    """One backend's last-reading gauges (the engine's own numbers, as scraped)."""
+    """One backend's gauges of the engine's own numbers, from its last good reading, read when the registry
+    is collected (`Gauge.set_function`): a scrape sets `reading`, where four gauge sets took a lock each,
+    and a hundred engines are read hundreds of times a second. All 0 until the first good reading."""
 
-    waiting: Any
-    running: Any
-    tpot: Any
-    kv_cache_usage: Any
+    __slots__ = ("reading",)
 
-    def show(self, waiting: int, running: int, tpot: float | None, kv_cache_usage: float | None) -> None:
-        self.waiting.set(waiting)
-        self.running.set(running)
-        self.tpot.set(math.nan if tpot is None else tpot)
-        self.kv_cache_usage.set(math.nan if kv_cache_usage is None else kv_cache_usage)
+    def __init__(self, metrics: SchedulerMetrics, model: str, backend: str) -> None:
+        self.reading: BackendLoad | None = None
+        labels = (model, backend)
+        metrics.engine_waiting.labels(*labels).set_function(lambda: self.reading.waiting if self.reading else 0)
+        metrics.engine_running.labels(*labels).set_function(lambda: self.reading.running if self.reading else 0)
+        metrics.engine_tpot.labels(*labels).set_function(
+            lambda: _or_nan(self.reading.tpot_seconds) if self.reading else 0
+        )
+        metrics.engine_kv_cache_usage.labels(*labels).set_function(
+            lambda: _or_nan(self.reading.kv_cache_usage) if self.reading else 0
+        )
 
 
-def engine_series(metrics: SchedulerMetrics, model: str, backend: str) -> EngineSeries:
-    labels = (model, backend)
-    return EngineSeries(
-        waiting=metrics.engine_waiting.labels(*labels),
-        running=metrics.engine_running.labels(*labels),
-        tpot=metrics.engine_tpot.labels(*labels),
-        kv_cache_usage=metrics.engine_kv_cache_usage.labels(*labels),
-    )
+def _or_nan(value: float | None) -> float:
+    """A number the engine may not report, as a gauge shows it (NaN: not reported)."""
+    return math.nan if value is None else value
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 from collections.abc import Callable
 
 import structlog
 
-from backends.base import Backend, BackendLoad, BackendSpec, HttpSettings
+from backends.base import Backend, BackendSpec, HttpSettings
 from backends.registry import create_backend
 from scheduler_svc.config import BackendConfig, Config, ModelConfig
 from scheduler_svc.core.clock import Clock, MonotonicClock
@@ -39,8 +38,9 @@ from scheduler_svc.dispatch.backend_handle import BackendHandle, Drain
 from scheduler_svc.dispatch.dispatcher import ModelDispatcher, Outlook
 from scheduler_svc.dispatch.health import InternalErrors, LoopHealth, ServiceHealth
 from scheduler_svc.dispatch.introspection import BackendStatus, ModelSnapshot, backend_status
-from scheduler_svc.dispatch.load import LoadEstimator, scrape
-from scheduler_svc.dispatch.metrics import SchedulerMetrics, engine_series
+from scheduler_svc.dispatch.load import LoadEstimator
+from scheduler_svc.dispatch.metrics import SchedulerMetrics
+from scheduler_svc.dispatch.monitor import BeatTimer, monitor, scrape_phases
 from scheduler_svc.dispatch.steering import AdmissionGuard
 from scheduler_svc.policies import GATE_POLICIES
 from scheduler_svc.policies.cost import CounterScope
@@ -49,10 +49,6 @@ log = structlog.get_logger(__name__)
 
 BackendFactory = Callable[[ModelConfig, BackendConfig], Backend]
 CUT_REPORT_SECONDS = 1.0  # after cutting running requests, how long their RPCs get to report it
-# Engines read on the same beat: their answers are handled in the same passes of the event loop, where the
-# same reads spread one by one over the interval cost 1.5-2x the CPU; a beat's burst stays about a
-# millisecond, where a hundred engines read together hold every dispatch decision for ten (bench/tools/scrape_scale/).
-SCRAPES_PER_BEAT = 10
 
 
 def default_backend_factory(model: ModelConfig, backend: BackendConfig) -> Backend:
@@ -111,6 +107,7 @@ class Scheduler:
         self._tasks: asyncio.TaskGroup | None = None  # while `run` runs: the loops of models added later join it
         self._model_tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._monitors: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._beats = BeatTimer()  # one timer per beat of the engines read on it
         self._closing: set[asyncio.Task[None]] = set()  # adapters of backends that left, being closed
         for model in config.models:
             self.dispatchers[model.name] = self._build_dispatcher(model, config)
@@ -327,7 +324,7 @@ class Scheduler:
             return
         name = dispatcher.model.name
         self._monitors[(name, handle.name)] = self._tasks.create_task(
-            _monitor(dispatcher, handle, self.clock, self.metrics, self.errors, first_beat),
+            monitor(dispatcher, handle, self.clock, self.metrics, self.errors, self._beats, first_beat),
             name=f"monitor:{name}:{handle.name}",
         )
 
@@ -393,74 +390,3 @@ def _undrained(model: ModelConfig) -> ModelConfig:
     them, so a drain the file set could never be lifted and what the model holds would wait for good (an
     admin's drain is the admin's to lift, and still holds)."""
     return dataclasses.replace(model, backends=[dataclasses.replace(b, drained=False) for b in model.backends])
-
-
-def scrape_phases(intervals: list[float]) -> list[float]:
-    """Where in its interval each of n engines is read: in beats of SCRAPES_PER_BEAT engines, the beats
-    spread evenly over the interval (for 100 engines every 0.2 s: 10 beats, 20 ms apart)."""
-    beats = math.ceil(len(intervals) / SCRAPES_PER_BEAT)
-    return [interval * (k // SCRAPES_PER_BEAT) / beats for k, interval in enumerate(intervals)]
-
-
-def next_beat(now: float, first_beat: float, interval: float) -> float:
-    """The first of the beats `first_beat + m * interval` (m >= 0) after `now`."""
-    return first_beat + max(0, math.floor((now - first_beat) / interval) + 1) * interval
-
-
-async def _sleep_until(when: float) -> None:
-    """Sleep until the loop's clock reads `when`: engines of one beat share the deadline, so one pass of the
-    loop wakes them all (asyncio.sleep would count each delay from its own now)."""
-    loop = asyncio.get_running_loop()
-    woken = loop.create_future()
-    timer = loop.call_at(when, _wake, woken)
-    try:
-        await woken
-    finally:
-        timer.cancel()
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-async def _monitor(
-    dispatcher: ModelDispatcher,
-    handle: BackendHandle,
-    clock: Clock,
-    metrics: SchedulerMetrics,
-    errors: InternalErrors,
-    first_beat: float,
-) -> None:
-    """Read one backend's metrics at once, then on its beats, `first_beat` plus every scrape interval on the
-    loop's clock (a read that outlasts the interval skips the beats it missed); stamp each reading with the
-    core clock and wake the dispatcher with it."""
-    loop = asyncio.get_running_loop()
-    was_ok: bool | None = None
-    engine = engine_series(metrics, dispatcher.model.name, handle.name)
-    while True:
-        interval = handle.config.scrape_interval_seconds  # a reload may change it
-        if not dispatcher.cluster.authority.scrapes:  # a cluster follower: the leader reads the engine for everyone
-            await _sleep_until(next_beat(loop.time(), first_beat, interval))
-            continue
-        try:
-            reading = await scrape(handle.backend, clock)
-        except Exception as exc:  # an adapter bug must not stop the model: count it as a failed scrape
-            errors.report("monitor", exc, model=dispatcher.model.name, backend=handle.name)
-            reading = BackendLoad(ok=False, read_at=clock.now(), error=f"{type(exc).__name__}: {exc}")
-        handle.record_reading(reading)
-        if reading.ok:  # the engine's numbers as last read (a failed scrape leaves the last good ones)
-            engine.show(reading.waiting, reading.running, reading.tpot_seconds, reading.kv_cache_usage)
-        else:
-            metrics.scrape_failures.labels(dispatcher.model.name, handle.name).inc()
-        if reading.ok != was_ok:
-            log.info(
-                "backend_metrics",
-                model=dispatcher.model.name,
-                backend=handle.name,
-                ok=reading.ok,
-                error=reading.error,
-            )
-            was_ok = reading.ok
-        dispatcher.wake()
-        await _sleep_until(next_beat(loop.time(), first_beat, interval))  # the scrape period, not a synchronisation

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from scheduler_svc.dispatch.scheduler import SCRAPES_PER_BEAT, _sleep_until, next_beat, scrape_phases
+from scheduler_svc.dispatch.monitor import SCRAPES_PER_BEAT, BeatTimer, next_beat, scrape_phases
 
 
 def test_a_hundred_engines_are_read_in_ten_beats_spread_over_the_interval() -> None:
@@ -38,15 +38,42 @@ def test_the_next_beat_is_the_first_grid_point_after_now() -> None:
     assert next_beat(now=101.2, first_beat=100.15, interval=0.2) == pytest.approx(101.35)
 
 
-async def test_sleeping_until_a_deadline_ends_at_it_and_a_cancelled_sleep_leaves_no_timer() -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 0.02
-    await _sleep_until(deadline)
-    assert loop.time() >= deadline
-    sleeper = asyncio.create_task(_sleep_until(loop.time() + 0.02))
+def _live_timers(loop: asyncio.AbstractEventLoop) -> int:
+    """Timers armed on asyncio's own loop and not cancelled."""
+    return sum(1 for handle in getattr(loop, "_scheduled", []) if not handle.cancelled())
+
+
+async def test_the_sleepers_of_one_beat_wake_at_its_deadline_on_one_timer() -> None:
+    loop, beats = asyncio.get_running_loop(), BeatTimer()
+    deadline, later = loop.time() + 0.02, loop.time() + 0.04
+    woke: list[tuple[int, float]] = []
+
+    async def sleeper(k: int, when: float) -> None:
+        await beats.sleep_until(when)
+        woke.append((k, loop.time()))
+
+    timers_before = _live_timers(loop)
+    sleepers = [asyncio.create_task(sleeper(k, deadline)) for k in range(SCRAPES_PER_BEAT)]
+    sleepers.append(asyncio.create_task(sleeper(SCRAPES_PER_BEAT, later)))
     await asyncio.sleep(0)
-    sleeper.cancel()
+    assert _live_timers(loop) - timers_before == 2  # one per beat, not one per sleeper
+    await asyncio.gather(*sleepers)
+    assert [k for k, _ in woke] == list(range(SCRAPES_PER_BEAT + 1))
+    assert all(at >= deadline for _, at in woke) and woke[-1][1] >= later
+
+
+async def test_a_cancelled_sleep_leaves_its_beat_to_the_others_and_the_last_takes_the_timer() -> None:
+    loop, beats = asyncio.get_running_loop(), BeatTimer()
+    deadline = loop.time() + 0.02
+    timers_before = _live_timers(loop)
+    first, second = (asyncio.create_task(beats.sleep_until(deadline)) for _ in range(2))
+    await asyncio.sleep(0)
+    first.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await sleeper
-    scheduled = getattr(loop, "_scheduled", None)  # asyncio's own loop: the timer is cancelled, not left to fire
-    assert scheduled is None or all(handle.cancelled() for handle in scheduled)
+        await first
+    assert _live_timers(loop) - timers_before == 1  # the second still sleeps on it
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert _live_timers(loop) == timers_before  # nobody left: the timer is cancelled, not left to fire
+    await beats.sleep_until(loop.time() + 0.01)  # and the deadline's beat can be slept on again
