@@ -28,9 +28,9 @@ Side by side, in alternating order every round, five ways of reading:
   what each part is worth on its own.
 
 All five build the selecting URL once and decode the body as the reader now does. Besides CPU, the event
-loop's lag (how late a 5 ms timer fires, p99 and worst): how long a dispatch decision can wait behind a burst
-of scrapes. The timer's own CPU counts in every way's figures alike. It also prints the parse alone of each
-text (no HTTP), before against the scan.
+loop's lag (how late a 20 ms timer fires, p99 and worst): how long a dispatch decision can wait behind a
+burst of scrapes. The timer's own CPU (50 wakes a second) counts in every way's figures alike. It also
+prints the parse alone of each text (no HTTP), before against the scan.
 
     .venv/bin/python -m bench.tools.scrape_scale                      # 100 engines per kind, 3 rounds of 4 s
     .venv/bin/python -m bench.tools.scrape_scale --engines 20 --rounds 1 --seconds 2 --kinds vllm
