@@ -284,8 +284,8 @@ class GateCauseSeries:
 
 class EngineSeries:
     """One backend's gauges of the engine's own numbers, from its last good reading, read when the registry
-    is collected (`Gauge.set_function`): a scrape sets `reading`, where four gauge sets took a lock each,
-    and a hundred engines are read hundreds of times a second. All 0 until the first good reading."""
+    is collected (`Gauge.set_function`): a scrape sets `reading`, where setting four gauges would take a
+    lock each, and a hundred engines are read hundreds of times a second. All 0 until the first good reading."""
 
     __slots__ = ("reading",)
 

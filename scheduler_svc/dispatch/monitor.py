@@ -3,7 +3,7 @@
 Engines are read in beats of a few (SCRAPES_PER_BEAT), the beats spread over the scrape interval on a fixed
 grid of the loop's clock, so a hundred engines neither wake together nor drift into one read per loop pass.
 The engines of one beat wait on one loop timer (`BeatTimer`): at a hundred engines read every 0.2 s, a
-timer of each engine's own was 500 timers armed, fired and cancelled a second.
+timer per engine would be 500 timers armed, fired and cancelled a second.
 """
 
 from __future__ import annotations
