@@ -26,7 +26,7 @@ _ACCEPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 _BY_CLASS = ("model", "priority_class")
 """The labels of a model's series per priority class (`class_series` resolves them in this order)."""
 _BY_BACKEND = ("model", "backend")
-"""The labels of a model's series per backend (`backend_series`, `EngineSeries` resolve them in this order)."""
+"""The labels of a model's series per backend (`backend_series`, `engine_series` resolve them in this order)."""
 
 
 class Families:
@@ -282,29 +282,31 @@ class GateCauseSeries:
         self.shown = cause
 
 
+@dataclass(frozen=True)
 class EngineSeries:
-    """One backend's gauges of the engine's own numbers, from its last good reading, read when the registry
-    is collected (`Gauge.set_function`): a scrape sets `reading`, where setting four gauges would take a
-    lock each, and a hundred engines are read hundreds of times a second. All 0 until the first good reading."""
+    """One backend's gauges of the engine's own numbers in its last good reading (`Shown`: a scrape writes
+    attributes, the registry reads them when collected). All 0 until the first good reading."""
 
-    __slots__ = ("reading",)
+    waiting: Shown
+    running: Shown
+    tpot: Shown
+    kv_cache_usage: Shown
 
-    def __init__(self, metrics: SchedulerMetrics, model: str, backend: str) -> None:
-        self.reading: BackendLoad | None = None
-        labels = (model, backend)
-        metrics.engine_waiting.labels(*labels).set_function(lambda: self.reading.waiting if self.reading else 0)
-        metrics.engine_running.labels(*labels).set_function(lambda: self.reading.running if self.reading else 0)
-        metrics.engine_tpot.labels(*labels).set_function(
-            lambda: _or_nan(self.reading.tpot_seconds) if self.reading else 0
-        )
-        metrics.engine_kv_cache_usage.labels(*labels).set_function(
-            lambda: _or_nan(self.reading.kv_cache_usage) if self.reading else 0
-        )
+    def show(self, reading: BackendLoad) -> None:
+        self.waiting.value = reading.waiting
+        self.running.value = reading.running
+        self.tpot.value = math.nan if reading.tpot_seconds is None else reading.tpot_seconds
+        self.kv_cache_usage.value = math.nan if reading.kv_cache_usage is None else reading.kv_cache_usage
 
 
-def _or_nan(value: float | None) -> float:
-    """A number the engine may not report, as a gauge shows it (NaN: not reported)."""
-    return math.nan if value is None else value
+def engine_series(metrics: SchedulerMetrics, model: str, backend: str) -> EngineSeries:
+    labels = (model, backend)
+    return EngineSeries(
+        waiting=Shown(metrics.engine_waiting.labels(*labels)),
+        running=Shown(metrics.engine_running.labels(*labels)),
+        tpot=Shown(metrics.engine_tpot.labels(*labels)),
+        kv_cache_usage=Shown(metrics.engine_kv_cache_usage.labels(*labels)),
+    )
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from scheduler_svc.dispatch.backend_handle import BackendHandle
 from scheduler_svc.dispatch.dispatcher import ModelDispatcher
 from scheduler_svc.dispatch.health import InternalErrors
 from scheduler_svc.dispatch.load import scrape
-from scheduler_svc.dispatch.metrics import EngineSeries, SchedulerMetrics
+from scheduler_svc.dispatch.metrics import SchedulerMetrics, engine_series
 
 log = structlog.get_logger(__name__)
 
@@ -95,7 +95,7 @@ async def monitor(
     core clock and wake the dispatcher with it."""
     loop = asyncio.get_running_loop()
     was_ok: bool | None = None
-    engine = EngineSeries(metrics, dispatcher.model.name, handle.name)
+    engine = engine_series(metrics, dispatcher.model.name, handle.name)
     while True:
         interval = handle.config.scrape_interval_seconds  # a reload may change it
         if not dispatcher.cluster.authority.scrapes:  # a cluster follower: the leader reads the engine for everyone
@@ -108,7 +108,7 @@ async def monitor(
             reading = BackendLoad(ok=False, read_at=clock.now(), error=f"{type(exc).__name__}: {exc}")
         handle.record_reading(reading)
         if reading.ok:  # the engine's numbers as last read (a failed scrape leaves the last good ones)
-            engine.reading = reading
+            engine.show(reading)
         else:
             metrics.scrape_failures.labels(dispatcher.model.name, handle.name).inc()
         if reading.ok != was_ok:
