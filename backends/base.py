@@ -120,20 +120,6 @@ class BackendLoad:
     error: str | None = None
     cache_tokens: int | None = None  # tokens the engine's KV cache holds (None: not exported)
 
-    def stamped(self, read_at: float) -> BackendLoad:
-        """The same reading, taken at `read_at`: the scheduler restamps every reading with its own clock,
-        hundreds a second at a hundred engines, where `dataclasses.replace` costs several times this."""
-        return BackendLoad(
-            self.ok,
-            read_at,
-            self.waiting,
-            self.running,
-            self.tpot_seconds,
-            self.kv_cache_usage,
-            self.error,
-            self.cache_tokens,
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class BackendCapabilities:

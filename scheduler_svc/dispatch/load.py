@@ -14,6 +14,7 @@ and its estimate of the engine's waiting queue stays an upper bound when we are 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from backends.base import Backend, BackendLoad
@@ -39,7 +40,7 @@ async def scrape(backend: Backend, clock: Clock) -> BackendLoad:
     stamp is still known not to be reflected in the numbers."""
     sent_at = clock.now()
     reading = await backend.load()
-    return reading.stamped(sent_at)
+    return dataclasses.replace(reading, read_at=sent_at)
 
 
 class LoadEstimator:
