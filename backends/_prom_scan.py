@@ -27,9 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 _NUMBER = r"[0-9a-zA-Z.+-]+"  # what float() reads; anything else goes to prometheus-client
-# name{labels} value [timestamp], single spaces: the form every engine writes (the labels checked apart)
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LINE = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{(.*)\}})? ({_NUMBER})(?: ({_NUMBER}))?", re.DOTALL)
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")  # a metric name as the usual form writes it
+# after the name: {labels} value [timestamp], single spaces, to the line's end (whitespace aside): the form every
+# engine writes (the labels checked apart)
+_USUAL = rf"(?:\{{(?P<labels>[^\n]*)\}})? (?P<value>{_NUMBER})(?: (?P<stamp>{_NUMBER}))?[^\S\n]*(?=\n|\Z)"
 _LABEL = r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*(?:\\.[^"\\]*)*)"'
 _LABELS = re.compile(rf"(?:{_LABEL}(?:,{_LABEL})*,?)?", re.DOTALL)  # label="value",... (a trailing comma)
 _LABEL_PAIR = re.compile(_LABEL, re.DOTALL)
@@ -58,7 +59,7 @@ def samples_named(text: str, names: Iterable[str]) -> Samples:
         line = match.group(0).strip()
         if name is None and line.startswith("#"):  # a counter TYPE: prometheus-client renames its family
             return whole_text_samples(text, wanted)
-        for sample_name, sample in _line_samples(line, name, wanted):
+        for sample_name, sample in _parsed_alone(line, wanted):  # prometheus-client reads any other line
             found.setdefault(sample_name, []).append(sample)
     return found
 
@@ -81,18 +82,17 @@ class _Finder:
     prometheus-client reads them. The pattern starts with a newline, which the regex engine looks for at
     memchr speed: `str.find` per name, or a `^` in multiline mode, costs several times more on a 50 KB text.
 
-    A line in the usual form (`_LINE`'s, whitespace around it aside) comes out taken apart: its labels,
-    value and timestamp as groups, so the usual line costs no second match. `plain`: the wanted names
-    `_LINE` reads as names; a line of any other comes out whole, for `_line_samples`."""
+    A line of a wanted name in the usual form (`_USUAL`) comes out taken apart: its labels, value and
+    timestamp as groups, so it costs no second match. `plain`: the wanted names that are metric names as
+    the usual form writes them (`_NAME`); a line of any other, or in any other form, comes out whole."""
 
     def __init__(self, names: tuple[str, ...]) -> None:
         alternatives = "|".join(re.escape(name) for name in names)
         families = sorted({family for name in names for family in _families(name)})
         stems = "|".join(re.escape(family) for family in families)
         self.plain = frozenset(name for name in names if _NAME.fullmatch(name))
-        usual = rf"(?:\{{(?P<labels>[^\n]*)\}})? (?P<value>{_NUMBER})(?: (?P<stamp>{_NUMBER}))?[^\S\n]*(?=\n|\Z)"
         line = (
-            rf"[^\S\n]*(?:(?P<name>{alternatives})(?![a-zA-Z0-9_:])(?:{usual}|[^\n]*)|\{{[^\n]*"
+            rf"[^\S\n]*(?:(?P<name>{alternatives})(?![a-zA-Z0-9_:])(?:{_USUAL}|[^\n]*)|\{{[^\n]*"
             rf'|#[^\S\n]*TYPE[^\S\n]+"?(?:{stems})"?[^\S\n]+counter[^\n]*)'
         )
         self._first = re.compile(line)
@@ -123,22 +123,6 @@ def _families(name: str) -> set[str]:
 @functools.lru_cache(maxsize=64)
 def _finder(names: tuple[str, ...]) -> _Finder:
     return _Finder(names)
-
-
-def _line_samples(
-    line: str, name: str | None, wanted: tuple[str, ...]
-) -> list[tuple[str, tuple[dict[str, str], float]]]:
-    """The wanted sample of one line, with its name: read here when the line starts with `name` in the
-    usual form, else by prometheus-client (the same as within its text, counter renames aside)."""
-    match = _LINE.fullmatch(line) if name is not None else None
-    if name is not None and match is not None and match.group(1) == name:
-        labels = _labels(match.group(2)) if match.group(2) else {}
-        if labels is not None:
-            number = _number(match.group(3))
-            if match.group(4) is not None:
-                _number(match.group(4))  # a timestamp: checked, as prometheus-client does, not kept
-            return [(name, (dict(labels), number))]
-    return _parsed_alone(line, wanted)
 
 
 def _labels(text: str) -> dict[str, str] | None:
