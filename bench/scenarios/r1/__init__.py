@@ -229,11 +229,12 @@ DEFINITION = Definition(
         "serves them after the flood's last token; the oracle pays the same.",
         "A user's first config, the model and a priority vLLM and nothing else, gets latecomers what "
         "configs/example.toml gets (`--setups oracle,fifo,first_minimal,first_minimal_slots,first_example`): "
-        "over 10 rounds its latecomer median was 1.00x the oracle's, the example's 0.89x, with max_num_seqs "
-        "set 0.85x; per round each ranged from about 0.4x to 1.6x the oracle's. The same minimal config with "
-        "round robin, a waiting target of 3 and the slots unknown (`first_minimal_base` on a scheduler tree "
-        "with those defaults, `--baseline-src`) ran at 0.81x in the same rounds: with one user flooding 4 "
-        "slots, R1 does not tell these settings apart beyond its spread.",
+        "in three runs of 5, 10 and 10 rounds its latecomer median was 1.09x, 1.12x and 1.00x the example's "
+        "(against the oracle 1.50x, 1.00x and 1.09x; the example 1.38x, 0.89x and 1.09x), and per round each "
+        "ranged from about a third to twice the oracle's median. The same minimal config with round robin, a "
+        "waiting target of 3 and the slots unknown (`first_minimal_base` on a scheduler tree with those "
+        "defaults, `--baseline-src`) ran at 0.81x the oracle in the second run's rounds: with one user flooding "
+        "4 slots, R1 does not tell these settings apart beyond its spread.",
     ),
     headline=("latecomer TTFT median ÷ oracle", "latecomer TTFT median, minimal config ÷ configs/example.toml"),
 )
