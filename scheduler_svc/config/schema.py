@@ -438,8 +438,10 @@ class ModelConfig:
     max_prompt_bytes: int = _field(
         1 << 20,
         "Largest request accepted, in UTF-8 bytes of its prompt, every message's role and content, and its "
-        "stop strings; larger ones get INVALID_ARGUMENT (reason PROMPT_TOO_LARGE). gRPC's receive limit is "
-        "set from the largest of these plus a margin, so the service answers, not the transport.",
+        "stop strings; larger ones get INVALID_ARGUMENT (reason PROMPT_TOO_LARGE), as do ones over a byte cap "
+        "set below it (max_queued_bytes_per_user, max_queued_bytes), which they could never fit. gRPC's "
+        "receive limit is set from the largest of these plus a margin, so the service answers, not the "
+        "transport.",
         bounds="1 to 67108864",
     )
     max_queued_bytes: int = _field(

@@ -11,7 +11,7 @@ import sys
 import uuid
 
 from backends.base import ChatMessage, SamplingParams
-from scheduler_svc.config import Config
+from scheduler_svc.config import Config, ModelConfig
 from scheduler_svc.core.errors import DeadlineExceeded, InvalidField, ModelNotFound, PromptTooLarge
 from scheduler_svc.core.identity import user_id_problem
 from scheduler_svc.core.request import ClientRequest, QueuedRequest
@@ -91,11 +91,12 @@ def build_request(
     deadlines = [now + t for t in (timeout, priority_class.queue_ttl_seconds or None) if t is not None]
     prompt_chars = len(message.prompt) if messages is None else sum(len(m.content) for m in messages)
     prompt_bytes = request_bytes(message)
-    if prompt_bytes > model.max_prompt_bytes:
+    limit, limit_key = prompt_limit(model)
+    if prompt_bytes > limit:
         raise PromptTooLarge(
             f"the prompt, messages and stop strings take {prompt_bytes} bytes of UTF-8; model {model.name} "
-            f"accepts at most {model.max_prompt_bytes} (max_prompt_bytes)",
-            limit=model.max_prompt_bytes,
+            f"accepts at most {limit} ({limit_key})",
+            limit=limit,
         )
     return QueuedRequest(
         request_id=server_request_id(message.request_id),
@@ -141,6 +142,18 @@ def server_request_id(client_request_id: str) -> str:
     and journals can be matched to the client's (`~` never occurs in a client id)."""
     unique = uuid.uuid4().hex
     return f"{client_request_id}~{unique[:16]}" if client_request_id else unique
+
+
+def prompt_limit(model: ModelConfig) -> tuple[int, str]:
+    """The most prompt bytes a request for `model` can ever be admitted with, and the key that sets it:
+    `max_prompt_bytes`, or a byte cap below it. A request over a cap on its own would be refused with a
+    retry hint however empty the queues were, so it is refused as too large instead (on a tie the cap named
+    is `max_prompt_bytes`)."""
+    return min(
+        (model.max_prompt_bytes, "max_prompt_bytes"),
+        (model.max_queued_bytes_per_user, "max_queued_bytes_per_user"),
+        (model.max_queued_bytes, "max_queued_bytes"),
+    )
 
 
 # Most calls carry one of a few settings: equal (frozen) settings share one object, which a queued request

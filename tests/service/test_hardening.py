@@ -267,6 +267,28 @@ async def test_byte_caps_count_queued_and_running_requests_per_user_and_per_mode
         assert server.scheduler.snapshot("m", "", 0).held_prompt_bytes == 0
 
 
+async def test_a_prompt_no_byte_cap_could_ever_hold_is_refused_as_too_large_not_told_to_retry() -> None:
+    engine = ControlledEngine(auto_release=True)
+    model = {"name": "m", "max_queued_bytes_per_user": 3000, "max_queued_bytes": 2500, "backends": [{"name": "b0"}]}
+    per_user = {"name": "u", "max_queued_bytes_per_user": 3000, "backends": [{"name": "b0"}]}
+    async with (
+        serving(make_config(models=[model, per_user]), engine.factory()) as server,
+        client_for(server) as client,
+    ):
+        for name, size, limit, key in (
+            ("m", 2600, 2500, "max_queued_bytes"),
+            ("u", 3100, 3000, "max_queued_bytes_per_user"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await client.submit(name, "x" * size)  # nothing is queued: only its own size is in the way
+            assert (err.value.code(), error_reason(err.value)) == (grpc.StatusCode.INVALID_ARGUMENT, "PROMPT_TOO_LARGE")
+            assert _error_metadata(err.value) == {"max_prompt_bytes": str(limit)}
+            assert f"at most {limit} ({key})" in (err.value.details() or "")
+            assert retry_delay(err.value) is None
+        assert (await client.submit("m", "x" * 2500)).usage.completion_tokens == 3  # at the cap it fits
+    assert len(engine.started) == 1
+
+
 # -- 6. outcomes ----------------------------------------------------------------------------------------------
 
 
