@@ -472,8 +472,9 @@ class ModelConfig:
     )
     failover_cooldown_seconds: float = _field(
         2.0,
-        "After a backend fails a request before its first token, no request is sent to it for this long; "
-        "then its gate decides again (a dead engine fails the next one fast and cools down again).",
+        "After a backend fails a request before its first token (unreachable, overloaded), no request is sent "
+        "to it for this long, whether or not that request may go again; then its gate decides again (a dead "
+        "engine fails the next one fast and cools down again).",
         bounds=">= 0",
     )
     input_token_cost: float = _field(

@@ -32,10 +32,16 @@ class FailoverRule:
         first token may be queued again: the error is about the engine's availability, the request has
         attempts left and its deadline has not passed."""
         return (
-            isinstance(error, FAILOVER_ERRORS)
+            self.blames_engine(error)
             and attempts <= self._attempts
             and (request.deadline is None or now < request.deadline)
         )
+
+    @staticmethod
+    def blames_engine(error: BackendError) -> bool:
+        """Whether `error` says the engine could not take a request now (unreachable, overloaded), not that
+        the request was wrong: the engine then cools down whether or not the request may go again."""
+        return isinstance(error, FAILOVER_ERRORS)
 
     def cool_down(self, handle: BackendHandle, now: float) -> None:
         """The backend failed a request: it takes none for the cooldown."""

@@ -170,15 +170,19 @@ class RequestEvents:
         """The backend failed `ticket` before its first token: queue it again at the head of its user's queue
         and cool the backend down, so the next dispatch goes elsewhere. False when it should fail as it is:
         the error is not about the engine's availability, the request used its attempts or its deadline, or
-        the service is stopping. A cluster follower always queues it again: the leader decides."""
+        the service is stopping. The backend cools down for an engine's failure either way, so the requests
+        behind one that may not go again do not meet the same engine at once. A cluster follower always
+        queues it again: the leader decides."""
         request = ticket.request
         now = self._clock.now()
         if self._stopping():
             return False
-        if self._authority().dispatches_locally and not self._failover.may_retry(request, error, ticket.attempts, now):
-            return False
         handle = self._ledger.backend_of(ticket)
-        self._failover.cool_down(handle, now)
+        locally = self._authority().dispatches_locally
+        if not locally or self._failover.blames_engine(error):
+            self._failover.cool_down(handle, now)
+        if locally and not self._failover.may_retry(request, error, ticket.attempts, now):
+            return False
         self._ledger.end(ticket, now)
         ticket.requeued()  # first: from here a failure below leaves a ticket that close() can end cleanly
         fairness = self._fairness[request.priority_class]

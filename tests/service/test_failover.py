@@ -141,6 +141,33 @@ async def test_failover_can_be_switched_off() -> None:
     assert engine.started == []
 
 
+@pytest.mark.parametrize("attempts", [0, 1])
+async def test_an_engine_that_fails_a_request_with_no_attempts_left_cools_down_all_the_same(attempts: int) -> None:
+    b0, engine = failing(BackendUnavailable("connection refused")), ControlledEngine(auto_release=True)
+    b1 = failing(BackendUnavailable("connection refused"), name="b1") if attempts else engine.backend("b1")
+    config = two_backends(failover_attempts=attempts, failover_cooldown_seconds=30.0)
+    async with serving(config, factory(b0, b1)) as server, client_for(server) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # b0, then (one attempt) b1: the engines' error
+            await client.submit("m", "first")
+        gates = server.scheduler.snapshot("m", "", 0).gates
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert (len(b0.requests), len(getattr(b1, "requests", []))) == (1, attempts)
+    # every engine that failed it cools down, so the requests behind it do not meet it at once
+    cooling = {state.name for state in gates if state.decision.reason.startswith("cooling down")}
+    assert cooling == ({"b0", "b1"} if attempts else {"b0"})
+
+
+async def test_an_engine_that_rejects_a_request_as_invalid_does_not_cool_down() -> None:
+    b0, engine = failing(BackendRejectedRequest("prompt too long")), ControlledEngine(auto_release=True)
+    config = two_backends(failover_cooldown_seconds=30.0)
+    async with serving(config, factory(b0, engine.backend("b1"))) as server, client_for(server) as client:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await client.submit("m", "first")
+        gates = server.scheduler.snapshot("m", "", 0).gates
+    b0_open = [state.decision.open for state in gates if state.name == "b0"]  # a gate per class
+    assert b0_open and all(b0_open)
+
+
 def test_a_request_put_back_goes_ahead_of_its_users_queue_and_positions_stay_right() -> None:
     queues = ModelQueues([PriorityClassConfig()])
     requests = [
@@ -171,7 +198,8 @@ def test_no_failover_past_the_deadline_or_once_shutdown_closed_the_queue() -> No
     """On the fake clock: the same failure is failed over while the request still has time and the service
     runs, and not otherwise (it would only expire, or be cut, in the queue)."""
     classes = [{"name": "interactive", "rank": 0, "queue_ttl_seconds": 5.0}]
-    h = Harness({"classes": classes, "default_class": "interactive"}, cap=4)
+    # no cooldown: the failed engine stays open, so the dispatch pass below meets (and expires) what waits
+    h = Harness({"classes": classes, "default_class": "interactive"}, {"failover_cooldown_seconds": 0.0}, cap=4)
     error = BackendUnavailable("connection refused")
     in_time, late = h.submit("a"), h.submit("b")
     h.dispatch()
